@@ -1,0 +1,366 @@
+"""WordPiece and SentencePiece tokenizers behind one interface.
+
+`WordPieceTokenizer` reads BERT's `vocab.txt` and runs the `tokenizers` library
+configured like the reference BERT tokenizer: text cleaning (control characters
+dropped, whitespace unified), CJK characters split, optional lower-casing and
+accent stripping, punctuation split, greedy longest-match WordPiece with `[UNK]`
+for words over 100 characters. `SentencePieceTokenizer` wraps a `sentencepiece`
+model. Both produce `[CLS] A [SEP]` or `[CLS] A [SEP] B [SEP]` with token types
+0 for A and 1 for B, and batch-encode to padded numpy arrays.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import os
+import re
+import shutil
+from typing import Any, Sequence
+
+import numpy as np
+
+SPECIAL_TOKEN_ROLES = ("unk", "cls", "sep", "pad", "mask")
+
+
+def truncate_pair(len_a: int, len_b: int, budget: int) -> tuple[int, int]:
+  """Lengths to keep of a pair so that together they fit `budget` tokens.
+
+  The original BERT rule: remove one token at a time from the longer sequence
+  (from B when they are equal), so the shorter one is kept whole when it can be.
+  """
+  if len_a + len_b <= budget:
+    return len_a, len_b
+  if min(len_a, len_b) <= budget // 2:
+    return (len_a, budget - len_a) if len_a < len_b else (budget - len_b, len_b)
+  return budget - budget // 2, budget // 2
+
+
+class Tokenizer(abc.ABC):
+  """Text -> pieces -> ids, with BERT's special tokens.
+
+  Subclasses provide `tokenize`, `_pieces_to_ids_batch` and the special tokens;
+  the pair layout, truncation and padding are shared.
+  """
+
+  def __init__(self, special_tokens: dict[str, str], vocab_size: int):
+    self.special_tokens = dict(special_tokens)  # role ("cls", ...) -> token
+    self.vocab_size = vocab_size
+    self.special_ids = {role: self.token_to_id(token) for role, token in special_tokens.items()}
+
+  @property
+  def cls_id(self) -> int:
+    return self.special_ids["cls"]
+
+  @property
+  def sep_id(self) -> int:
+    return self.special_ids["sep"]
+
+  @property
+  def pad_id(self) -> int:
+    return self.special_ids["pad"]
+
+  @property
+  def mask_id(self) -> int:
+    return self.special_ids["mask"]
+
+  @property
+  def unk_id(self) -> int:
+    return self.special_ids["unk"]
+
+  @abc.abstractmethod
+  def tokenize(self, text: str) -> list[str]:
+    """Splits `text` into pieces (no [CLS]/[SEP])."""
+
+  @abc.abstractmethod
+  def token_to_id(self, token: str) -> int | None:
+    """The id of a piece, or None if it is not in the vocabulary."""
+
+  @abc.abstractmethod
+  def id_to_token(self, token_id: int) -> str:
+    """The piece of an id."""
+
+  @abc.abstractmethod
+  def encode_pieces(self, texts: Sequence[str]) -> list[list[int]]:
+    """Ids of each text's pieces, without special tokens (batched)."""
+
+  @abc.abstractmethod
+  def decode(self, ids: Sequence[int]) -> str:
+    """Text back from ids, special tokens dropped."""
+
+  @abc.abstractmethod
+  def save(self, directory: str) -> dict[str, Any]:
+    """Writes the vocabulary files to `directory`; returns the settings to restore."""
+
+  def convert_tokens_to_ids(self, tokens: Sequence[str]) -> list[int]:
+    unk = self.unk_id
+    return [unk if (i := self.token_to_id(t)) is None else i for t in tokens]
+
+  def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
+    return [self.id_to_token(int(i)) for i in ids]
+
+  def encode(self, text: str, pair: str | None = None) -> list[int]:
+    """`[CLS] text [SEP]` or `[CLS] text [SEP] pair [SEP]` ids, untruncated."""
+    texts = [text] if pair is None else [text, pair]
+    pieces = self.encode_pieces(texts)
+    ids = [self.cls_id, *pieces[0], self.sep_id]
+    if pair is not None:
+      ids += [*pieces[1], self.sep_id]
+    return ids
+
+  def encode_batch(self, texts: Sequence[str], pairs: Sequence[str] | None = None, *,
+                   max_length: int = 512, padding: str = "longest",
+                   pad_to_multiple_of: int | None = None,
+                   truncation: bool = True) -> dict[str, np.ndarray]:
+    """Encodes texts (or text pairs) into padded arrays.
+
+    Args:
+      texts: First segments.
+      pairs: Second segments, one per text, or None for single segments.
+      max_length: Most tokens per row, special tokens included.
+      padding: "longest" (pad to the longest row) or "max_length".
+      pad_to_multiple_of: Round the padded length up to a multiple of this (fewer
+        distinct shapes, fewer compilations), never above `max_length`.
+      truncation: Cut rows longer than `max_length` (pairs with the original
+        BERT rule, see `truncate_pair`); if False, such rows are an error.
+
+    Returns:
+      int32 arrays [rows, length]: `input_ids`, `token_type_ids` (0 for the first
+      segment, 1 for the second) and `attention_mask` (1 for real tokens).
+    """
+    texts = list(texts)
+    if pairs is not None:
+      pairs = list(pairs)
+      if len(pairs) != len(texts):
+        raise ValueError(f"{len(texts)} texts but {len(pairs)} text pairs")
+    if padding not in ("longest", "max_length"):
+      raise ValueError(f"padding must be 'longest' or 'max_length', got {padding!r}")
+    num_special = 2 if pairs is None else 3
+    if max_length < num_special:
+      raise ValueError(f"max_length={max_length} leaves no room for the "
+                       f"{num_special} special tokens")
+    first = self.encode_pieces(texts)
+    second = self.encode_pieces(pairs) if pairs is not None else [[]] * len(texts)
+
+    budget = max_length - num_special
+    rows = []
+    for index, (a, b) in enumerate(zip(first, second)):
+      if len(a) + len(b) > budget:
+        if not truncation:
+          raise ValueError(f"Row {index} has {len(a) + len(b) + num_special} tokens, "
+                           f"more than max_length={max_length}; pass truncation=True")
+        keep_a, keep_b = truncate_pair(len(a), len(b), budget)
+        a, b = a[:keep_a], b[:keep_b]
+      ids = [self.cls_id, *a, self.sep_id]
+      types = [0] * len(ids)
+      if pairs is not None:
+        ids += [*b, self.sep_id]
+        types += [1] * (len(b) + 1)
+      rows.append((ids, types))
+
+    length = max_length if padding == "max_length" else max((len(r[0]) for r in rows),
+                                                             default=num_special)
+    if pad_to_multiple_of:
+      length = min(max_length, -(-length // pad_to_multiple_of) * pad_to_multiple_of)
+    input_ids = np.full((len(rows), length), self.pad_id, np.int32)
+    token_type_ids = np.zeros((len(rows), length), np.int32)
+    attention_mask = np.zeros((len(rows), length), np.int32)
+    for row, (ids, types) in enumerate(rows):
+      input_ids[row, :len(ids)] = ids
+      token_type_ids[row, :len(types)] = types
+      attention_mask[row, :len(ids)] = 1
+    return {"input_ids": input_ids, "token_type_ids": token_type_ids,
+            "attention_mask": attention_mask}
+
+
+def read_vocab(path: str) -> list[str]:
+  """The tokens of a `vocab.txt`, one per line; the line index is the id."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      tokens = f.read().split("\n")
+  except FileNotFoundError:
+    raise FileNotFoundError(f"Vocabulary file not found: {path}") from None
+  except UnicodeDecodeError as e:
+    with open(path, "rb") as f:
+      line = f.read()[:e.start].count(b"\n") + 1
+    raise ValueError(f"{path}, line {line}: not valid UTF-8 ({e.reason})") from None
+  if tokens and tokens[-1] == "":
+    tokens.pop()  # The newline that ends the last line.
+  if not tokens:
+    raise ValueError(f"{path}: the vocabulary is empty")
+  return tokens
+
+
+class WordPieceTokenizer(Tokenizer):
+  """BERT's WordPiece tokenizer over a `vocab.txt`.
+
+  Args:
+    vocab: Path of a `vocab.txt`, or the list of tokens (index = id).
+    do_lower_case: Lower-case the text (the "uncased" models).
+    strip_accents: Remove accents; None follows `do_lower_case`, as in the
+      reference.
+    tokenize_chinese_chars: Put spaces around CJK ideographs.
+    max_input_chars_per_word: Longer words become [UNK].
+    special_tokens: Role -> token; defaults to BERT's [UNK] [CLS] [SEP] [PAD] [MASK].
+  """
+
+  def __init__(self, vocab: str | Sequence[str], *, do_lower_case: bool = True,
+               strip_accents: bool | None = None, tokenize_chinese_chars: bool = True,
+               max_input_chars_per_word: int = 100,
+               special_tokens: dict[str, str] | None = None):
+    import tokenizers
+    from tokenizers import decoders, models, normalizers, pre_tokenizers
+
+    source = vocab if isinstance(vocab, str) else "vocabulary"
+    self.tokens = read_vocab(vocab) if isinstance(vocab, str) else list(vocab)
+    special_tokens = special_tokens or {
+        "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "pad": "[PAD]", "mask": "[MASK]"}
+    # Later duplicates win, as when the reference reads the file into a dict.
+    self._ids = {token: index for index, token in enumerate(self.tokens)}
+    missing = [t for t in special_tokens.values() if t not in self._ids]
+    if missing:
+      raise ValueError(f"{source}: special tokens {missing} are not in the vocabulary")
+    self.do_lower_case = do_lower_case
+    self.strip_accents = strip_accents
+    self.tokenize_chinese_chars = tokenize_chinese_chars
+    self.max_input_chars_per_word = max_input_chars_per_word
+
+    backend = tokenizers.Tokenizer(models.WordPiece(
+        self._ids, unk_token=special_tokens["unk"],
+        max_input_chars_per_word=max_input_chars_per_word))
+    backend.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=tokenize_chinese_chars,
+        strip_accents=strip_accents, lowercase=do_lower_case)
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.decoder = decoders.WordPiece(prefix="##")
+    # Special tokens written in the text ("a [MASK] b") are recognised, as in
+    # the reference tokenizer.
+    backend.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False)
+                                for t in special_tokens.values()])
+    self._backend = backend
+    super().__init__(special_tokens, vocab_size=len(self.tokens))
+
+  def tokenize(self, text: str) -> list[str]:
+    return self._backend.encode(text, add_special_tokens=False).tokens
+
+  def token_to_id(self, token: str) -> int | None:
+    return self._ids.get(token)
+
+  def id_to_token(self, token_id: int) -> str:
+    return self.tokens[token_id]
+
+  def encode_pieces(self, texts: Sequence[str]) -> list[list[int]]:
+    encodings = self._backend.encode_batch(list(texts), add_special_tokens=False)
+    return [e.ids for e in encodings]
+
+  def decode(self, ids: Sequence[int]) -> str:
+    return self._backend.decode([int(i) for i in ids], skip_special_tokens=True)
+
+  def save(self, directory: str) -> dict[str, Any]:
+    with open(os.path.join(directory, "vocab.txt"), "w", encoding="utf-8") as f:
+      f.write("".join(t + "\n" for t in self.tokens))
+    return {"type": "wordpiece", "vocab_file": "vocab.txt",
+            "do_lower_case": self.do_lower_case, "strip_accents": self.strip_accents,
+            "tokenize_chinese_chars": self.tokenize_chinese_chars,
+            "max_input_chars_per_word": self.max_input_chars_per_word,
+            "special_tokens": self.special_tokens}
+
+
+class SentencePieceTokenizer(Tokenizer):
+  """A `sentencepiece` model with BERT's special tokens as pieces of it.
+
+  Args:
+    model_file: Path of the `.model` file; it must contain pieces for [CLS],
+      [SEP] and [MASK] (`bertjax.tools.train_vocab` adds them as user-defined
+      symbols), a padding piece and the unknown piece.
+    do_lower_case: Lower-case the text before the model sees it.
+    special_tokens: Role -> piece; by default [CLS] [SEP] [MASK], the model's
+      unknown piece, and its padding piece (or "[PAD]").
+  """
+
+  def __init__(self, model_file: str, *, do_lower_case: bool = False,
+               special_tokens: dict[str, str] | None = None):
+    import sentencepiece
+
+    if not os.path.isfile(model_file):
+      raise FileNotFoundError(f"SentencePiece model not found: {model_file}")
+    self.model_file = model_file
+    self.processor = sentencepiece.SentencePieceProcessor()
+    try:
+      self.processor.Load(model_file)
+    except (OSError, RuntimeError) as e:
+      raise ValueError(f"{model_file}: not a valid SentencePiece model ({e})") from None
+    self.do_lower_case = do_lower_case
+    sp = self.processor
+    if special_tokens is None:
+      pad_id = sp.pad_id()
+      special_tokens = {
+          "unk": sp.id_to_piece(sp.unk_id()), "cls": "[CLS]", "sep": "[SEP]",
+          "mask": "[MASK]",
+          "pad": sp.id_to_piece(pad_id) if pad_id >= 0 else "[PAD]"}
+    missing = [t for t in special_tokens.values() if self._piece_id(t) is None]
+    if missing:
+      raise ValueError(
+          f"{model_file}: special tokens {missing} are not pieces of this model; train "
+          "it with them as user_defined_symbols (bertjax.tools.train_vocab does)")
+    self._special_pattern = re.compile(
+        "(" + "|".join(re.escape(t) for t in special_tokens.values()) + ")")
+    super().__init__(special_tokens, vocab_size=sp.get_piece_size())
+
+  def _piece_id(self, piece: str) -> int | None:
+    piece_id = self.processor.piece_to_id(piece)
+    if piece_id == self.processor.unk_id() and piece != self.processor.id_to_piece(piece_id):
+      return None
+    return piece_id
+
+  def _split(self, text: str) -> list[tuple[bool, str]]:
+    """Splits out special tokens written in the text: [(is_special, chunk)]."""
+    chunks = []
+    for i, chunk in enumerate(self._special_pattern.split(text)):
+      if i % 2:
+        chunks.append((True, chunk))
+      elif chunk.strip():
+        chunks.append((False, chunk.lower() if self.do_lower_case else chunk))
+    return chunks
+
+  def tokenize(self, text: str) -> list[str]:
+    pieces = []
+    for special, chunk in self._split(text):
+      pieces += [chunk] if special else self.processor.encode(chunk, out_type=str)
+    return pieces
+
+  def token_to_id(self, token: str) -> int | None:
+    return self._piece_id(token)
+
+  def id_to_token(self, token_id: int) -> str:
+    return self.processor.id_to_piece(token_id)
+
+  def encode_pieces(self, texts: Sequence[str]) -> list[list[int]]:
+    result = []
+    for text in texts:
+      ids = []
+      for special, chunk in self._split(text):
+        ids += [self._piece_id(chunk)] if special else self.processor.encode(chunk)
+      result.append(ids)
+    return result
+
+  def decode(self, ids: Sequence[int]) -> str:
+    special = set(self.special_ids.values())
+    return self.processor.decode([int(i) for i in ids if int(i) not in special])
+
+  def save(self, directory: str) -> dict[str, Any]:
+    shutil.copyfile(self.model_file, os.path.join(directory, "spiece.model"))
+    return {"type": "sentencepiece", "model_file": "spiece.model",
+            "do_lower_case": self.do_lower_case, "special_tokens": self.special_tokens}
+
+
+def tokenizer_from_settings(directory: str, settings: dict[str, Any]) -> Tokenizer:
+  """Rebuilds a tokenizer saved by `Tokenizer.save` into `directory`."""
+  settings = dict(settings)
+  kind = settings.pop("type", None)
+  if kind == "wordpiece":
+    return WordPieceTokenizer(os.path.join(directory, settings.pop("vocab_file")), **settings)
+  if kind == "sentencepiece":
+    return SentencePieceTokenizer(os.path.join(directory, settings.pop("model_file")),
+                                  **settings)
+  raise ValueError(f"{directory}: unknown tokenizer type {kind!r} in {json.dumps(settings)}")

@@ -1,0 +1,60 @@
+"""Reading JSON with clear errors, and writing directories atomically."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from typing import Any, Iterator
+
+
+def read_json(path: str) -> dict[str, Any]:
+  """A JSON object from `path`; errors name the file."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      data = json.load(f)
+  except FileNotFoundError:
+    raise FileNotFoundError(f"{path} not found") from None
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ValueError(f"{path}: not valid JSON ({e})") from None
+  if not isinstance(data, dict):
+    raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+  return data
+
+
+def write_json(path: str, data: dict[str, Any]) -> None:
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(data, f, indent=2, ensure_ascii=False)
+    f.write("\n")
+
+
+@contextlib.contextmanager
+def atomic_directory(out_dir: str, overwrite: bool = False) -> Iterator[str]:
+  """Yields a temporary directory that becomes `out_dir` only if the block succeeds.
+
+  The temporary directory is a sibling of `out_dir` (same file system, so the
+  final rename is atomic). On any error it is removed and `out_dir` is left as
+  it was. An existing `out_dir` is an error unless `overwrite`, in which case it
+  is replaced only after the new one is complete.
+  """
+  out_dir = os.path.abspath(out_dir)
+  if os.path.exists(out_dir) and not overwrite:
+    raise FileExistsError(f"{out_dir} already exists; choose a new directory or "
+                          "pass overwrite=True")
+  parent = os.path.dirname(out_dir)
+  os.makedirs(parent, exist_ok=True)
+  staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=parent)
+  try:
+    yield staging
+    if os.path.exists(out_dir):
+      retired = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.old-", dir=parent)
+      os.rename(out_dir, os.path.join(retired, "old"))
+      os.rename(staging, out_dir)
+      shutil.rmtree(retired)
+    else:
+      os.rename(staging, out_dir)
+  except BaseException:
+    shutil.rmtree(staging, ignore_errors=True)
+    raise

@@ -1,0 +1,1 @@
+"""Checkpoint formats of other implementations: Hugging Face and Google TF."""

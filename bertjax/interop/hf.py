@@ -1,0 +1,364 @@
+"""Hugging Face BERT directories: `config.json`, `model.safetensors`, `vocab.txt`.
+
+Reading needs neither torch nor transformers: safetensors files are parsed here
+(float32, float16 and bfloat16, sharded or not), and the weights map onto
+bertjax through `bertjax.interop.mapping`. `.bin` pickles are read only through
+`torch.load(weights_only=True)`, when torch is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from bertjax.files import read_json
+from bertjax.models import BertConfig
+
+CONFIG_FILE = "config.json"
+SAFETENSORS_FILE = "model.safetensors"
+SAFETENSORS_INDEX_FILE = "model.safetensors.index.json"
+PICKLE_FILE = "pytorch_model.bin"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+
+# bertjax task <-> reference class.
+TASK_TO_CLASS = {
+    "encoder": "BertModel",
+    "pretraining": "BertForPreTraining",
+    "masked_lm": "BertForMaskedLM",
+    "next_sentence": "BertForNextSentencePrediction",
+    "sequence_classification": "BertForSequenceClassification",
+    "question_answering": "BertForQuestionAnswering",
+    "multiple_choice": "BertForMultipleChoice",
+    "token_classification": "BertForTokenClassification",
+}
+CLASS_TO_TASK = {v: k for k, v in TASK_TO_CLASS.items()}
+# The reference's masked-LM class for decoders shares our weights; its causal
+# mask is `BertConfig.causal`.
+CLASS_TO_TASK["BertLMHeadModel"] = "masked_lm"
+
+# Reference activation names -> `BertConfig.hidden_act`.
+_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+                "relu": "relu", "silu": "silu", "swish": "silu"}
+_ACTIVATION_NAMES = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
+
+# Reference config key -> (BertConfig field, type, required).
+_CONFIG_KEYS = {
+    "vocab_size": ("vocab_size", int, True),
+    "hidden_size": ("hidden_size", int, True),
+    "num_hidden_layers": ("num_layers", int, True),
+    "num_attention_heads": ("num_heads", int, True),
+    "intermediate_size": ("intermediate_size", int, True),
+    "max_position_embeddings": ("max_position_embeddings", int, True),
+    "type_vocab_size": ("type_vocab_size", int, True),
+    "hidden_act": ("hidden_act", str, False),
+    "hidden_dropout_prob": ("hidden_dropout_prob", float, False),
+    "attention_probs_dropout_prob": ("attention_dropout_prob", float, False),
+    "classifier_dropout": ("classifier_dropout", float, False),
+    "layer_norm_eps": ("layer_norm_eps", float, False),
+    "initializer_range": ("initializer_range", float, False),
+    "pad_token_id": ("pad_token_id", int, False),
+}
+
+_SAFETENSORS_DTYPES = {
+    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
+    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
+    "BOOL": np.bool_,
+}
+
+
+def config_from_dict(values: dict[str, Any], source: str) -> BertConfig:
+  """A `BertConfig` from a reference `config.json` (or Google `bert_config.json`)."""
+  model_type = values.get("model_type", "bert")
+  architectures = values.get("architectures") or []
+  if model_type != "bert" or any(a not in CLASS_TO_TASK for a in architectures):
+    raise ValueError(
+        f"{source}: unsupported architecture (model_type={model_type!r}, "
+        f"architectures={architectures}); bertjax reads BERT checkpoints "
+        f"({', '.join(sorted(CLASS_TO_TASK))})")
+  if values.get("position_embedding_type", "absolute") != "absolute":
+    raise ValueError(f"{source}: position_embedding_type="
+                     f"{values['position_embedding_type']!r} is not supported (only "
+                     "'absolute', the paper's learned positions)")
+  if values.get("add_cross_attention"):
+    raise ValueError(f"{source}: add_cross_attention=true (an encoder-decoder BERT) is "
+                     "not supported")
+  fields = {}
+  for key, (field, kind, required) in _CONFIG_KEYS.items():
+    if key not in values or (values[key] is None and not required):
+      if required:
+        raise ValueError(f"{source}: required key {key!r} is missing")
+      continue
+    value = values[key]
+    if kind is int and (not isinstance(value, int) or isinstance(value, bool)):
+      raise ValueError(f"{source}: key {key!r} must be an integer, got {value!r}")
+    if kind is float and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+      raise ValueError(f"{source}: key {key!r} must be a number, got {value!r}")
+    if kind is str and not isinstance(value, str):
+      raise ValueError(f"{source}: key {key!r} must be a string, got {value!r}")
+    fields[field] = float(value) if kind is float else value
+  if "hidden_act" in fields:
+    if fields["hidden_act"] not in _ACTIVATIONS:
+      raise ValueError(f"{source}: hidden_act={fields['hidden_act']!r} is not supported; "
+                       f"supported: {sorted(_ACTIVATIONS)}")
+    fields["hidden_act"] = _ACTIVATIONS[fields["hidden_act"]]
+  if values.get("is_decoder"):
+    fields["causal"] = True
+  try:
+    return BertConfig(**fields)
+  except ValueError as e:
+    raise ValueError(f"{source}: {e}") from None
+
+
+def config_to_dict(config: BertConfig, task: str, labels: list[str] | None) -> dict[str, Any]:
+  """The reference `config.json` for `config` and a task model."""
+  values = {
+      "architectures": [TASK_TO_CLASS[task]],
+      "model_type": "bert",
+      "vocab_size": config.vocab_size,
+      "hidden_size": config.hidden_size,
+      "num_hidden_layers": config.num_layers,
+      "num_attention_heads": config.num_heads,
+      "intermediate_size": config.intermediate_size,
+      "hidden_act": _ACTIVATION_NAMES[config.hidden_act],
+      "hidden_dropout_prob": config.hidden_dropout_prob,
+      "attention_probs_dropout_prob": config.attention_dropout_prob,
+      "classifier_dropout": config.classifier_dropout,
+      "max_position_embeddings": config.max_position_embeddings,
+      "type_vocab_size": config.type_vocab_size,
+      "initializer_range": config.initializer_range,
+      "layer_norm_eps": config.layer_norm_eps,
+      "pad_token_id": config.pad_token_id,
+      "position_embedding_type": "absolute",
+      "is_decoder": config.causal,
+      "tie_word_embeddings": True,
+      "dtype": "float32",
+  }
+  if labels is not None:
+    values["id2label"] = {str(i): label for i, label in enumerate(labels)}
+    values["label2id"] = {label: i for i, label in enumerate(labels)}
+  return values
+
+
+def read_safetensors(path: str) -> dict[str, np.ndarray]:
+  """All tensors of a safetensors file, as numpy arrays (bfloat16 included).
+
+  Raises:
+    ValueError naming the file (and the tensor, when its data is cut off) for a
+    truncated or malformed file.
+  """
+  size = os.path.getsize(path)
+  with open(path, "rb") as f:
+    prefix = f.read(8)
+    if len(prefix) < 8:
+      raise ValueError(f"{path}: truncated safetensors file ({size} bytes, no header)")
+    (header_size,) = struct.unpack("<Q", prefix)
+    if header_size > size - 8:
+      raise ValueError(f"{path}: truncated safetensors file (header of {header_size} "
+                       f"bytes, file of {size})")
+    try:
+      header = json.loads(f.read(header_size))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+      raise ValueError(f"{path}: malformed safetensors header ({e})") from None
+  header.pop("__metadata__", None)
+  data_start = 8 + header_size
+  buffer = np.memmap(path, dtype=np.uint8, mode="r")
+  tensors = {}
+  for name, info in header.items():
+    try:
+      dtype = np.dtype(_SAFETENSORS_DTYPES[info["dtype"]])
+      begin, end = info["data_offsets"]
+      shape = tuple(info["shape"])
+    except (KeyError, TypeError, ValueError):
+      raise ValueError(f"{path}: tensor {name} has a malformed header entry {info!r}") from None
+    if data_start + end > size:
+      raise ValueError(f"{path}: truncated safetensors file: tensor {name} needs bytes "
+                       f"up to {data_start + end}, the file has {size}")
+    if end - begin != int(np.prod(shape)) * dtype.itemsize:
+      raise ValueError(f"{path}: tensor {name} of shape {shape} and dtype {info['dtype']} "
+                       f"does not match its {end - begin} bytes")
+    raw = buffer[data_start + begin:data_start + end]
+    tensors[name] = np.frombuffer(raw, dtype).reshape(shape)
+  return tensors
+
+
+def read_weights(directory: str) -> tuple[dict[str, np.ndarray], str]:
+  """Reads the weights of a reference directory; returns (tensors, source file)."""
+  index = os.path.join(directory, SAFETENSORS_INDEX_FILE)
+  single = os.path.join(directory, SAFETENSORS_FILE)
+  if os.path.isfile(single):
+    return read_safetensors(single), single
+  if os.path.isfile(index):
+    weight_map = read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict):
+      raise ValueError(f"{index}: no 'weight_map' object")
+    tensors = {}
+    for shard in sorted(set(weight_map.values())):
+      tensors.update(read_safetensors(os.path.join(directory, shard)))
+    missing = sorted(set(weight_map) - set(tensors))
+    if missing:
+      raise ValueError(f"{index}: tensors listed but absent from the shards: {missing}")
+    return tensors, index
+  pickle = os.path.join(directory, PICKLE_FILE)
+  if os.path.isfile(pickle):
+    return _read_pickle(pickle), pickle
+  raise FileNotFoundError(f"{directory}: no {SAFETENSORS_FILE}, {SAFETENSORS_INDEX_FILE} "
+                          f"or {PICKLE_FILE}")
+
+
+def _read_pickle(path: str) -> dict[str, np.ndarray]:
+  try:
+    import torch
+  except ImportError:
+    raise ImportError(f"{path} is a PyTorch pickle; install torch to read it, or convert "
+                      "it to model.safetensors") from None
+  logging.warning("%s: reading a PyTorch pickle with torch.load(weights_only=True); "
+                  "prefer model.safetensors", path)
+  state = torch.load(path, map_location="cpu", weights_only=True)
+  return {name: tensor.float().numpy() for name, tensor in state.items()}
+
+
+def canonical_names(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """Reference names with the `bert.` prefix and weight/bias leaf names."""
+  renamed = {}
+  for name, value in tensors.items():
+    name = name.replace("LayerNorm.gamma", "LayerNorm.weight").replace(
+        "LayerNorm.beta", "LayerNorm.bias")
+    if name.split(".")[0] in ("embeddings", "encoder", "pooler"):
+      name = "bert." + name  # saved by the bare encoder class
+    renamed[name] = value
+  return renamed
+
+
+def detect_task(tensors: dict[str, Any], config_values: dict[str, Any]) -> str:
+  """The task model a reference checkpoint holds."""
+  architectures = config_values.get("architectures") or []
+  if architectures:
+    return CLASS_TO_TASK[architectures[0]]
+  names = set(tensors)
+  if "cls.seq_relationship.weight" in names:
+    return "pretraining" if "cls.predictions.bias" in names else "next_sentence"
+  if "cls.predictions.bias" in names:
+    return "masked_lm"
+  if "qa_outputs.weight" in names:
+    return "question_answering"
+  if "classifier.weight" in names:
+    return "sequence_classification"
+  return "encoder"
+
+
+def labels_from_config(values: dict[str, Any], source: str) -> list[str] | None:
+  """Label names in id order from `id2label` (or `num_labels`), if given."""
+  id2label = values.get("id2label")
+  if id2label:
+    try:
+      ids = sorted(int(i) for i in id2label)
+    except ValueError:
+      raise ValueError(f"{source}: id2label keys must be integers, got "
+                       f"{list(id2label)}") from None
+    if ids != list(range(len(ids))):
+      raise ValueError(f"{source}: id2label ids must be 0..n-1, got {ids}")
+    return [str(id2label[str(i)]) for i in ids]
+  if "num_labels" in values:
+    return [f"LABEL_{i}" for i in range(int(values["num_labels"]))]
+  return None
+
+
+def infer_lower_case(directory: str, tokens: list[str]) -> bool:
+  """Whether a checkpoint without tokenizer settings is "uncased".
+
+  Google's releases say it in the directory name (`uncased_L-12_H-768_A-12`);
+  otherwise an uncased vocabulary has no upper-case letters outside [SPECIAL]
+  tokens.
+  """
+  name = os.path.basename(os.path.normpath(directory)).lower()
+  if "uncased" in name:
+    return True
+  if "cased" in name:
+    return False
+  return not any(any(c.isupper() for c in t) for t in tokens
+                 if not (t.startswith("[") and t.endswith("]")))
+
+
+def load_tokenizer(directory: str, do_lower_case: bool | None = None):
+  """The WordPiece tokenizer of a reference directory, or None if it has none.
+
+  Settings come from `tokenizer_config.json` when present; `do_lower_case`
+  overrides them.
+  """
+  from bertjax.data.tokenizers import WordPieceTokenizer, read_vocab
+
+  vocab_file = os.path.join(directory, "vocab.txt")
+  tokenizer_json = os.path.join(directory, "tokenizer.json")
+  if os.path.isfile(vocab_file):
+    tokens = read_vocab(vocab_file)
+  elif os.path.isfile(tokenizer_json):
+    model = read_json(tokenizer_json).get("model") or {}
+    if model.get("type") != "WordPiece" or not isinstance(model.get("vocab"), dict):
+      raise ValueError(f"{tokenizer_json}: not a WordPiece tokenizer")
+    vocab = model["vocab"]
+    tokens = [""] * (max(vocab.values()) + 1)
+    for token, index in vocab.items():
+      tokens[index] = token
+  else:
+    logging.warning("%s: no vocab.txt or tokenizer.json; loading without a tokenizer",
+                    directory)
+    return None
+
+  settings = {}
+  config_file = os.path.join(directory, TOKENIZER_CONFIG_FILE)
+  if os.path.isfile(config_file):
+    settings = read_json(config_file)
+  if do_lower_case is None:
+    do_lower_case = settings.get("do_lower_case")
+  if do_lower_case is None:
+    do_lower_case = infer_lower_case(directory, tokens)
+    logging.info("%s: no do_lower_case setting; inferred do_lower_case=%s", directory,
+                 do_lower_case)
+  return WordPieceTokenizer(
+      tokens, do_lower_case=bool(do_lower_case),
+      strip_accents=settings.get("strip_accents"),
+      tokenize_chinese_chars=settings.get("tokenize_chinese_chars", True),
+      special_tokens={role: settings.get(f"{role}_token", default) for role, default in (
+          ("unk", "[UNK]"), ("cls", "[CLS]"), ("sep", "[SEP]"), ("pad", "[PAD]"),
+          ("mask", "[MASK]"))},
+  )
+
+
+def write_directory(directory: str, config: BertConfig, reference_tensors: dict[str, np.ndarray],
+                    task: str, labels: list[str] | None, tokenizer) -> None:
+  """Writes a reference BERT directory (into an existing, empty `directory`)."""
+  from safetensors.numpy import save_file
+
+  from bertjax.data.tokenizers import WordPieceTokenizer
+  from bertjax.files import write_json
+
+  tensors = dict(reference_tensors)
+  if task == "encoder":
+    # The bare encoder class saves its weights without the `bert.` prefix.
+    tensors = {name.removeprefix("bert."): value for name, value in tensors.items()}
+  write_json(os.path.join(directory, CONFIG_FILE), config_to_dict(config, task, labels))
+  save_file(tensors, os.path.join(directory, SAFETENSORS_FILE), metadata={"format": "pt"})
+  if tokenizer is None:
+    return
+  if not isinstance(tokenizer, WordPieceTokenizer):
+    logging.warning("transformers has no BERT tokenizer for SentencePiece models; "
+                    "writing %s beside the weights for your own loading code",
+                    tokenizer.save(directory).get("model_file"))
+    return
+  tokenizer.save(directory)
+  special = {f"{role}_token": token for role, token in tokenizer.special_tokens.items()}
+  write_json(os.path.join(directory, TOKENIZER_CONFIG_FILE), {
+      "tokenizer_class": "BertTokenizer",
+      "do_lower_case": tokenizer.do_lower_case,
+      "strip_accents": tokenizer.strip_accents,
+      "tokenize_chinese_chars": tokenizer.tokenize_chinese_chars,
+      "model_max_length": config.max_position_embeddings,
+      **special,
+  })
+  write_json(os.path.join(directory, "special_tokens_map.json"), special)

@@ -1,0 +1,185 @@
+"""One name table between bertjax parameters and the reference BERT's weights.
+
+Every checkpoint format is read into the reference (Hugging Face PyTorch) naming,
+e.g. `bert.encoder.layer.3.attention.self.query.weight` [out, in], then mapped
+onto the bertjax parameter tree of a task model (looped layer layout), e.g.
+`bert/layers_3/attention/query/kernel` [embed, heads, kv]. Export runs the same
+table backwards, so import -> export -> import is exact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+from typing import Any, Mapping
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+from bertjax.models import BertConfig, build_model, init_params
+from bertjax.models.bert import abstract_params
+
+Params = dict[str, Any]
+
+# (bertjax module path regex, reference module name template). The leaf name
+# maps as kernel/scale/embedding -> weight, bias -> bias.
+_MODULES = [
+    (r"bert/embeddings/(word|position|token_type)_embeddings",
+     r"bert.embeddings.\1_embeddings"),
+    (r"bert/embeddings/layer_norm", r"bert.embeddings.LayerNorm"),
+    (r"bert/layers_(\d+)/attention/(query|key|value)", r"bert.encoder.layer.\1.attention.self.\2"),
+    (r"bert/layers_(\d+)/attention/output", r"bert.encoder.layer.\1.attention.output.dense"),
+    (r"bert/layers_(\d+)/attention_layer_norm", r"bert.encoder.layer.\1.attention.output.LayerNorm"),
+    (r"bert/layers_(\d+)/intermediate", r"bert.encoder.layer.\1.intermediate.dense"),
+    (r"bert/layers_(\d+)/output", r"bert.encoder.layer.\1.output.dense"),
+    (r"bert/layers_(\d+)/output_layer_norm", r"bert.encoder.layer.\1.output.LayerNorm"),
+    (r"bert/pooler", r"bert.pooler.dense"),
+    (r"mlm/transform", r"cls.predictions.transform.dense"),
+    (r"mlm/transform_layer_norm", r"cls.predictions.transform.LayerNorm"),
+    (r"mlm", r"cls.predictions"),
+    (r"nsp", r"cls.seq_relationship"),
+    (r"classifier", r"classifier"),
+    (r"span", r"qa_outputs"),
+]
+_LEAVES = {"kernel": "weight", "scale": "weight", "embedding": "weight", "bias": "bias"}
+
+# Reference names that carry no information of their own.
+_REDUNDANT = {
+    "bert.embeddings.position_ids",     # a buffer of older checkpoints
+    "cls.predictions.decoder.weight",   # tied to the word embeddings
+    "cls.predictions.decoder.bias",     # the same tensor as cls.predictions.bias
+}
+
+
+def reference_name(path: tuple[str, ...]) -> str:
+  """The reference weight name of a bertjax parameter path (looped layout)."""
+  module, leaf = "/".join(path[:-1]), path[-1]
+  for pattern, template in _MODULES:
+    if re.fullmatch(pattern, module):
+      return f"{re.sub(pattern, template, module)}.{_LEAVES[leaf]}"
+  raise KeyError(f"No reference name for parameter {'/'.join(path)}")
+
+
+def _fan_in(path: tuple[str, ...], shape: tuple[int, ...]) -> int:
+  # The attention output kernel is [heads, kv, embed]; every other kernel has
+  # one input axis first ([embed, heads, kv], [in, out]).
+  if path[-3:] == ("attention", "output", "kernel"):
+    return int(np.prod(shape[:-1]))
+  return shape[0]
+
+
+def to_reference(path: tuple[str, ...], value: np.ndarray) -> np.ndarray:
+  """A bertjax parameter as the reference stores it (kernels [out, in])."""
+  value = np.asarray(value)
+  if path[-1] == "kernel":
+    return np.ascontiguousarray(value.reshape(_fan_in(path, value.shape), -1).T)
+  return value.reshape(-1) if value.ndim > 1 and path[-1] == "bias" else value
+
+
+def from_reference(path: tuple[str, ...], value: np.ndarray,
+                   shape: tuple[int, ...]) -> np.ndarray:
+  """A reference weight reshaped into the bertjax parameter of `shape`."""
+  if path[-1] == "kernel":
+    value = value.T
+  return np.ascontiguousarray(value.reshape(shape))
+
+
+def _path_str(path) -> tuple[str, ...]:
+  return tuple(p.key for p in path)
+
+
+@dataclasses.dataclass
+class LoadReport:
+  """What an import took from the checkpoint and what it did not."""
+
+  loaded: list[str] = dataclasses.field(default_factory=list)
+  initialised: list[str] = dataclasses.field(default_factory=list)
+  unused: list[str] = dataclasses.field(default_factory=list)
+
+  def log(self, source: str) -> None:
+    logging.info("%s: loaded %d tensors", source, len(self.loaded))
+    if self.initialised:
+      logging.warning("%s: not in the checkpoint, initialised randomly: %s", source,
+                      ", ".join(self.initialised))
+    if self.unused:
+      logging.warning("%s: ignored %d tensors the model has no place for: %s", source,
+                      len(self.unused), ", ".join(self.unused))
+
+
+def params_from_reference(tensors: Mapping[str, np.ndarray], config: BertConfig, task: str,
+                          num_labels: int, source: str,
+                          rng: jax.Array | None = None) -> tuple[Params, LoadReport]:
+  """Builds task-model parameters (looped layout, float32) from reference weights.
+
+  Args:
+    tensors: Reference name -> array, with the `bert.` prefix on encoder names.
+    config: The architecture; shapes are checked against it.
+    task: The task model to build (see `bertjax.models.TASK_MODELS`).
+    num_labels: Outputs of the classification heads.
+    source: File or directory named in errors and logs.
+    rng: If given, parameters the checkpoint lacks outside the encoder's layers
+      (a fine-tuning head, the pooler) are initialised from it and reported;
+      otherwise a missing weight is an error.
+
+  Returns:
+    The parameters and a `LoadReport`.
+  """
+  config = config.replace(scan_layers=False)
+  model = build_model(config, task, num_labels)
+  expected = nn.meta.unbox(abstract_params(model))
+  report = LoadReport()
+  missing = []
+  fresh = None
+
+  def take(path, target):
+    nonlocal fresh
+    path = _path_str(path)
+    name = reference_name(path)
+    if name not in tensors:
+      missing.append((path, name))
+      return None
+    value = np.asarray(tensors[name])
+    try:
+      converted = from_reference(path, value, target.shape)
+    except ValueError:
+      raise ValueError(
+          f"{source}: weight {name} has shape {tuple(value.shape)}, but the config "
+          f"needs {_reference_shape(path, target.shape)} for {'/'.join(path)}") from None
+    report.loaded.append(name)
+    return converted.astype(np.float32)
+
+  params = jax.tree_util.tree_map_with_path(take, expected)
+  for path, name in missing:
+    if rng is None or (path[0] == "bert" and path[1] != "pooler"):
+      raise ValueError(f"{source}: weight {name} (for {'/'.join(path)}) is missing from "
+                       "the checkpoint")
+    if fresh is None:
+      fresh = nn.meta.unbox(init_params(model, rng))
+    value = fresh
+    for key in path:
+      value = value[key]
+    _set(params, path, np.asarray(value))
+    report.initialised.append("/".join(path))
+  report.unused = sorted(set(tensors) - set(report.loaded) - _REDUNDANT)
+  return params, report
+
+
+def _reference_shape(path: tuple[str, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
+  return to_reference(path, np.zeros(shape, np.int8)).shape
+
+
+def _set(tree: Params, path: tuple[str, ...], value: Any) -> None:
+  for key in path[:-1]:
+    tree = tree[key]
+  tree[path[-1]] = value
+
+
+def params_to_reference(params: Params) -> dict[str, np.ndarray]:
+  """Reference name -> float32 array for task-model parameters (looped layout)."""
+  flat = {}
+  for path, value in jax.tree_util.tree_leaves_with_path(params):
+    path = _path_str(path)
+    flat[reference_name(path)] = to_reference(path, np.asarray(value, np.float32))
+  return flat

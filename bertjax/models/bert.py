@@ -1,0 +1,231 @@
+"""Task models: the encoder (`bert` subtree) plus one output layer each.
+
+Parameter trees mirror the reference: `{"bert": encoder, <head name>: head}`, so a
+fine-tuning model takes the `bert` subtree of any pre-training checkpoint as is.
+Every model takes `(input_ids, attention_mask, token_type_ids, deterministic)`
+(multiple choice adds a choices axis) and returns a dict of float32 logits.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bertjax.models.config import BertConfig
+from bertjax.models.encoder import BertEncoder
+from bertjax.models.heads import MaskedLMHead, OutputLayer, gather_positions
+
+Array = jax.Array
+
+
+class BertForPreTraining(nn.Module):
+  """Masked LM + next-sentence prediction (the paper's pre-training)."""
+
+  config: BertConfig
+
+  def setup(self):
+    self.bert = BertEncoder(self.config)
+    self.mlm = MaskedLMHead(self.config)
+    self.nsp = OutputLayer(self.config, 2)
+
+  def __call__(self, input_ids: Array, attention_mask: Array | None = None,
+               token_type_ids: Array | None = None, masked_positions: Array | None = None,
+               deterministic: bool = True) -> dict[str, Array]:
+    """Returns `mlm_logits` [batch, predictions|length, vocab], `nsp_logits` [batch, 2].
+
+    Args:
+      masked_positions: [batch, max_predictions] positions to predict; None
+        predicts every position.
+    """
+    encoded = self.bert(input_ids, attention_mask, token_type_ids,
+                        deterministic=deterministic)
+    hidden = encoded.sequence_output
+    if masked_positions is not None:
+      hidden = gather_positions(hidden, masked_positions)
+    return {"mlm_logits": self.mlm(hidden, self.bert.attend),
+            "nsp_logits": self.nsp(encoded.pooled_output)}
+
+
+class BertForMaskedLM(nn.Module):
+  """Masked LM only (the paper's "No NSP" ablation); no pooler."""
+
+  config: BertConfig
+
+  def setup(self):
+    self.bert = BertEncoder(self.config, add_pooler=False)
+    self.mlm = MaskedLMHead(self.config)
+
+  def __call__(self, input_ids: Array, attention_mask: Array | None = None,
+               token_type_ids: Array | None = None, masked_positions: Array | None = None,
+               deterministic: bool = True) -> dict[str, Array]:
+    """Returns `mlm_logits` [batch, predictions|length, vocab]."""
+    encoded = self.bert(input_ids, attention_mask, token_type_ids,
+                        deterministic=deterministic)
+    hidden = encoded.sequence_output
+    if masked_positions is not None:
+      hidden = gather_positions(hidden, masked_positions)
+    return {"mlm_logits": self.mlm(hidden, self.bert.attend)}
+
+
+class BertForNextSentencePrediction(nn.Module):
+  """Next-sentence prediction only."""
+
+  config: BertConfig
+
+  def setup(self):
+    self.bert = BertEncoder(self.config)
+    self.nsp = OutputLayer(self.config, 2)
+
+  def __call__(self, input_ids: Array, attention_mask: Array | None = None,
+               token_type_ids: Array | None = None,
+               deterministic: bool = True) -> dict[str, Array]:
+    """Returns `nsp_logits` [batch, 2] (0: B follows A, 1: B is random)."""
+    encoded = self.bert(input_ids, attention_mask, token_type_ids,
+                        deterministic=deterministic)
+    return {"nsp_logits": self.nsp(encoded.pooled_output)}
+
+
+class BertForSequenceClassification(nn.Module):
+  """[CLS] -> dropout -> linear: classification, or regression with one label."""
+
+  config: BertConfig
+  num_labels: int = 2
+
+  def setup(self):
+    self.bert = BertEncoder(self.config)
+    self.classifier = OutputLayer(self.config, self.num_labels, self.config.head_dropout)
+
+  def __call__(self, input_ids: Array, attention_mask: Array | None = None,
+               token_type_ids: Array | None = None,
+               deterministic: bool = True) -> dict[str, Array]:
+    """Returns `logits` [batch, num_labels]."""
+    encoded = self.bert(input_ids, attention_mask, token_type_ids,
+                        deterministic=deterministic)
+    return {"logits": self.classifier(encoded.pooled_output, deterministic)}
+
+
+class BertForQuestionAnswering(nn.Module):
+  """Start and end vectors over every position (SQuAD); no pooler."""
+
+  config: BertConfig
+
+  def setup(self):
+    self.bert = BertEncoder(self.config, add_pooler=False)
+    self.span = OutputLayer(self.config, 2)
+
+  def __call__(self, input_ids: Array, attention_mask: Array | None = None,
+               token_type_ids: Array | None = None,
+               deterministic: bool = True) -> dict[str, Array]:
+    """Returns `start_logits` and `end_logits`, each [batch, length]."""
+    encoded = self.bert(input_ids, attention_mask, token_type_ids,
+                        deterministic=deterministic)
+    logits = self.span(encoded.sequence_output)  # [batch, length, 2]
+    return {"start_logits": logits[..., 0], "end_logits": logits[..., 1]}
+
+
+class BertForMultipleChoice(nn.Module):
+  """One score per [CLS] of each choice, softmaxed over choices (SWAG)."""
+
+  config: BertConfig
+
+  def setup(self):
+    self.bert = BertEncoder(self.config)
+    self.classifier = OutputLayer(self.config, 1, self.config.head_dropout)
+
+  def __call__(self, input_ids: Array, attention_mask: Array | None = None,
+               token_type_ids: Array | None = None,
+               deterministic: bool = True) -> dict[str, Array]:
+    """Takes [batch, choices, length] inputs; returns `logits` [batch, choices]."""
+    batch, choices, length = input_ids.shape
+    flat = lambda x: None if x is None else x.reshape(batch * choices, length)
+    encoded = self.bert(flat(input_ids), flat(attention_mask), flat(token_type_ids),
+                        deterministic=deterministic)
+    scores = self.classifier(encoded.pooled_output, deterministic)  # [b * c, 1]
+    return {"logits": scores.reshape(batch, choices)}
+
+
+class BertForTokenClassification(nn.Module):
+  """Dropout -> linear on every position (NER); no pooler."""
+
+  config: BertConfig
+  num_labels: int = 2
+
+  def setup(self):
+    self.bert = BertEncoder(self.config, add_pooler=False)
+    self.classifier = OutputLayer(self.config, self.num_labels, self.config.head_dropout)
+
+  def __call__(self, input_ids: Array, attention_mask: Array | None = None,
+               token_type_ids: Array | None = None,
+               deterministic: bool = True) -> dict[str, Array]:
+    """Returns `logits` [batch, length, num_labels]."""
+    encoded = self.bert(input_ids, attention_mask, token_type_ids,
+                        deterministic=deterministic)
+    return {"logits": self.classifier(encoded.sequence_output, deterministic)}
+
+
+class BertModel(nn.Module):
+  """The bare encoder under a `bert` subtree, like every task model."""
+
+  config: BertConfig
+
+  def setup(self):
+    self.bert = BertEncoder(self.config)
+
+  def __call__(self, input_ids: Array, attention_mask: Array | None = None,
+               token_type_ids: Array | None = None,
+               deterministic: bool = True) -> dict[str, Array]:
+    """Returns `sequence_output`, `pooled_output` and (if configured) `hidden_states`."""
+    encoded = self.bert(input_ids, attention_mask, token_type_ids,
+                        deterministic=deterministic)
+    outputs = {"sequence_output": encoded.sequence_output,
+               "pooled_output": encoded.pooled_output}
+    if encoded.hidden_states is not None:
+      outputs["hidden_states"] = encoded.hidden_states
+    return outputs
+
+
+# Task name -> model class. The names are bertjax's; `bertjax.interop.hf` maps
+# them to the reference's class names.
+TASK_MODELS: dict[str, type[nn.Module]] = {
+    "encoder": BertModel,
+    "pretraining": BertForPreTraining,
+    "masked_lm": BertForMaskedLM,
+    "next_sentence": BertForNextSentencePrediction,
+    "sequence_classification": BertForSequenceClassification,
+    "question_answering": BertForQuestionAnswering,
+    "multiple_choice": BertForMultipleChoice,
+    "token_classification": BertForTokenClassification,
+}
+LABELLED_TASKS = ("sequence_classification", "token_classification")
+
+
+def build_model(config: BertConfig, task: str = "encoder", num_labels: int = 2) -> nn.Module:
+  """The task model for `task` (a key of `TASK_MODELS`)."""
+  if task not in TASK_MODELS:
+    raise ValueError(f"Unknown task {task!r}; known tasks: {', '.join(TASK_MODELS)}")
+  if task in LABELLED_TASKS:
+    if num_labels < 1:
+      raise ValueError(f"num_labels must be >= 1 for {task}, got {num_labels}")
+    return TASK_MODELS[task](config, num_labels=num_labels)
+  return TASK_MODELS[task](config)
+
+
+def example_inputs(model: nn.Module, batch: int = 1, length: int = 8) -> dict[str, Array]:
+  """Zero inputs of the rank `model` expects, for `init` and `eval_shape`."""
+  shape = (batch, 2, length) if isinstance(model, BertForMultipleChoice) else (batch, length)
+  ones = jnp.ones(shape, jnp.int32)
+  return {"input_ids": ones, "attention_mask": ones, "token_type_ids": ones * 0}
+
+
+def init_params(model: nn.Module, rng: jax.Array, length: int = 8):
+  """Randomly initialised parameters (with logical partitioning metadata boxes).
+
+  `flax.linen.meta.unbox` strips the boxes; `nn.get_partition_spec` reads them.
+  """
+  return model.init({"params": rng}, **example_inputs(model, length=length))["params"]
+
+
+def abstract_params(model: nn.Module):
+  """Shapes, dtypes and logical axes of `model`'s parameters, computed without FLOPs."""
+  return jax.eval_shape(lambda rng: init_params(model, rng), jax.random.key(0))

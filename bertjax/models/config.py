@@ -1,0 +1,179 @@
+"""The BERT architecture as one frozen dataclass, and the paper's model sizes.
+
+A `BertConfig` describes the network (sizes, activation, dropout) and how it is
+computed (dtype, layer scan, rematerialisation, attention kernel). It is hashable,
+so jitted functions can be cached per configuration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
+ATTENTION_IMPLEMENTATIONS = ("xla", "dot_product", "cudnn")
+# Names of `jax.checkpoint_policies` members, plus "none" (no remat) and "full"
+# (save nothing).
+REMAT_POLICIES = (
+    "none",
+    "full",
+    "dots_saveable",
+    "dots_with_no_batch_dims_saveable",
+    "nothing_saveable",
+    "everything_saveable",
+)
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+  """Architecture and computation options of a BERT encoder.
+
+  Attributes:
+    vocab_size: Rows of the word embedding table (may exceed the vocabulary file,
+      e.g. padded to a multiple of 128 for TPUs).
+    hidden_size: Width of the residual stream (H in the paper).
+    num_layers: Transformer layers (L).
+    num_heads: Attention heads (A); must divide `hidden_size`.
+    intermediate_size: Width of the feed-forward layer (4H in the paper).
+    hidden_act: Feed-forward activation: "gelu" (exact, erf), "gelu_tanh",
+      "relu" or "silu".
+    max_position_embeddings: Rows of the learned position table (longest input).
+    type_vocab_size: Rows of the token type (segment) table.
+    hidden_dropout_prob: Dropout on embeddings and on each sub-layer's output.
+    attention_dropout_prob: Dropout on the attention probabilities.
+    classifier_dropout: Dropout before fine-tuning output layers; None means
+      `hidden_dropout_prob`.
+    layer_norm_eps: LayerNorm epsilon (1e-12 in the original code).
+    initializer_range: Standard deviation of the truncated normal weight
+      initialiser (the original code's `create_initializer`).
+    pad_token_id: Id of [PAD]; kept for export, the model masks by
+      `attention_mask`, not by id.
+    dtype: Compute dtype of matmuls and activations. Parameters, softmax,
+      LayerNorm and losses stay float32.
+    scan_layers: Run the layers with `nn.scan` (parameters stacked on a leading
+      "layers" axis): one compiled layer, fast compiles for deep models.
+    remat_policy: Rematerialisation of each layer in the backward pass.
+    attention_impl: "xla" (einsum + softmax, supports attention dropout),
+      "dot_product" (`jax.nn.dot_product_attention`, XLA picks the kernel) or
+      "cudnn" (its cuDNN flash kernel on NVIDIA GPUs). The last two have no
+      attention dropout.
+    causal: Left-to-right attention mask (the paper's "LTR & No NSP" ablation).
+    return_hidden_states: Also return the embedding output and every layer's
+      output (the feature-based approach).
+  """
+
+  vocab_size: int = 30522
+  hidden_size: int = 768
+  num_layers: int = 12
+  num_heads: int = 12
+  intermediate_size: int = 3072
+  hidden_act: str = "gelu"
+  max_position_embeddings: int = 512
+  type_vocab_size: int = 2
+  hidden_dropout_prob: float = 0.1
+  attention_dropout_prob: float = 0.1
+  classifier_dropout: float | None = None
+  layer_norm_eps: float = 1e-12
+  initializer_range: float = 0.02
+  pad_token_id: int = 0
+  dtype: str = "float32"
+  scan_layers: bool = False
+  remat_policy: str = "none"
+  attention_impl: str = "xla"
+  causal: bool = False
+  return_hidden_states: bool = False
+
+  def __post_init__(self):
+    self.validate()
+
+  @property
+  def head_dim(self) -> int:
+    return self.hidden_size // self.num_heads
+
+  @property
+  def head_dropout(self) -> float:
+    """Dropout applied before the fine-tuning output layers."""
+    if self.classifier_dropout is None:
+      return self.hidden_dropout_prob
+    return self.classifier_dropout
+
+  def validate(self) -> None:
+    """Raises ValueError naming the offending field and what to change."""
+    for name in ("vocab_size", "hidden_size", "num_layers", "num_heads",
+                 "intermediate_size", "max_position_embeddings", "type_vocab_size"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"BertConfig.{name} must be a positive integer, got {value!r}")
+    if self.hidden_size % self.num_heads:
+      raise ValueError(
+          f"BertConfig.hidden_size={self.hidden_size} is not divisible by "
+          f"num_heads={self.num_heads}; choose num_heads dividing hidden_size "
+          f"(the paper uses hidden_size / 64).")
+    for name in ("hidden_dropout_prob", "attention_dropout_prob"):
+      value = getattr(self, name)
+      if not 0.0 <= value < 1.0:
+        raise ValueError(f"BertConfig.{name} must be in [0, 1), got {value!r}")
+    _check_choice("hidden_act", self.hidden_act, ACTIVATIONS)
+    _check_choice("dtype", self.dtype, DTYPES)
+    _check_choice("remat_policy", self.remat_policy, REMAT_POLICIES)
+    _check_choice("attention_impl", self.attention_impl, ATTENTION_IMPLEMENTATIONS)
+
+  def replace(self, **changes: Any) -> BertConfig:
+    return dataclasses.replace(self, **changes)
+
+  def to_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_dict(cls, values: dict[str, Any], source: str = "config") -> BertConfig:
+    """Builds a config from a dict, rejecting keys it does not know."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+      raise ValueError(f"{source}: unknown BertConfig keys {unknown}; known keys are "
+                       f"{sorted(known)}")
+    return cls(**values)
+
+  @classmethod
+  def from_preset(cls, name: str, **overrides: Any) -> BertConfig:
+    """A named model size (see `PRESETS`), with optional field overrides."""
+    if name not in PRESETS:
+      raise ValueError(f"Unknown model preset {name!r}; known presets: "
+                       f"{', '.join(sorted(PRESETS))}")
+    return cls(**{**PRESETS[name], **overrides})
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+  if value not in choices:
+    raise ValueError(f"BertConfig.{name}={value!r} is not one of {choices}")
+
+
+def _size(layers: int, hidden: int, heads: int | None = None) -> dict[str, int]:
+  # The paper and Turc et al. (2019) use 64-wide heads and a 4H feed-forward.
+  return dict(num_layers=layers, hidden_size=hidden,
+              num_heads=heads or hidden // 64, intermediate_size=4 * hidden)
+
+
+def _presets() -> dict[str, dict[str, int]]:
+  presets = {
+      "bert_base": _size(12, 768, 12),    # 110M parameters
+      "bert_large": _size(24, 1024, 16),  # 340M parameters
+  }
+  # The 24 smaller BERTs of Turc et al. (2019), released with the original code.
+  for layers in (2, 4, 6, 8, 10, 12):
+    for hidden in (128, 256, 512, 768):
+      presets[f"bert_L{layers}_H{hidden}"] = _size(layers, hidden)
+  # Their names in the original release.
+  presets["bert_tiny"] = presets["bert_L2_H128"]
+  presets["bert_mini"] = presets["bert_L4_H256"]
+  presets["bert_small"] = presets["bert_L4_H512"]
+  presets["bert_medium"] = presets["bert_L8_H512"]
+  # The paper's Table 6 ablation over model size (#L, #H, #A).
+  for layers, hidden, heads in ((3, 768, 12), (6, 768, 3), (6, 768, 12),
+                                (12, 768, 12), (12, 1024, 16), (24, 1024, 16)):
+    presets[f"table6_L{layers}_H{hidden}_A{heads}"] = _size(layers, hidden, heads)
+  return presets
+
+
+PRESETS: dict[str, dict[str, int]] = _presets()

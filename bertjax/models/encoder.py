@@ -1,0 +1,146 @@
+"""The BERT encoder: embeddings, a stack of transformer layers, the [CLS] pooler.
+
+The layers run either as a Python loop (parameters `layers_0` ... `layers_{L-1}`)
+or under `nn.scan` (one `layers` subtree whose leaves carry a leading "layers"
+axis), each optionally rematerialised. `bertjax.models.layout` converts between
+the two parameter layouts.
+"""
+
+from __future__ import annotations
+
+import jax
+import flax.linen as nn
+import flax.struct
+import jax.numpy as jnp
+
+from bertjax.models.config import BertConfig
+from bertjax.models.layers import (Embeddings, TransformerLayer, allowed_attention,
+                                   dense)
+
+Array = jax.Array
+
+SCANNED_LAYERS = "layers"  # Name of the scanned subtree and of its stacked axis.
+
+
+@flax.struct.dataclass
+class EncoderOutput:
+  """What the encoder computes.
+
+  Attributes:
+    sequence_output: [batch, length, embed] last layer, compute dtype.
+    pooled_output: [batch, embed] tanh(dense([CLS])), or None without a pooler.
+    hidden_states: [num_layers + 1, batch, length, embed], the embedding output
+      then every layer's output, when `config.return_hidden_states`; else None.
+  """
+
+  sequence_output: Array
+  pooled_output: Array | None
+  hidden_states: Array | None
+
+
+def _remat(layer_class: type[nn.Module], policy_name: str) -> type[nn.Module]:
+  if policy_name == "none":
+    return layer_class
+  policy = None if policy_name == "full" else getattr(jax.checkpoint_policies, policy_name)
+  # Argument 3 of __call__(self, x, mask, deterministic) is a Python bool.
+  return nn.remat(layer_class, policy=policy, prevent_cse=False, static_argnums=(3,))
+
+
+class _ScanStep(nn.Module):
+  """Adapts a layer to `nn.scan`'s (carry, inputs) -> (carry, outputs) form."""
+
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x: Array, mask: Array, deterministic: bool):
+    layer = _remat(TransformerLayer, self.config.remat_policy)
+    x = layer(self.config, name="layer")(x, mask, deterministic)
+    return x, (x if self.config.return_hidden_states else None)
+
+
+class BertEncoder(nn.Module):
+  """BERT's encoder (the `bert` subtree of every task model).
+
+  Attributes:
+    config: The architecture.
+    add_pooler: Whether to build the [CLS] pooler (task models that never use it,
+      like masked LM or span prediction, leave it out as the reference does).
+  """
+
+  config: BertConfig
+  add_pooler: bool = True
+
+  def setup(self):
+    config = self.config
+    self.embeddings = Embeddings(config)
+    if config.scan_layers:
+      # The scanned step returns (carry, per-layer output); `nn.scan` stacks the
+      # parameters and RNG streams along a leading axis named "layers".
+      self.layers = nn.scan(
+          _ScanStep,
+          variable_axes={"params": 0},
+          split_rngs={"params": True, "dropout": True},
+          in_axes=(nn.broadcast, nn.broadcast),
+          length=config.num_layers,
+          metadata_params={nn.PARTITION_NAME: SCANNED_LAYERS},
+      )(config)
+    else:
+      layer = _remat(TransformerLayer, config.remat_policy)
+      self.layers = [layer(config) for _ in range(config.num_layers)]
+    if self.add_pooler:
+      self.pooler = dense(config, config.hidden_size, ("embed", "mlp"), "pooler")
+
+  def __call__(self, input_ids: Array, attention_mask: Array | None = None,
+               token_type_ids: Array | None = None,
+               position_ids: Array | None = None,
+               deterministic: bool = True) -> EncoderOutput:
+    """Encodes a batch.
+
+    Args:
+      input_ids: [batch, length] token ids.
+      attention_mask: [batch, length], 1 for real tokens and 0 for padding;
+        default all ones.
+      token_type_ids: [batch, length] segment ids; default zeros.
+      position_ids: [batch, length] positions; default 0..length-1.
+      deterministic: Disable dropout (evaluation and inference).
+
+    Returns:
+      The `EncoderOutput`.
+    """
+    config = self.config
+    batch, length = input_ids.shape
+    if length > config.max_position_embeddings:
+      raise ValueError(f"Input length {length} exceeds max_position_embeddings="
+                       f"{config.max_position_embeddings} of the model")
+    if attention_mask is None:
+      attention_mask = jnp.ones((batch, length), jnp.int32)
+    if token_type_ids is None:
+      token_type_ids = jnp.zeros((batch, length), jnp.int32)
+    if position_ids is None:
+      position_ids = jnp.broadcast_to(jnp.arange(length), (batch, length))
+
+    x = embedded = self.embeddings(input_ids, token_type_ids, position_ids,
+                                   deterministic)
+    mask = allowed_attention(attention_mask, config.causal)  # [batch, 1, q|1, k]
+
+    if config.scan_layers:
+      x, stacked = self.layers(x, mask, deterministic)  # stacked: [layers, b, t, e]
+    else:
+      outputs = []
+      for layer in self.layers:
+        x = layer(x, mask, deterministic)
+        outputs.append(x)
+      stacked = jnp.stack(outputs) if config.return_hidden_states else None
+
+    hidden_states = None
+    if config.return_hidden_states:
+      hidden_states = jnp.concatenate([embedded[None], stacked])
+    pooled = None
+    if self.add_pooler:
+      pooled = jnp.tanh(self.pooler(x[:, 0]).astype(jnp.float32)).astype(config.dtype)
+    return EncoderOutput(sequence_output=x, pooled_output=pooled,
+                         hidden_states=hidden_states)
+
+  def attend(self, query: Array) -> Array:
+    """Scores [..., embed] against the word embeddings: float32 [..., vocab]."""
+    return self.embeddings.attend(query)

@@ -1,0 +1,76 @@
+"""Output layers on top of the encoder: the masked LM head and linear heads.
+
+All heads return float32 logits, whatever the compute dtype, so that losses and
+softmaxes are computed in float32.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bertjax.models.config import BertConfig
+from bertjax.models.layers import activation, dense, kernel_init, layer_norm, zeros_init
+
+Array = jax.Array
+
+
+def gather_positions(sequence: Array, positions: Array) -> Array:
+  """Picks [batch, predictions, embed] out of [batch, length, embed]."""
+  return jnp.take_along_axis(sequence, positions[..., None], axis=1)
+
+
+class MaskedLMHead(nn.Module):
+  """Dense + activation + LayerNorm transform, then the tied word embeddings.
+
+  Applied to the gathered masked positions only ([batch, max_predictions, embed]),
+  never to the whole sequence: the vocabulary projection is the most expensive
+  matmul of a small BERT.
+  """
+
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, hidden: Array, decode: Callable[[Array], Array]) -> Array:
+    """Maps [..., embed] to float32 [..., vocab] logits.
+
+    Args:
+      hidden: Encoder outputs at the positions to predict.
+      decode: Scores [..., embed] against the word embedding table (the encoder's
+        `attend`), which the decoder shares as in the paper.
+    """
+    config = self.config
+    x = dense(config, config.hidden_size, ("embed", "mlp"), "transform")(hidden)
+    x = activation(config.hidden_act)(x)
+    x = layer_norm(config, "transform_layer_norm")(x.astype(jnp.float32))
+    bias = self.param("bias", zeros_init(("vocab",)), (config.vocab_size,), jnp.float32)
+    return decode(x.astype(config.dtype)) + bias
+
+
+class OutputLayer(nn.Module):
+  """Dropout then one linear layer: the paper's fine-tuning output layer.
+
+  Serves next-sentence prediction (on the pooled [CLS], no dropout),
+  classification and regression (pooled), multiple choice (pooled, one score
+  per choice), span start/end (every position, no dropout) and token
+  classification (every position).
+  """
+
+  config: BertConfig
+  features: int
+  dropout_rate: float = 0.0
+
+  @nn.compact
+  def __call__(self, x: Array, deterministic: bool = True) -> Array:
+    """Maps [..., embed] to float32 [..., features]."""
+    x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
+    kernel = self.param("kernel", kernel_init(self.config, ("embed", None)),
+                        (x.shape[-1], self.features), jnp.float32)
+    bias = self.param("bias", zeros_init((None,)), (self.features,), jnp.float32)
+    dtype = jnp.dtype(self.config.dtype)
+    logits = jnp.einsum("...e,ef->...f", x.astype(dtype), kernel.astype(dtype),
+                        preferred_element_type=jnp.float32)
+    return logits + bias

@@ -1,0 +1,199 @@
+"""The building blocks of the BERT encoder: embeddings, attention, one layer.
+
+Every parameter carries logical axis names (`vocab`, `embed`, `mlp`, `heads`,
+`kv`) and the main activations are constrained to (`batch`, `length`, ...); a
+rules table in the training config maps them onto the device mesh. Square
+hidden-to-hidden kernels are named (`embed`, `mlp`) so that their two dimensions
+never land on the same mesh axis.
+
+Numerics: matmuls run in `config.dtype`; parameters, attention softmax,
+LayerNorm and the residual additions stay float32.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bertjax.models.config import BertConfig
+
+Array = jax.Array
+
+# Logical names of the activations.
+BATCH_LENGTH_EMBED = ("batch", "length", "embed")
+BATCH_LENGTH_MLP = ("batch", "length", "mlp")
+BATCH_LENGTH_HEADS_KV = ("batch", "length", "heads", "kv")
+
+
+def activation(name: str) -> Callable[[Array], Array]:
+  """The feed-forward activation named in `BertConfig.hidden_act`."""
+  return {
+      "gelu": functools.partial(jax.nn.gelu, approximate=False),
+      "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
+      "relu": jax.nn.relu,
+      "silu": jax.nn.silu,
+  }[name]
+
+
+def kernel_init(config: BertConfig, axes: tuple[str, ...]) -> nn.initializers.Initializer:
+  return nn.with_logical_partitioning(
+      nn.initializers.truncated_normal(config.initializer_range), axes)
+
+
+def zeros_init(axes: tuple[str, ...]) -> nn.initializers.Initializer:
+  return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
+
+
+def dense(config: BertConfig, features: int, axes: tuple[str, str], name: str) -> nn.Dense:
+  """A Dense layer with logically named kernel (`axes`) and bias (`axes[1]`)."""
+  return nn.Dense(
+      features,
+      dtype=jnp.dtype(config.dtype),
+      param_dtype=jnp.float32,
+      kernel_init=kernel_init(config, axes),
+      bias_init=zeros_init(axes[1:]),
+      name=name,
+  )
+
+
+def layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
+  # Two-pass variance, as in the reference implementations: with eps=1e-12 the
+  # one-pass E[x^2]-E[x]^2 form loses precision.
+  return nn.LayerNorm(
+      epsilon=config.layer_norm_eps,
+      dtype=jnp.float32,
+      param_dtype=jnp.float32,
+      use_fast_variance=False,
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
+      bias_init=zeros_init(("embed",)),
+      name=name,
+  )
+
+
+class Embeddings(nn.Module):
+  """Word + position + token type embeddings, LayerNorm, dropout."""
+
+  config: BertConfig
+
+  def setup(self):
+    config = self.config
+
+    def table(rows: int, axes: tuple[str | None, str], name: str) -> nn.Embed:
+      return nn.Embed(rows, config.hidden_size, dtype=jnp.float32,
+                      param_dtype=jnp.float32,
+                      embedding_init=kernel_init(config, axes), name=name)
+
+    self.word_embeddings = table(config.vocab_size, ("vocab", "embed"), "word_embeddings")
+    self.position_embeddings = table(config.max_position_embeddings, (None, "embed"),
+                                     "position_embeddings")
+    self.token_type_embeddings = table(config.type_vocab_size, (None, "embed"),
+                                       "token_type_embeddings")
+    self.layer_norm = layer_norm(config, "layer_norm")
+    self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+  def __call__(self, input_ids: Array, token_type_ids: Array, position_ids: Array,
+               deterministic: bool) -> Array:
+    """Embeds [batch, length] ids into [batch, length, embed] (compute dtype)."""
+    x = (self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
+         + self.token_type_embeddings(token_type_ids))
+    x = self.layer_norm(x)
+    x = self.dropout(x, deterministic=deterministic)
+    x = x.astype(self.config.dtype)
+    return nn.with_logical_constraint(x, BATCH_LENGTH_EMBED)
+
+  def attend(self, query: Array) -> Array:
+    """Scores [..., embed] against every word embedding: float32 [..., vocab]."""
+    table = self.word_embeddings.embedding.astype(self.config.dtype)
+    return jnp.einsum("...e,ve->...v", query.astype(self.config.dtype), table,
+                      preferred_element_type=jnp.float32)
+
+
+def allowed_attention(attention_mask: Array, causal: bool) -> Array:
+  """Boolean [batch, length] padding mask -> boolean [batch, 1, q, k] allowed mask."""
+  allowed = attention_mask[:, None, None, :].astype(bool)  # [batch, 1, 1, length]
+  if causal:
+    length = attention_mask.shape[-1]
+    allowed = allowed & jnp.tril(jnp.ones((length, length), bool))[None, None]
+  return allowed
+
+
+class SelfAttention(nn.Module):
+  """Multi-head self-attention with a [batch, 1, q|1, k] boolean mask."""
+
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x: Array, mask: Array, deterministic: bool) -> Array:
+    config = self.config
+    dtype = jnp.dtype(config.dtype)
+    projection = functools.partial(
+        nn.DenseGeneral, features=(config.num_heads, config.head_dim), axis=-1,
+        dtype=dtype, param_dtype=jnp.float32,
+        kernel_init=kernel_init(config, ("embed", "heads", "kv")),
+        bias_init=zeros_init(("heads", "kv")))
+    # [batch, length, heads, kv]
+    query = nn.with_logical_constraint(projection(name="query")(x), BATCH_LENGTH_HEADS_KV)
+    key = nn.with_logical_constraint(projection(name="key")(x), BATCH_LENGTH_HEADS_KV)
+    value = nn.with_logical_constraint(projection(name="value")(x), BATCH_LENGTH_HEADS_KV)
+
+    if config.attention_impl == "xla":
+      context = self._xla_attention(query, key, value, mask, deterministic)
+    else:
+      if not deterministic and config.attention_dropout_prob > 0:
+        raise ValueError(
+            f"BertConfig.attention_impl={config.attention_impl!r} has no attention "
+            f"dropout, but attention_dropout_prob={config.attention_dropout_prob}: set "
+            "attention_dropout_prob=0.0 or attention_impl='xla' for training.")
+      context = jax.nn.dot_product_attention(
+          query, key, value, mask=mask,
+          implementation="cudnn" if config.attention_impl == "cudnn" else None)
+    context = nn.with_logical_constraint(context, BATCH_LENGTH_HEADS_KV)
+
+    return nn.DenseGeneral(
+        features=config.hidden_size, axis=(-2, -1), dtype=dtype,
+        param_dtype=jnp.float32,
+        kernel_init=kernel_init(config, ("heads", "kv", "embed")),
+        bias_init=zeros_init(("embed",)), name="output")(context)
+
+  def _xla_attention(self, query: Array, key: Array, value: Array, mask: Array,
+                     deterministic: bool) -> Array:
+    config = self.config
+    query = query * jnp.asarray(config.head_dim ** -0.5, query.dtype)
+    # [batch, heads, q, k], float32 so the softmax is exact in bfloat16 runs.
+    scores = jnp.einsum("bqhd,bkhd->bhqk", query, key,
+                        preferred_element_type=jnp.float32)
+    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1)
+    probs = nn.Dropout(config.attention_dropout_prob)(probs, deterministic=deterministic)
+    return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(value.dtype), value)
+
+
+class TransformerLayer(nn.Module):
+  """A post-LayerNorm transformer layer, as in the paper."""
+
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x: Array, mask: Array, deterministic: bool) -> Array:
+    """Maps [batch, length, embed] to [batch, length, embed]."""
+    config = self.config
+    dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    attended = SelfAttention(config, name="attention")(x, mask, deterministic)
+    attended = dropout(attended, deterministic=deterministic)
+    x = layer_norm(config, "attention_layer_norm")(
+        x.astype(jnp.float32) + attended.astype(jnp.float32)).astype(config.dtype)
+    x = nn.with_logical_constraint(x, BATCH_LENGTH_EMBED)
+
+    hidden = dense(config, config.intermediate_size, ("embed", "mlp"), "intermediate")(x)
+    hidden = activation(config.hidden_act)(hidden)
+    hidden = nn.with_logical_constraint(hidden, BATCH_LENGTH_MLP)
+    hidden = dense(config, config.hidden_size, ("mlp", "embed"), "output")(hidden)
+    hidden = dropout(hidden, deterministic=deterministic)
+    x = layer_norm(config, "output_layer_norm")(
+        x.astype(jnp.float32) + hidden.astype(jnp.float32)).astype(config.dtype)
+    return nn.with_logical_constraint(x, BATCH_LENGTH_EMBED)

@@ -1,0 +1,263 @@
+"""Pretrained models: load from any supported format, save, export.
+
+`load_pretrained` reads
+- a bertjax model directory (`bertjax.json` + orbax `params/` + tokenizer files),
+  as written by `save_pretrained`;
+- a Hugging Face BERT directory (`config.json`, `model.safetensors` or its
+  sharded index, or `pytorch_model.bin` through torch; `vocab.txt`,
+  `tokenizer_config.json`);
+- Google's original TF checkpoint directory (`bert_config.json`,
+  `bert_model.ckpt.*`, `vocab.txt`), with the `[tf]` extra.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Any
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+from bertjax.data.tokenizers import Tokenizer, tokenizer_from_settings
+from bertjax.files import atomic_directory, read_json, write_json
+from bertjax.interop import google_tf, hf, mapping
+from bertjax.models import BertConfig, build_model, to_layout
+from bertjax.models.bert import LABELLED_TASKS, TASK_MODELS, abstract_params
+
+BERTJAX_FILE = "bertjax.json"
+FORMAT_VERSION = 1
+
+Params = dict[str, Any]
+
+
+@dataclasses.dataclass
+class Pretrained:
+  """A model ready to use: architecture, weights, tokenizer and task.
+
+  Attributes:
+    config: The architecture and computation options.
+    params: Parameters of the task model, in the layer layout of
+      `config.scan_layers`, float32.
+    tokenizer: The tokenizer the weights were trained with, or None.
+    task: Which task model the weights belong to (a key of
+      `bertjax.models.TASK_MODELS`); `params["bert"]` is always the encoder.
+    labels: Label names in id order for classification tasks.
+  """
+
+  config: BertConfig
+  params: Params
+  tokenizer: Tokenizer | None
+  task: str = "encoder"
+  labels: list[str] | None = None
+
+  @property
+  def num_labels(self) -> int:
+    return len(self.labels) if self.labels else 2
+
+  def model(self) -> nn.Module:
+    """The Flax module these parameters belong to."""
+    return build_model(self.config, self.task, self.num_labels)
+
+
+def load_pretrained(path: str, *, task: str | None = None, labels: list[str] | None = None,
+                    do_lower_case: bool | None = None, seed: int = 0,
+                    **config_overrides: Any) -> Pretrained:
+  """Loads a pretrained BERT from a bertjax, Hugging Face or Google TF directory.
+
+  Args:
+    path: The directory (or, for Google checkpoints, the `bert_model.ckpt` prefix).
+    task: The task model to load into. Default: the checkpoint's own. A head
+      the checkpoint lacks (a new classifier on a pre-trained encoder) is
+      initialised from `seed` and logged; its encoder weights must all be there.
+    labels: Label names for a new classification head (their number sets the
+      head's width); default: the checkpoint's.
+    do_lower_case: Override the tokenizer's casing (Google checkpoints carry no
+      setting; it is otherwise inferred from the directory name or vocabulary).
+    seed: Seed of newly initialised heads.
+    **config_overrides: `BertConfig` computation fields to change, e.g.
+      `dtype="bfloat16"`, `scan_layers=True`, `attention_impl="cudnn"`.
+
+  Returns:
+    The `Pretrained` bundle.
+  """
+  path = os.fspath(path)
+  if os.path.isfile(os.path.join(path, BERTJAX_FILE)):
+    bundle = _load_bertjax(path)
+  elif os.path.isfile(os.path.join(path, hf.CONFIG_FILE)):
+    bundle = _load_reference(path, hf.CONFIG_FILE, do_lower_case)
+  elif os.path.isfile(os.path.join(path, google_tf.CONFIG_FILE)) or os.path.isfile(
+      path + ".index"):
+    bundle = _load_reference(path, google_tf.CONFIG_FILE, do_lower_case)
+  elif not os.path.exists(path):
+    raise FileNotFoundError(f"{path} does not exist")
+  else:
+    raise ValueError(
+        f"{path}: not a model directory; expected {BERTJAX_FILE} (bertjax), "
+        f"{hf.CONFIG_FILE} (Hugging Face) or {google_tf.CONFIG_FILE} (Google TF)")
+
+  if do_lower_case is not None and bundle.tokenizer is not None and (
+      getattr(bundle.tokenizer, "do_lower_case", do_lower_case) != do_lower_case):
+    raise ValueError(f"{path}: do_lower_case={do_lower_case} contradicts the saved "
+                     "tokenizer settings")
+  if task is not None or labels is not None:
+    bundle = _retarget(bundle, task or bundle.task, labels, seed, path)
+  _check_vocabulary(bundle, path)
+  if config_overrides:
+    bundle.config = bundle.config.replace(**config_overrides)
+  bundle.params = to_layout(bundle.params, bundle.config.scan_layers)
+  return bundle
+
+
+def _load_reference(path: str, config_file: str, do_lower_case: bool | None) -> Pretrained:
+  """Hugging Face or Google TF directory -> bundle (looped layout)."""
+  prefix = None
+  if config_file == google_tf.CONFIG_FILE:
+    if os.path.isfile(path + ".index"):
+      prefix, path = path, os.path.dirname(path) or "."
+    else:
+      prefix = google_tf.find_checkpoint(path)
+      if prefix is None:
+        raise FileNotFoundError(f"{path}: no TensorFlow checkpoint (*.ckpt*.index)")
+  config_path = os.path.join(path, config_file)
+  values = read_json(config_path)
+  config = hf.config_from_dict(values, config_path)
+  if prefix is None:
+    tensors, source = hf.read_weights(path)
+  else:
+    tensors, source = google_tf.read_checkpoint(prefix), prefix
+  tensors = hf.canonical_names(tensors)
+  task = hf.detect_task(tensors, values)
+  labels = hf.labels_from_config(values, config_path) if task in LABELLED_TASKS else None
+  if task in LABELLED_TASKS and "classifier.weight" in tensors:
+    width = tensors["classifier.weight"].shape[0]
+    if labels is None:
+      labels = [f"LABEL_{i}" for i in range(width)]
+    elif len(labels) != width:
+      raise ValueError(f"{config_path}: {len(labels)} labels, but classifier.weight in "
+                       f"{source} has {width} rows")
+  _check_tied_decoder(tensors, source)
+  params, report = mapping.params_from_reference(
+      tensors, config, task, len(labels) if labels else 2, source)
+  report.log(source)
+  tokenizer = hf.load_tokenizer(path, do_lower_case)
+  return Pretrained(config, params, tokenizer, task, labels)
+
+
+def _check_tied_decoder(tensors: dict[str, np.ndarray], source: str) -> None:
+  decoder = tensors.get("cls.predictions.decoder.weight")
+  embeddings = tensors.get("bert.embeddings.word_embeddings.weight")
+  if decoder is not None and embeddings is not None and not np.array_equal(decoder,
+                                                                           embeddings):
+    raise ValueError(f"{source}: cls.predictions.decoder.weight differs from the word "
+                     "embeddings; bertjax ties them, as BERT does")
+  if "cls.predictions.bias" not in tensors and "cls.predictions.decoder.bias" in tensors:
+    tensors["cls.predictions.bias"] = tensors["cls.predictions.decoder.bias"]
+
+
+def _retarget(bundle: Pretrained, task: str, labels: list[str] | None, seed: int,
+              path: str) -> Pretrained:
+  """Moves the weights into another task model, initialising a missing head."""
+  if task not in TASK_MODELS:
+    raise ValueError(f"Unknown task {task!r}; known tasks: {', '.join(TASK_MODELS)}")
+  labels = labels if labels is not None else bundle.labels
+  if task not in LABELLED_TASKS:
+    labels = None
+  same_head = task == bundle.task and (labels is None or bundle.labels is None
+                                       or len(labels) == len(bundle.labels))
+  looped = to_layout(bundle.params, False)
+  reference = mapping.params_to_reference(
+      looped if same_head else {"bert": looped["bert"]})
+  params, report = mapping.params_from_reference(
+      reference, bundle.config, task, len(labels) if labels else 2, path,
+      rng=jax.random.key(seed))
+  report.unused = []  # Heads of the original task are dropped on purpose.
+  report.log(path)
+  return Pretrained(bundle.config, params, bundle.tokenizer, task, labels)
+
+
+def _check_vocabulary(bundle: Pretrained, path: str) -> None:
+  tokenizer = bundle.tokenizer
+  if tokenizer is not None and tokenizer.vocab_size > bundle.config.vocab_size:
+    raise ValueError(
+        f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model's "
+        f"vocab_size is {bundle.config.vocab_size}; ids beyond it would index past the "
+        "embedding table (wrong vocabulary file?)")
+
+
+def save_pretrained(bundle: Pretrained, out_dir: str, overwrite: bool = False) -> None:
+  """Writes a bertjax model directory atomically (nothing partial on failure).
+
+  Parameters are stored in the looped layout, so any `scan_layers` setting can
+  read them back.
+  """
+  import orbax.checkpoint as ocp
+
+  looped = _checked_looped_params(bundle)
+  with atomic_directory(out_dir, overwrite) as staging:
+    tokenizer_settings = bundle.tokenizer.save(staging) if bundle.tokenizer else None
+    with ocp.StandardCheckpointer() as checkpointer:
+      checkpointer.save(os.path.join(staging, "params"), looped)
+      checkpointer.wait_until_finished()
+    write_json(os.path.join(staging, BERTJAX_FILE), {
+        "format_version": FORMAT_VERSION,
+        "config": bundle.config.to_dict(),
+        "task": bundle.task,
+        "labels": bundle.labels,
+        "tokenizer": tokenizer_settings,
+    })
+
+
+def _load_bertjax(path: str) -> Pretrained:
+  import orbax.checkpoint as ocp
+
+  meta_path = os.path.join(path, BERTJAX_FILE)
+  meta = read_json(meta_path)
+  for key in ("format_version", "config", "task"):
+    if key not in meta:
+      raise ValueError(f"{meta_path}: required key {key!r} is missing")
+  if meta["format_version"] != FORMAT_VERSION:
+    raise ValueError(f"{meta_path}: format_version {meta['format_version']} is not "
+                     f"supported (this bertjax reads version {FORMAT_VERSION})")
+  config = BertConfig.from_dict(meta["config"], meta_path).replace(scan_layers=False)
+  task, labels = meta["task"], meta.get("labels")
+  model = build_model(config, task, len(labels) if labels else 2)
+  target = nn.meta.unbox(abstract_params(model))
+  with ocp.StandardCheckpointer() as checkpointer:
+    params = checkpointer.restore(os.path.join(path, "params"), target)
+  tokenizer = (tokenizer_from_settings(path, meta["tokenizer"])
+               if meta.get("tokenizer") else None)
+  return Pretrained(config, jax.tree.map(np.asarray, params), tokenizer, task, labels)
+
+
+def export_hf(bundle: Pretrained, out_dir: str, overwrite: bool = False) -> None:
+  """Writes a Hugging Face BERT directory that `transformers` loads into the
+  matching `Bert*` class with no missing or unexpected keys.
+
+  The directory is written under a temporary name and renamed when complete.
+  """
+  looped = _checked_looped_params(bundle)
+  with atomic_directory(out_dir, overwrite) as staging:
+    hf.write_directory(staging, bundle.config, mapping.params_to_reference(looped),
+                       bundle.task, bundle.labels, bundle.tokenizer)
+
+
+def _checked_looped_params(bundle: Pretrained) -> Params:
+  """`bundle.params` in the looped layout, checked against the model's shapes."""
+  looped = to_layout(jax.device_get(bundle.params), False)
+  model = build_model(bundle.config.replace(scan_layers=False), bundle.task,
+                      bundle.num_labels)
+  expected = nn.meta.unbox(abstract_params(model))
+  expected_shapes = {jax.tree_util.keystr(k): v.shape
+                     for k, v in jax.tree_util.tree_leaves_with_path(expected)}
+  shapes = {jax.tree_util.keystr(k): np.shape(v)
+            for k, v in jax.tree_util.tree_leaves_with_path(looped)}
+  if shapes != expected_shapes:
+    problems = sorted(
+        f"{k}: {shapes.get(k, 'missing')} (model needs {expected_shapes.get(k, 'nothing')})"
+        for k in set(shapes) | set(expected_shapes) if shapes.get(k) != expected_shapes.get(k))
+    raise ValueError(f"The parameters do not fit the {bundle.task} model of this config: "
+                     + "; ".join(problems[:10]))
+  return looped

@@ -1,0 +1,44 @@
+"""bertjax: BERT pre-training and fine-tuning in JAX/Flax, from a laptop CPU to TPU pods."""
+
+import setuptools
+
+_CORE = [
+    "jax>=0.10.2",
+    "flax>=0.12.8",
+    "optax>=0.2.8",
+    "orbax-checkpoint>=0.12.8",
+    "tensorflow-datasets>=4.9.10",
+    "sentencepiece>=0.2.0",
+    "ml_collections>=1.1.0",
+    "absl-py>=2.1.0",
+    "tokenizers>=0.22.0",
+    "safetensors>=0.5.0",
+    "numpy>=2.0",
+]
+
+_EXTRAS = {
+    # The reference implementations the tests compare against. Install
+    # torch==2.13.0 (the CPU build) first so pip never pulls a CUDA build.
+    "test": [
+        "pytest>=8.0",
+        "pytest-xdist>=3.6",
+        "transformers>=5.0",
+        "torch>=2.5",
+        "scipy>=1.13",
+    ],
+    # Only to read Google's original TF1 checkpoints (bert_model.ckpt.*).
+    "tf": ["tensorflow-cpu>=2.18"],
+}
+
+setuptools.setup(
+    name="bertjax",
+    version="0.1.0",
+    description=__doc__,
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    packages=setuptools.find_packages(include=["bertjax", "bertjax.*"]),
+    install_requires=_CORE,
+    extras_require=_EXTRAS,
+)

@@ -1,0 +1,316 @@
+"""Hugging Face interop: every head matches `transformers` (PyTorch, float32).
+
+Each reference model gets random weights everywhere (LayerNorm and biases too),
+is saved with `save_pretrained`, read with `bertjax.load_pretrained`, and run on
+a padded batch with both token types.
+"""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+import torch
+
+import bertjax
+from bertjax.interop import hf
+from tests import reference
+
+TOLERANCE = 1e-5
+
+SHAPES = {
+    # Odd feed-forward width, several heads.
+    "L2_H32_A4": dict(vocab_size=210, hidden_size=32, num_hidden_layers=2,
+                      num_attention_heads=4, intermediate_size=37,
+                      max_position_embeddings=40, type_vocab_size=2),
+    # Three segment types, three heads of 16.
+    "L3_H48_A3": dict(vocab_size=256, hidden_size=48, num_hidden_layers=3,
+                      num_attention_heads=3, intermediate_size=96,
+                      max_position_embeddings=64, type_vocab_size=3),
+    # The tanh GELU and one layer.
+    "L1_H64_A2": dict(vocab_size=230, hidden_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, intermediate_size=128,
+                      max_position_embeddings=24, type_vocab_size=2, hidden_act="gelu_new"),
+}
+
+
+def _save(model, directory):
+  model.save_pretrained(directory)
+  reference.write_vocab(os.path.join(directory, "vocab.txt"))
+  return directory
+
+
+def _torch_inputs(batch):
+  input_ids, attention_mask, token_type_ids = (torch.tensor(x) for x in batch)
+  return dict(input_ids=input_ids, attention_mask=attention_mask,
+              token_type_ids=token_type_ids)
+
+
+def _assert_close(ours, theirs, what):
+  theirs = theirs.detach().numpy() if isinstance(theirs, torch.Tensor) else theirs
+  assert ours.shape == theirs.shape, what
+  error = np.abs(np.asarray(ours) - theirs).max()
+  assert error <= TOLERANCE, f"{what}: max abs error {error}"
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_pretraining_model_matches_reference(shape, tmp_path):
+  config = SHAPES[shape]
+  model = reference.reference_model("BertForPreTraining", seed=1, **config)
+  bundle = bertjax.load_pretrained(_save(model, tmp_path))
+  assert bundle.task == "pretraining"
+  batch = reference.example_batch(config["vocab_size"])
+  with torch.no_grad():
+    theirs = model(**_torch_inputs(batch), output_hidden_states=True)
+    encoder = model.bert(**_torch_inputs(batch), output_hidden_states=True)
+
+  ours = bundle.model().apply({"params": bundle.params}, *batch)
+  _assert_close(ours["mlm_logits"], theirs.prediction_logits, "MLM logits")
+  _assert_close(ours["nsp_logits"], theirs.seq_relationship_logits, "NSP logits")
+
+  # MLM logits at gathered positions equal the full logits there.
+  positions = np.array([[1, 4, 0], [2, 2, 6], [3, 0, 0]])
+  gathered = bundle.model().apply({"params": bundle.params}, *batch,
+                                  masked_positions=positions)["mlm_logits"]
+  full = theirs.prediction_logits.numpy()
+  _assert_close(gathered, np.take_along_axis(full, positions[..., None], axis=1),
+                "MLM logits at masked positions")
+
+  # Sequence, pooled and every hidden state.
+  encoded = bertjax.models.BertEncoder(bundle.config.replace(return_hidden_states=True)).apply(
+      {"params": bundle.params["bert"]}, *batch)
+  _assert_close(encoded.sequence_output, encoder.last_hidden_state, "sequence output")
+  _assert_close(encoded.pooled_output, encoder.pooler_output, "pooled output")
+  assert encoded.hidden_states.shape[0] == config["num_hidden_layers"] + 1
+  for layer, expected in enumerate(encoder.hidden_states):
+    _assert_close(encoded.hidden_states[layer], expected, f"hidden state {layer}")
+
+
+HEADS = [
+    # (reference class, extra config, bertjax task, output name(s) -> reference field)
+    ("BertModel", {}, "encoder",
+     {"sequence_output": "last_hidden_state", "pooled_output": "pooler_output"}),
+    ("BertForMaskedLM", {}, "masked_lm", {"mlm_logits": "logits"}),
+    ("BertForNextSentencePrediction", {}, "next_sentence", {"nsp_logits": "logits"}),
+    ("BertForSequenceClassification", {"num_labels": 3}, "sequence_classification",
+     {"logits": "logits"}),
+    ("BertForSequenceClassification", {"num_labels": 1}, "sequence_classification",
+     {"logits": "logits"}),
+    ("BertForQuestionAnswering", {}, "question_answering",
+     {"start_logits": "start_logits", "end_logits": "end_logits"}),
+    ("BertForTokenClassification", {"num_labels": 5}, "token_classification",
+     {"logits": "logits"}),
+    ("BertForMultipleChoice", {}, "multiple_choice", {"logits": "logits"}),
+    ("BertLMHeadModel", {"is_decoder": True}, "masked_lm", {"mlm_logits": "logits"}),
+]
+
+
+@pytest.mark.parametrize("class_name,extra,task,outputs", HEADS,
+                         ids=[f"{h[0]}-{h[1]}" for h in HEADS])
+def test_each_head_matches_reference(class_name, extra, task, outputs, tmp_path):
+  config = {**SHAPES["L2_H32_A4"], **extra}
+  model = reference.reference_model(class_name, seed=2, **config)
+  bundle = bertjax.load_pretrained(_save(model, tmp_path))
+  assert bundle.task == task
+  assert bundle.config.causal == bool(extra.get("is_decoder"))
+  batch = reference.example_batch(config["vocab_size"])
+  if task == "multiple_choice":  # [batch, choices, length]
+    batch = tuple(np.stack([x, x[::-1]], axis=1) for x in batch)
+  with torch.no_grad():
+    theirs = model(**_torch_inputs(batch))
+  ours = bundle.model().apply({"params": bundle.params}, *batch)
+  for name, field in outputs.items():
+    _assert_close(ours[name], getattr(theirs, field), f"{class_name} {name}")
+  if "num_labels" in extra:
+    assert bundle.num_labels == extra["num_labels"]
+
+
+@pytest.mark.parametrize("class_name", ["BertForPreTraining", "BertForQuestionAnswering",
+                                        "BertForSequenceClassification", "BertModel"])
+def test_export_loads_into_transformers_without_missing_keys(class_name, tmp_path):
+  import transformers
+
+  config = SHAPES["L3_H48_A3"]
+  model = reference.reference_model(class_name, seed=3, **config)
+  bundle = bertjax.load_pretrained(_save(model, tmp_path / "in"))
+  bertjax.export_hf(bundle, tmp_path / "out")
+
+  reloaded, info = getattr(transformers, class_name).from_pretrained(
+      tmp_path / "out", output_loading_info=True)
+  assert info["missing_keys"] == [] or info["missing_keys"] == set()
+  assert not info["unexpected_keys"] and not info["mismatched_keys"]
+  batch = _torch_inputs(reference.example_batch(config["vocab_size"]))
+  with torch.no_grad():
+    expected, got = model(**batch), reloaded.eval()(**batch)
+  for field in expected.keys():
+    torch.testing.assert_close(got[field], expected[field], rtol=0, atol=0)
+
+  tokenizer = transformers.BertTokenizer.from_pretrained(tmp_path / "out")
+  text = "Hello world, the quick brown fox!"
+  assert tokenizer(text)["input_ids"] == bundle.tokenizer.encode(text)
+
+
+def test_import_export_import_is_bit_exact(tmp_path):
+  model = reference.reference_model("BertForPreTraining", seed=4, **SHAPES["L2_H32_A4"])
+  first = bertjax.load_pretrained(_save(model, tmp_path / "a"))
+  bertjax.export_hf(first, tmp_path / "b")
+  second = bertjax.load_pretrained(tmp_path / "b")
+  flat_first = dict(bertjax.interop.mapping.params_to_reference(first.params))
+  flat_second = dict(bertjax.interop.mapping.params_to_reference(second.params))
+  assert flat_first.keys() == flat_second.keys()
+  for name in flat_first:
+    np.testing.assert_array_equal(flat_first[name], flat_second[name], err_msg=name)
+  # And the exported tensors are the original ones.
+  original = {k: v.numpy() for k, v in model.state_dict().items()}
+  exported = hf.read_safetensors(str(tmp_path / "b" / "model.safetensors"))
+  for name, value in exported.items():
+    np.testing.assert_array_equal(value, original[name], err_msg=name)
+
+
+def test_reads_encoder_without_prefix_bfloat16_and_legacy_layer_norm_names(tmp_path):
+  from safetensors.torch import save_file
+
+  config = SHAPES["L1_H64_A2"]
+  model = reference.reference_model("BertModel", seed=5, **config)
+  model.save_pretrained(tmp_path)  # keys without the `bert.` prefix
+  state = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias",
+                                                                     "LayerNorm.beta"):
+           v.to(torch.bfloat16) for k, v in model.state_dict().items()}
+  save_file(state, str(tmp_path / "model.safetensors"))
+  bundle = bertjax.load_pretrained(tmp_path)
+  assert bundle.tokenizer is None
+  word = bundle.params["bert"]["embeddings"]["word_embeddings"]["embedding"]
+  np.testing.assert_array_equal(
+      word, model.embeddings.word_embeddings.weight.detach().to(torch.bfloat16).float().numpy())
+
+
+def test_reads_sharded_safetensors(tmp_path):
+  config = SHAPES["L2_H32_A4"]
+  model = reference.reference_model("BertForPreTraining", seed=6, **config)
+  model.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+  assert os.path.exists(tmp_path / "sharded" / hf.SAFETENSORS_INDEX_FILE)
+  model.save_pretrained(tmp_path / "single")
+  sharded = bertjax.load_pretrained(tmp_path / "sharded")
+  single = bertjax.load_pretrained(tmp_path / "single")
+  jax.tree.map(np.testing.assert_array_equal, sharded.params, single.params)
+
+
+def test_reads_pytorch_pickle_with_weights_only(tmp_path, caplog):
+  config = SHAPES["L2_H32_A4"]
+  model = reference.reference_model("BertForMaskedLM", seed=7, **config)
+  model.save_pretrained(tmp_path)
+  os.remove(tmp_path / "model.safetensors")
+  torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")
+  with caplog.at_level("WARNING"):
+    bundle = bertjax.load_pretrained(tmp_path)
+  assert "weights_only=True" in caplog.text
+  batch = reference.example_batch(config["vocab_size"])
+  with torch.no_grad():
+    expected = model(**_torch_inputs(batch)).logits
+  _assert_close(bundle.model().apply({"params": bundle.params}, *batch)["mlm_logits"],
+                expected, "MLM logits from a pickle")
+
+
+# Bad input: every error names the file and the key; nothing is written.
+
+@pytest.fixture(scope="module")
+def good_dir(tmp_path_factory):
+  directory = tmp_path_factory.mktemp("good")
+  return _save(reference.reference_model("BertForPreTraining", seed=8,
+                                         **SHAPES["L2_H32_A4"]), directory)
+
+
+def _copy_with(good_dir, target, config_edit=None, tensors_edit=None):
+  import shutil
+  shutil.copytree(good_dir, target)
+  if config_edit:
+    path = os.path.join(target, "config.json")
+    with open(path) as f:
+      values = json.load(f)
+    config_edit(values)
+    with open(path, "w") as f:
+      json.dump(values, f)
+  if tensors_edit:
+    from safetensors.numpy import save_file
+    path = os.path.join(target, "model.safetensors")
+    tensors = {k: np.array(v) for k, v in hf.read_safetensors(path).items()}
+    tensors_edit(tensors)
+    save_file(tensors, path)
+  return target
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda c: c.pop("hidden_size"), "required key 'hidden_size' is missing"),
+    (lambda c: c.update(num_attention_heads="4"), "'num_attention_heads' must be an integer"),
+    (lambda c: c.update(num_attention_heads=5), "not divisible by num_heads=5"),
+    (lambda c: c.update(model_type="roberta", architectures=["RobertaForMaskedLM"]),
+     "unsupported architecture"),
+    (lambda c: c.update(position_embedding_type="relative_key"), "relative_key"),
+    (lambda c: c.update(hidden_act="mish"), "hidden_act='mish' is not supported"),
+])
+def test_bad_config_names_file_and_key(good_dir, tmp_path, edit, message):
+  bad = _copy_with(good_dir, tmp_path / "bad", config_edit=edit)
+  with pytest.raises(ValueError, match=message) as error:
+    bertjax.load_pretrained(bad)
+  assert "config.json" in str(error.value)
+
+
+def test_shape_mismatch_names_weight_and_file(good_dir, tmp_path):
+  def shrink(tensors):
+    tensors["bert.encoder.layer.1.intermediate.dense.weight"] = np.zeros((36, 32), np.float32)
+  bad = _copy_with(good_dir, tmp_path / "bad", tensors_edit=shrink)
+  with pytest.raises(ValueError, match=r"model.safetensors: weight "
+                     r"bert.encoder.layer.1.intermediate.dense.weight has shape \(36, 32\), "
+                     r"but the config needs \(37, 32\)"):
+    bertjax.load_pretrained(bad)
+
+
+def test_missing_weight_names_weight_and_file(good_dir, tmp_path):
+  bad = _copy_with(good_dir, tmp_path / "bad", tensors_edit=lambda t: t.pop(
+      "bert.encoder.layer.0.attention.self.key.bias"))
+  with pytest.raises(ValueError, match="model.safetensors: weight "
+                     "bert.encoder.layer.0.attention.self.key.bias .* is missing"):
+    bertjax.load_pretrained(bad)
+
+
+def test_vocabulary_larger_than_embedding_table_is_an_error(tmp_path):
+  config = {**SHAPES["L2_H32_A4"], "vocab_size": 200}
+  bad = _save(reference.reference_model("BertModel", **config), tmp_path)
+  with pytest.raises(ValueError, match="tokenizer has 206 tokens but the model's vocab_size "
+                     "is 200"):
+    bertjax.load_pretrained(bad)
+
+
+def test_truncated_safetensors_names_file_and_tensor(good_dir, tmp_path):
+  bad = _copy_with(good_dir, tmp_path / "bad")
+  path = bad / "model.safetensors"
+  data = path.read_bytes()
+  path.write_bytes(data[:len(data) - 100])
+  with pytest.raises(ValueError, match=r"model.safetensors: truncated safetensors file: "
+                     r"tensor \S+ needs bytes"):
+    bertjax.load_pretrained(bad)
+  path.write_bytes(data[:5])
+  with pytest.raises(ValueError, match="model.safetensors: truncated safetensors file"):
+    bertjax.load_pretrained(bad)
+
+
+def test_not_a_model_directory(tmp_path):
+  with pytest.raises(ValueError, match="not a model directory"):
+    bertjax.load_pretrained(tmp_path)
+  with pytest.raises(FileNotFoundError, match="does not exist"):
+    bertjax.load_pretrained(tmp_path / "nothing")
+
+
+def test_failed_export_leaves_nothing(good_dir, tmp_path, monkeypatch):
+  bundle = bertjax.load_pretrained(good_dir)
+
+  def fail(*args, **kwargs):
+    raise OSError("disk full")
+
+  monkeypatch.setattr("safetensors.numpy.save_file", fail)
+  with pytest.raises(OSError, match="disk full"):
+    bertjax.export_hf(bundle, tmp_path / "out")
+  assert os.listdir(tmp_path) == []
+  with pytest.raises(FileExistsError):
+    bertjax.export_hf(bundle, good_dir)

@@ -1,0 +1,64 @@
+"""The reference BERT (transformers, PyTorch) with random weights, for parity tests."""
+
+from __future__ import annotations
+
+import string
+
+import numpy as np
+
+# A small vocabulary in BERT's layout: specials, single characters (with their
+# "##" continuations), whole words and word pieces, cased and uncased forms.
+_WORDS = ("the quick brown fox jump over lazy dog hello world un aff able cafe "
+          "resume naive token izer test ##s ##ed ##ing ##able ##aff The Hello World "
+          "Café résumé NAIVE").split()
+_CHARS = (list(string.ascii_letters + string.digits + string.punctuation)
+          + list("éèàüöñçÉÀ東京都日本語中文首") + ["😀"])
+
+
+def vocab_tokens() -> list[str]:
+  tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+  tokens += [f"[unused{i}]" for i in range(3)]
+  tokens += _WORDS + _CHARS + ["##" + c for c in string.ascii_letters + "éèàü"]
+  seen: set[str] = set()
+  return [t for t in tokens if not (t in seen or seen.add(t))]
+
+
+def write_vocab(path: str) -> list[str]:
+  tokens = vocab_tokens()
+  with open(path, "w", encoding="utf-8") as f:
+    f.write("".join(t + "\n" for t in tokens))
+  return tokens
+
+
+def randomize(model, seed: int = 0, scale: float = 0.2):
+  """Replaces every weight (LayerNorm and biases included) with random values."""
+  import torch
+
+  generator = torch.Generator().manual_seed(seed)
+  with torch.no_grad():
+    for name, param in model.named_parameters():
+      noise = torch.randn(param.shape, generator=generator) * scale
+      param.copy_(noise + (1.0 if "LayerNorm.weight" in name else 0.0))
+  return model.eval()
+
+
+def reference_model(class_name: str, seed: int = 0, **config):
+  """A randomly weighted `transformers.<class_name>` in eval mode."""
+  import transformers
+
+  model = getattr(transformers, class_name)(transformers.BertConfig(**config))
+  return randomize(model, seed)
+
+
+def example_batch(vocab_size: int, batch: int = 3, length: int = 11, seed: int = 0):
+  """Ids, a padding mask (rows of different lengths) and both token types."""
+  rng = np.random.RandomState(seed)
+  input_ids = rng.randint(5, vocab_size, (batch, length))
+  attention_mask = np.ones((batch, length), np.int64)
+  token_type_ids = np.zeros((batch, length), np.int64)
+  for row in range(batch):
+    real = length - 3 * row
+    attention_mask[row, real:] = 0
+    input_ids[row, real:] = 0
+    token_type_ids[row, real // 2:real] = 1
+  return input_ids, attention_mask, token_type_ids
