@@ -100,11 +100,14 @@ class Tokenizer(abc.ABC):
     return [self.id_to_token(int(i)) for i in ids]
 
   def encode(self, text: str, pair: str | None = None) -> list[int]:
-    """`[CLS] text [SEP]` or `[CLS] text [SEP] pair [SEP]` ids, untruncated."""
-    texts = [text] if pair is None else [text, pair]
+    """`[CLS] text [SEP]` or `[CLS] text [SEP] pair [SEP]` ids, untruncated.
+
+    An empty `pair` counts as none, as in the original code (`if text_b:`).
+    """
+    texts = [text, pair] if pair else [text]
     pieces = self.encode_pieces(texts)
     ids = [self.cls_id, *pieces[0], self.sep_id]
-    if pair is not None:
+    if pair:
       ids += [*pieces[1], self.sep_id]
     return ids
 
@@ -116,7 +119,8 @@ class Tokenizer(abc.ABC):
 
     Args:
       texts: First segments.
-      pairs: Second segments, one per text, or None for single segments.
+      pairs: Second segments, one per text, or None for single segments; an
+        empty second segment counts as none, as in `encode`.
       max_length: Most tokens per row, special tokens included.
       padding: "longest" (pad to the longest row) or "max_length".
       pad_to_multiple_of: Round the padded length up to a multiple of this (fewer
@@ -142,18 +146,19 @@ class Tokenizer(abc.ABC):
     first = self.encode_pieces(texts)
     second = self.encode_pieces(pairs) if pairs is not None else [[]] * len(texts)
 
-    budget = max_length - num_special
     rows = []
     for index, (a, b) in enumerate(zip(first, second)):
+      is_pair = bool(pairs and pairs[index])
+      budget = max_length - (3 if is_pair else 2)
       if len(a) + len(b) > budget:
         if not truncation:
-          raise ValueError(f"Row {index} has {len(a) + len(b) + num_special} tokens, "
-                           f"more than max_length={max_length}; pass truncation=True")
+          raise ValueError(f"Row {index} has {len(a) + len(b) + max_length - budget} "
+                           f"tokens, more than max_length={max_length}; pass truncation=True")
         keep_a, keep_b = truncate_pair(len(a), len(b), budget)
         a, b = a[:keep_a], b[:keep_b]
       ids = [self.cls_id, *a, self.sep_id]
       types = [0] * len(ids)
-      if pairs is not None:
+      if is_pair:
         ids += [*b, self.sep_id]
         types += [1] * (len(b) + 1)
       rows.append((ids, types))

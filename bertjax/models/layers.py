@@ -121,6 +121,29 @@ def allowed_attention(attention_mask: Array, causal: bool) -> Array:
   return allowed
 
 
+class EinsumDense(nn.Module):
+  """A dense layer over several input or output axes (the attention projections).
+
+  Flax's DenseGeneral initialises a flattened kernel, which logical-axis
+  constraints of the unflattened one reject; this one initialises it whole.
+  """
+
+  config: BertConfig
+  equation: str
+  kernel_shape: tuple[int, ...]
+  kernel_axes: tuple[str, ...]
+  bias_shape: tuple[int, ...]
+  bias_axes: tuple[str, ...]
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    dtype = jnp.dtype(self.config.dtype)
+    kernel = self.param("kernel", kernel_init(self.config, self.kernel_axes),
+                        self.kernel_shape, jnp.float32)
+    bias = self.param("bias", zeros_init(self.bias_axes), self.bias_shape, jnp.float32)
+    return jnp.einsum(self.equation, x.astype(dtype), kernel.astype(dtype)) + bias.astype(dtype)
+
+
 class SelfAttention(nn.Module):
   """Multi-head self-attention with a [batch, 1, q|1, k] boolean mask."""
 
@@ -129,17 +152,15 @@ class SelfAttention(nn.Module):
   @nn.compact
   def __call__(self, x: Array, mask: Array, deterministic: bool) -> Array:
     config = self.config
-    dtype = jnp.dtype(config.dtype)
-    projection = functools.partial(
-        nn.DenseGeneral, features=(config.num_heads, config.head_dim), axis=-1,
-        dtype=dtype, param_dtype=jnp.float32,
-        kernel_init=kernel_init(config, ("embed", "heads", "kv")),
-        bias_init=zeros_init(("heads", "kv")))
-    # [batch, length, heads, kv]
-    query = nn.with_logical_constraint(projection(name="query")(x), BATCH_LENGTH_HEADS_KV)
-    key = nn.with_logical_constraint(projection(name="key")(x), BATCH_LENGTH_HEADS_KV)
-    value = nn.with_logical_constraint(projection(name="value")(x), BATCH_LENGTH_HEADS_KV)
+    heads, kv, embed = config.num_heads, config.head_dim, config.hidden_size
 
+    def project(name: str) -> Array:  # [batch, length, heads, kv]
+      projected = EinsumDense(config, "bte,ehd->bthd", (embed, heads, kv),
+                              ("embed", "heads", "kv"), (heads, kv), ("heads", "kv"),
+                              name=name)(x)
+      return nn.with_logical_constraint(projected, BATCH_LENGTH_HEADS_KV)
+
+    query, key, value = project("query"), project("key"), project("value")
     if config.attention_impl == "xla":
       context = self._xla_attention(query, key, value, mask, deterministic)
     else:
@@ -152,12 +173,8 @@ class SelfAttention(nn.Module):
           query, key, value, mask=mask,
           implementation="cudnn" if config.attention_impl == "cudnn" else None)
     context = nn.with_logical_constraint(context, BATCH_LENGTH_HEADS_KV)
-
-    return nn.DenseGeneral(
-        features=config.hidden_size, axis=(-2, -1), dtype=dtype,
-        param_dtype=jnp.float32,
-        kernel_init=kernel_init(config, ("heads", "kv", "embed")),
-        bias_init=zeros_init(("embed",)), name="output")(context)
+    return EinsumDense(config, "bthd,hde->bte", (heads, kv, embed), ("heads", "kv", "embed"),
+                       (embed,), ("embed",), name="output")(context)
 
   def _xla_attention(self, query: Array, key: Array, value: Array, mask: Array,
                      deterministic: bool) -> Array:

@@ -1,0 +1,89 @@
+"""Model FLOPs per token and per-device peak rates, for MFU.
+
+MFU = (tokens/s per device x model FLOPs per token) / peak FLOP/s per device.
+Model FLOPs count the matmuls the model needs (multiply-add = 2 FLOPs), with
+the masked LM head at the gathered positions only; recomputation (remat) is
+not counted, so MFU does not reward it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+
+from bertjax.models import BertConfig
+
+# Dense peak TFLOP/s per JAX device: (bfloat16, float32). On TPU, float32
+# matmuls run as bfloat16 passes, so both use the bfloat16 peak; on NVIDIA GPUs
+# float32 uses TF32 tensor cores (JAX's default precision). Keys are matched as
+# substrings of `device.device_kind`, longest first.
+PEAK_TFLOPS = {
+    "TPU v2": (22.5, 22.5),        # per core (a JAX device)
+    "TPU v3": (61.5, 61.5),        # per core
+    "TPU v4": (275.0, 275.0),
+    "TPU v5 lite": (197.0, 197.0),  # v5e
+    "TPU v5e": (197.0, 197.0),
+    "TPU v5p": (459.0, 459.0),
+    "TPU v5": (459.0, 459.0),       # v5p reports "TPU v5"
+    "TPU v6 lite": (918.0, 918.0),  # v6e (Trillium)
+    "TPU v6e": (918.0, 918.0),
+    "V100": (125.0, 15.7),
+    "T4": (65.0, 8.1),
+    "A100": (312.0, 156.0),
+    "L4": (121.0, 60.0),
+    "L40": (181.0, 90.5),
+    "L40S": (362.0, 183.0),
+    "H100 PCIe": (756.0, 378.0),
+    "H100": (989.0, 494.0),
+    "H200": (989.0, 494.0),
+    "B200": (2250.0, 1100.0),
+}
+
+
+def flops_per_token(config: BertConfig, seq_len: int, max_predictions: int,
+                    training: bool = True) -> float:
+  """Model FLOPs per input token of a pre-training step (forward + backward).
+
+  Args:
+    config: The architecture.
+    seq_len: Tokens per sequence (attention cost grows with it).
+    max_predictions: Masked positions per sequence scored by the MLM head.
+    training: Count the backward pass too (2x the forward).
+  """
+  hidden, inner, vocab = config.hidden_size, config.intermediate_size, config.vocab_size
+  per_layer = (2 * 4 * hidden * hidden      # query, key, value, output projections
+               + 2 * 2 * hidden * inner     # feed-forward
+               + 2 * 2 * seq_len * hidden)  # scores and weighted values
+  encoder = config.num_layers * per_layer
+  mlm = max_predictions / seq_len * (2 * hidden * hidden + 2 * hidden * vocab)
+  pooler_nsp = (2 * hidden * hidden + 2 * hidden * 2) / seq_len
+  forward = encoder + mlm + pooler_nsp
+  return 3 * forward if training else forward
+
+
+def measure_matmul_tflops(dtype: str = "float32", size: int = 2048, repeats: int = 5) -> float:
+  """The device's achieved TFLOP/s on a large square matmul (the CPU's 'peak')."""
+  device = jax.local_devices()[0]
+  a = jax.device_put(jnp.ones((size, size), dtype), device)
+  matmul = jax.jit(lambda x, y: x @ y)
+  matmul(a, a).block_until_ready()
+  best = float("inf")
+  for _ in range(repeats):
+    start = time.perf_counter()
+    matmul(a, a).block_until_ready()
+    best = min(best, time.perf_counter() - start)
+  return 2 * size ** 3 / best / 1e12
+
+
+def peak_tflops(dtype: str = "float32") -> tuple[float, str]:
+  """(peak TFLOP/s per device, where the figure comes from)."""
+  device = jax.local_devices()[0]
+  kind = device.device_kind
+  if device.platform != "cpu":
+    for key in sorted(PEAK_TFLOPS, key=len, reverse=True):
+      if key in kind:
+        bf16, f32 = PEAK_TFLOPS[key]
+        return (f32 if dtype == "float32" else bf16), f"table: {key}"
+  return measure_matmul_tflops(dtype), f"measured {dtype} matmul on {kind}"

@@ -1,0 +1,207 @@
+"""Tokenizers against the reference BERT tokenizers of `transformers`.
+
+`BertTokenizerLegacy` is the pure-Python port of the original
+`tokenization.py`; `BertTokenizer` is transformers' own `tokenizers` pipeline.
+"""
+
+import unicodedata
+
+import numpy as np
+import pytest
+
+from bertjax.data.tokenizers import (SentencePieceTokenizer, WordPieceTokenizer,
+                                     tokenizer_from_settings, truncate_pair)
+from tests import reference
+
+TEXTS = [
+    "The quick brown fox jumped over the lazy dog!",
+    "unaffable tokenizers testing",
+    "Café naïve RÉSUMÉ résumé Résumé",           # accents, both cases
+    "東京都は日本の首都です。中文字符",              # CJK ideographs, kana, fullwidth stop
+    "emoji 😀 😀😀 and ♥ symbols",
+    "zero\u200bwidth join\u200d non\u200cjoiner \ufeffbom soft\u00adhyphen",
+    "control \x00 nul \x07 bell \x1b esc \x7f del \ufffd replacement",
+    "tabs\tnew\nlines\r\ncarriage \u2028 separator \u00a0 nbsp \u3000 ideographic",
+    "a" * 100 + " " + "b" * 101 + " " + "x" * 250,  # at and over the 100-char limit
+    "x [MASK] y [CLS] [SEP]z [mask]",             # special tokens written in text
+    "Hello,World...??!!--'quoted'\"double\"(paren)[bracket]{brace}",
+    "\u0301 combining first, e\u0301 decomposed, ﬁ ligature, Ⅻ numeral, ½ fraction",
+    "mixed1234numbers 3.14159 1,000,000 $5 50%",
+    "",
+    "   ",
+    "ǅ titlecase ß sharp İstanbul ΣΊΣΥΦΟΣ",
+    "Ω ohm Å angstrom K kelvin",                  # letters with compatibility forms
+    "dog" * 40,                                   # long word of known pieces
+]
+
+
+@pytest.fixture(scope="module")
+def vocab_file(tmp_path_factory):
+  path = tmp_path_factory.mktemp("vocab") / "vocab.txt"
+  reference.write_vocab(str(path))
+  return str(path)
+
+
+def _references(vocab_file, **settings):
+  from transformers import BertTokenizer
+  from transformers.models.bert.tokenization_bert_legacy import BertTokenizerLegacy
+  return (BertTokenizerLegacy(vocab_file, **settings), BertTokenizer(vocab_file, **settings))
+
+
+SETTINGS = [
+    dict(do_lower_case=True),
+    dict(do_lower_case=False),
+    dict(do_lower_case=True, strip_accents=False),
+    dict(do_lower_case=False, strip_accents=True),
+    dict(do_lower_case=True, tokenize_chinese_chars=False),
+]
+
+
+@pytest.mark.parametrize("settings", SETTINGS, ids=[str(s) for s in SETTINGS])
+def test_tokens_and_ids_match_reference(vocab_file, settings):
+  ours = WordPieceTokenizer(vocab_file, **settings)
+  for ref in _references(vocab_file, **settings):
+    legacy = type(ref).__name__ == "BertTokenizerLegacy"
+    for text in TEXTS:
+      if legacy and unicodedata.normalize("NFC", text) != text:
+        # transformers added NFC composition to its Python port; the original
+        # tokenization.py and the `tokenizers` pipeline have none.
+        continue
+      assert ours.tokenize(text) == ref.tokenize(text), (type(ref).__name__, text)
+      assert ours.encode(text) == ref.encode(text), (type(ref).__name__, text)
+    for a, b in zip(TEXTS, TEXTS[1:]):
+      if legacy and (not b or unicodedata.normalize("NFC", a + b) != a + b):
+        continue  # It also adds an empty segment B; the original code doesn't.
+      assert ours.encode(a, b) == ref.encode(a, b), (type(ref).__name__, a, b)
+
+
+def test_words_over_100_characters_are_unknown(vocab_file):
+  ours = WordPieceTokenizer(vocab_file)
+  assert ours.tokenize("a" * 100) == ["a"] + ["##a"] * 99
+  assert ours.tokenize("a" * 101) == ["[UNK]"]
+
+
+def test_batch_matches_reference_with_truncation_and_padding(vocab_file):
+  legacy, fast = _references(vocab_file, do_lower_case=True)
+  ours = WordPieceTokenizer(vocab_file)
+  firsts, seconds = TEXTS[:9], TEXTS[9:18]
+  batch = ours.encode_batch(firsts, seconds, max_length=24)
+  assert batch["input_ids"].dtype == np.int32
+  for row, (a, b) in enumerate(zip(firsts, seconds)):
+    # The original BERT truncation rule (the legacy tokenizer implements it);
+    # an empty B is no B (the fast tokenizer agrees with the original there).
+    expected = (legacy if b else fast)(a, b, max_length=24, truncation="longest_first",
+                                       return_token_type_ids=True)
+    mask = batch["attention_mask"][row].astype(bool)
+    assert batch["input_ids"][row][mask].tolist() == expected["input_ids"]
+    assert batch["token_type_ids"][row][mask].tolist() == expected["token_type_ids"]
+    assert (batch["input_ids"][row][~mask] == ours.pad_id).all()
+    assert mask.tolist() == sorted(mask.tolist(), reverse=True)  # padding at the end
+  # Unpaired texts: the same as both references.
+  single = ours.encode_batch(TEXTS, max_length=16, padding="max_length")
+  assert single["input_ids"].shape == (len(TEXTS), 16)
+  for row, text in enumerate(TEXTS):
+    mask = single["attention_mask"][row].astype(bool)
+    for ref in (legacy, fast):
+      assert single["input_ids"][row][mask].tolist() == ref(
+          text, max_length=16, truncation=True)["input_ids"]
+
+
+def test_truncate_pair_is_the_original_rule():
+  def original(len_a, len_b, budget):  # remove from the longer, B on ties
+    while len_a + len_b > budget:
+      if len_a > len_b:
+        len_a -= 1
+      else:
+        len_b -= 1
+    return len_a, len_b
+
+  for len_a in range(0, 20):
+    for len_b in range(0, 20):
+      for budget in range(0, 25):
+        assert truncate_pair(len_a, len_b, budget) == original(len_a, len_b, budget)
+
+
+def test_padding_options(vocab_file):
+  ours = WordPieceTokenizer(vocab_file)
+  batch = ours.encode_batch(["hello", "hello world the fox"], pad_to_multiple_of=8)
+  assert batch["input_ids"].shape == (2, 8)
+  assert batch["attention_mask"].sum(axis=1).tolist() == [3, 6]
+  with pytest.raises(ValueError, match="Row 1 has 6 tokens, more than max_length=4"):
+    ours.encode_batch(["hello", "hello world the fox"], max_length=4, truncation=False)
+  with pytest.raises(ValueError, match="2 texts but 1 text pairs"):
+    ours.encode_batch(["a", "b"], ["c"])
+
+
+def test_vocabulary_errors(tmp_path):
+  with pytest.raises(FileNotFoundError, match="missing.txt"):
+    WordPieceTokenizer(str(tmp_path / "missing.txt"))
+  bad = tmp_path / "bad.txt"
+  bad.write_bytes(b"[PAD]\n[UNK]\nok\n\xff\xfe\n")
+  with pytest.raises(ValueError, match=r"bad.txt, line 4: not valid UTF-8"):
+    WordPieceTokenizer(str(bad))
+  partial = tmp_path / "partial.txt"
+  partial.write_text("[PAD]\n[UNK]\n[CLS]\nhello\n")
+  with pytest.raises(ValueError, match=r"partial.txt: special tokens \['\[SEP\]', '\[MASK\]'\]"):
+    WordPieceTokenizer(str(partial))
+
+
+def test_save_and_restore(vocab_file, tmp_path):
+  ours = WordPieceTokenizer(vocab_file, do_lower_case=False, strip_accents=True)
+  settings = ours.save(str(tmp_path))
+  restored = tokenizer_from_settings(str(tmp_path), settings)
+  for text in TEXTS:
+    assert restored.encode(text) == ours.encode(text)
+  assert restored.decode(ours.encode("hello world")) == "hello world"
+
+
+@pytest.fixture(scope="module")
+def sentencepiece_model(tmp_path_factory):
+  import sentencepiece
+
+  directory = tmp_path_factory.mktemp("spm")
+  rng = np.random.default_rng(0)
+  words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa",
+           "lambda", "sigma", "omega", "token", "piece", "model", "Hello", "World"]
+  sentences = [" ".join(rng.choice(words, 8)) for _ in range(2000)]
+  prefix = str(directory / "spm")
+  sentencepiece.SentencePieceTrainer.train(
+      sentence_iterator=iter(sentences), model_prefix=prefix, vocab_size=40,
+      user_defined_symbols=["[CLS]", "[SEP]", "[MASK]"], pad_id=0, unk_id=1, bos_id=-1,
+      eos_id=-1, pad_piece="[PAD]", unk_piece="[UNK]", minloglevel=2)
+  return prefix + ".model"
+
+
+def test_sentencepiece_layout_and_pieces(sentencepiece_model):
+  import sentencepiece
+
+  processor = sentencepiece.SentencePieceProcessor(model_file=sentencepiece_model)
+  ours = SentencePieceTokenizer(sentencepiece_model)
+  text, pair = "alpha beta gammadelta", "omega token"
+  assert ours.tokenize(text) == processor.encode(text, out_type=str)
+  ids = ours.encode(text, pair)
+  assert ids == ([ours.cls_id] + processor.encode(text) + [ours.sep_id]
+                 + processor.encode(pair) + [ours.sep_id])
+  assert ours.special_tokens == {"unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]",
+                                 "mask": "[MASK]", "pad": "[PAD]"}
+  assert ours.pad_id == 0 and ours.unk_id == 1
+  masked = ours.encode("alpha [MASK] beta")
+  assert masked == [ours.cls_id] + processor.encode("alpha") + [ours.mask_id] + \
+      processor.encode("beta") + [ours.sep_id]
+  batch = ours.encode_batch([text, "beta"], [pair, "zeta"], max_length=8)
+  assert batch["input_ids"].shape == (2, 8)
+  assert batch["token_type_ids"][1].tolist()[:5] == [0, 0, 0, 1, 1]
+  assert ours.decode(ids) == processor.decode(processor.encode(text) + processor.encode(pair))
+
+
+def test_sentencepiece_lower_case_and_errors(sentencepiece_model, tmp_path):
+  lower = SentencePieceTokenizer(sentencepiece_model, do_lower_case=True)
+  assert lower.tokenize("HELLO") == SentencePieceTokenizer(sentencepiece_model).tokenize(
+      "hello")
+  with pytest.raises(ValueError, match=r"special tokens \['<cls>'\] are not pieces"):
+    SentencePieceTokenizer(sentencepiece_model, special_tokens={
+        "unk": "[UNK]", "cls": "<cls>", "sep": "[SEP]", "pad": "[PAD]", "mask": "[MASK]"})
+  garbage = tmp_path / "garbage.model"
+  garbage.write_bytes(b"not a model")
+  with pytest.raises(ValueError, match="garbage.model: not a valid SentencePiece model"):
+    SentencePieceTokenizer(str(garbage))
