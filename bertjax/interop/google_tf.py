@@ -69,6 +69,9 @@ def read_checkpoint(prefix: str) -> dict[str, np.ndarray]:
     if _SKIPPED.search(variable):
       continue
     name, transpose = reference_name(variable)
-    value = np.asarray(reader.get_tensor(variable), np.float32)
+    try:
+      value = np.asarray(reader.get_tensor(variable), np.float32)
+    except Exception as e:  # A truncated data file fails here, per tensor.
+      raise ValueError(f"{prefix}: cannot read variable {variable} ({e})") from None
     tensors[name] = value.T if transpose else value
   return tensors

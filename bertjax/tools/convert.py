@@ -1,0 +1,54 @@
+r"""Convert BERT checkpoints between bertjax, Hugging Face and Google TF formats.
+
+  # Hugging Face or Google TF directory -> bertjax model directory
+  python -m bertjax.tools.convert --input=uncased_L-12_H-768_A-12 --output=bert_base
+  # bertjax model directory -> Hugging Face directory (transformers loads it)
+  python -m bertjax.tools.convert --input=bert_base --output=bert_base_hf
+
+The format of --input is detected; --to defaults to the other side (hf for a
+bertjax input, bertjax otherwise). The output is written under a temporary name
+and renamed when complete: a failed conversion leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from absl import app, flags
+
+from bertjax import pretrained
+
+_INPUT = flags.DEFINE_string("input", None, "Model directory (or TF checkpoint prefix).",
+                             required=True)
+_OUTPUT = flags.DEFINE_string("output", None, "Directory to write.", required=True)
+_TO = flags.DEFINE_enum("to", None, ["hf", "bertjax"],
+                        "Output format (default: hf for a bertjax input, else bertjax).")
+_TASK = flags.DEFINE_string("task", None, "Load into this task model (see "
+                            "bertjax.models.TASK_MODELS); default: the checkpoint's.")
+_DO_LOWER_CASE = flags.DEFINE_bool("do_lower_case", None,
+                                   "Tokenizer casing, for checkpoints that do not say.")
+_OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace an existing --output.")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  source_is_bertjax = os.path.isfile(os.path.join(_INPUT.value, pretrained.BERTJAX_FILE))
+  target = _TO.value or ("hf" if source_is_bertjax else "bertjax")
+  try:
+    bundle = pretrained.load_pretrained(_INPUT.value, task=_TASK.value,
+                                        do_lower_case=_DO_LOWER_CASE.value)
+    if target == "hf":
+      pretrained.export_hf(bundle, _OUTPUT.value, overwrite=_OVERWRITE.value)
+    else:
+      pretrained.save_pretrained(bundle, _OUTPUT.value, overwrite=_OVERWRITE.value)
+  except (ValueError, OSError, ImportError) as e:
+    sys.exit(f"convert: {e}")
+  c = bundle.config
+  print(f"Wrote {_OUTPUT.value} ({target} format): {bundle.task} model, "
+        f"L={c.num_layers} H={c.hidden_size} A={c.num_heads}, vocab {c.vocab_size}")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,126 @@
+"""Google's original TF checkpoints: written here with TensorFlow under the
+original variable names, then imported and compared with the reference model
+holding the same weights."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import bertjax
+from bertjax.interop import google_tf
+from tests import reference
+
+tf = pytest.importorskip("tensorflow", reason="the [tf] extra reads Google checkpoints")
+
+CONFIG = dict(vocab_size=210, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+              intermediate_size=40, max_position_embeddings=40, type_vocab_size=2)
+
+
+def _google_variables(model) -> dict[str, np.ndarray]:
+  """The reference model's weights under the original TF names and layouts."""
+  variables = {}
+  for name, value in model.state_dict().items():
+    value = value.numpy()
+    if name in ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias"):
+      continue
+    special = {"cls.predictions.bias": "cls/predictions/output_bias",
+               "cls.seq_relationship.weight": "cls/seq_relationship/output_weights",
+               "cls.seq_relationship.bias": "cls/seq_relationship/output_bias",
+               "classifier.weight": "output_weights", "classifier.bias": "output_bias",
+               "qa_outputs.weight": "cls/squad/output_weights",
+               "qa_outputs.bias": "cls/squad/output_bias"}
+    if name in special:
+      variables[special[name]] = value
+      continue
+    tf_name = name.replace(".layer.", ".layer_").replace(".", "/")
+    if tf_name.endswith("_embeddings/weight"):
+      tf_name = tf_name[:-len("/weight")]
+    elif "LayerNorm" in tf_name:
+      tf_name = tf_name.replace("LayerNorm/weight", "LayerNorm/gamma").replace(
+          "LayerNorm/bias", "LayerNorm/beta")
+    elif tf_name.endswith("/weight"):
+      tf_name, value = tf_name[:-len("/weight")] + "/kernel", value.T
+    variables[tf_name] = value
+  return variables
+
+
+def _write_checkpoint(model, directory, with_optimizer_slots=True):
+  os.makedirs(directory, exist_ok=True)
+  values = _google_variables(model)
+  graph = tf.Graph()
+  with graph.as_default():
+    created = [tf.compat.v1.get_variable(name, initializer=tf.constant(value))
+               for name, value in values.items()]
+    if with_optimizer_slots:  # The original training code saves these alongside.
+      created += [tf.compat.v1.get_variable(name + suffix, initializer=tf.zeros_like(value))
+                  for name, value in list(values.items())[:3]
+                  for suffix in ("/adam_m", "/adam_v")]
+      created.append(tf.compat.v1.train.get_or_create_global_step())
+    saver = tf.compat.v1.train.Saver(created)
+    with tf.compat.v1.Session(graph=graph) as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      saver.save(session, os.path.join(directory, "bert_model.ckpt"), write_meta_graph=False)
+  google_config = {k: v for k, v in CONFIG.items()}
+  google_config.update(hidden_act="gelu", hidden_dropout_prob=0.1,
+                       attention_probs_dropout_prob=0.1, initializer_range=0.02)
+  with open(os.path.join(directory, "bert_config.json"), "w") as f:
+    json.dump(google_config, f)
+  reference.write_vocab(os.path.join(directory, "vocab.txt"))
+  return directory
+
+
+def _inputs(batch):
+  return dict(zip(("input_ids", "attention_mask", "token_type_ids"),
+                  (torch.tensor(x) for x in batch)))
+
+
+def test_pretraining_checkpoint_imports_and_matches(tmp_path):
+  model = reference.reference_model("BertForPreTraining", seed=11, **CONFIG)
+  directory = _write_checkpoint(model, tmp_path / "uncased_L-2_H-32_A-4")
+  assert google_tf.find_checkpoint(str(directory)).endswith("bert_model.ckpt")
+  bundle = bertjax.load_pretrained(directory)
+  assert bundle.task == "pretraining"
+  assert bundle.tokenizer.do_lower_case  # from the directory name
+  batch = reference.example_batch(CONFIG["vocab_size"])
+  with torch.no_grad():
+    expected = model(**_inputs(batch))
+  out = bundle.model().apply({"params": bundle.params}, *batch)
+  np.testing.assert_allclose(out["mlm_logits"], expected.prediction_logits, atol=1e-5, rtol=0)
+  np.testing.assert_allclose(out["nsp_logits"], expected.seq_relationship_logits, atol=1e-5,
+                             rtol=0)
+
+  # Through to Hugging Face, and the prefix itself works as a path.
+  bertjax.export_hf(bundle, tmp_path / "hf")
+  again = bertjax.load_pretrained(str(directory / "bert_model.ckpt"))
+  np.testing.assert_array_equal(
+      again.params["bert"]["pooler"]["kernel"], bundle.params["bert"]["pooler"]["kernel"])
+
+
+@pytest.mark.parametrize("class_name,task", [
+    ("BertForSequenceClassification", "sequence_classification"),
+    ("BertForQuestionAnswering", "question_answering"),
+])
+def test_fine_tuned_checkpoints_import(tmp_path, class_name, task):
+  model = reference.reference_model(class_name, seed=12, **CONFIG)
+  directory = _write_checkpoint(model, tmp_path / "cased_model", with_optimizer_slots=False)
+  bundle = bertjax.load_pretrained(directory)
+  assert bundle.task == task and not bundle.tokenizer.do_lower_case
+  batch = reference.example_batch(CONFIG["vocab_size"])
+  with torch.no_grad():
+    expected = model(**_inputs(batch))
+  out = bundle.model().apply({"params": bundle.params}, *batch)
+  for name in out:
+    np.testing.assert_allclose(out[name], getattr(expected, name.replace("mlm_", "")),
+                               atol=1e-5, rtol=0)
+
+
+def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
+  model = reference.reference_model("BertForPreTraining", seed=13, **CONFIG)
+  directory = _write_checkpoint(model, tmp_path / "model")
+  data = next(p for p in directory.iterdir() if ".data-" in p.name)
+  data.write_bytes(data.read_bytes()[:100])
+  with pytest.raises(ValueError, match="bert_model.ckpt: cannot read variable bert/"):
+    bertjax.load_pretrained(directory)

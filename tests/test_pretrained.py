@@ -1,0 +1,132 @@
+"""The bertjax model directory, loading into another task, and casing rules."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+import bertjax
+from bertjax.interop import mapping
+from tests import reference
+
+CONFIG = dict(vocab_size=210, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+              intermediate_size=40, max_position_embeddings=40, type_vocab_size=2)
+
+
+def _reference_dir(directory, class_name="BertForPreTraining", seed=21, **extra):
+  model = reference.reference_model(class_name, seed=seed, **CONFIG, **extra)
+  model.save_pretrained(directory)
+  reference.write_vocab(os.path.join(directory, "vocab.txt"))
+  return directory
+
+
+@pytest.fixture(scope="module")
+def pretraining(tmp_path_factory):
+  return bertjax.load_pretrained(_reference_dir(tmp_path_factory.mktemp("pretraining")))
+
+
+def _assert_same_params(a, b):
+  flat_a, flat_b = mapping.params_to_reference(a), mapping.params_to_reference(b)
+  assert flat_a.keys() == flat_b.keys()
+  for name in flat_a:
+    np.testing.assert_array_equal(flat_a[name], flat_b[name], err_msg=name)
+
+
+def test_save_and_load_bertjax_directory_is_exact(pretraining, tmp_path):
+  bertjax.save_pretrained(pretraining, tmp_path / "model")
+  assert sorted(os.listdir(tmp_path)) == ["model"]  # no temporary left behind
+  loaded = bertjax.load_pretrained(tmp_path / "model")
+  assert loaded.config == pretraining.config and loaded.task == "pretraining"
+  _assert_same_params(loaded.params, pretraining.params)
+  text = "Hello world, the quick brown fox"
+  assert loaded.tokenizer.encode(text) == pretraining.tokenizer.encode(text)
+
+  scanned = bertjax.load_pretrained(tmp_path / "model", scan_layers=True, dtype="bfloat16")
+  assert scanned.config.scan_layers and scanned.config.dtype == "bfloat16"
+  assert scanned.params["bert"]["layers"]["layer"]["output"]["kernel"].shape == (2, 40, 32)
+  batch = reference.example_batch(CONFIG["vocab_size"])
+  expected = pretraining.model().apply({"params": pretraining.params}, *batch)
+  got = bertjax.load_pretrained(tmp_path / "model", scan_layers=True).model().apply(
+      {"params": scanned.params}, *batch)
+  np.testing.assert_allclose(got["mlm_logits"], expected["mlm_logits"], atol=1e-5)
+
+
+def test_new_head_on_a_pretrained_encoder(pretraining, tmp_path, caplog):
+  bertjax.save_pretrained(pretraining, tmp_path / "model")
+  with caplog.at_level("WARNING"):
+    bundle = bertjax.load_pretrained(tmp_path / "model", task="sequence_classification",
+                                     labels=["neg", "neutral", "pos"], seed=3)
+  assert "initialised randomly: classifier/bias, classifier/kernel" in caplog.text
+  assert bundle.num_labels == 3 and bundle.labels == ["neg", "neutral", "pos"]
+  assert bundle.params["classifier"]["kernel"].shape == (32, 3)
+  jax.tree.map(np.testing.assert_array_equal, bundle.params["bert"],
+               pretraining.params["bert"])
+  logits = bundle.model().apply({"params": bundle.params},
+                                *reference.example_batch(CONFIG["vocab_size"]))["logits"]
+  assert logits.shape == (3, 3)
+
+
+def test_new_head_initialises_a_missing_pooler(tmp_path, caplog):
+  _reference_dir(tmp_path / "qa", "BertForQuestionAnswering")
+  with caplog.at_level("WARNING"):
+    bundle = bertjax.load_pretrained(tmp_path / "qa", task="multiple_choice")
+  assert "bert/pooler/kernel" in caplog.text
+  assert bundle.params["bert"]["pooler"]["kernel"].shape == (32, 32)
+
+
+def test_bad_bertjax_directory(pretraining, tmp_path):
+  bertjax.save_pretrained(pretraining, tmp_path / "model")
+  meta_path = tmp_path / "model" / "bertjax.json"
+  meta = json.loads(meta_path.read_text())
+  meta_path.write_text(json.dumps({**meta, "format_version": 99}))
+  with pytest.raises(ValueError, match="bertjax.json: format_version 99 is not supported"):
+    bertjax.load_pretrained(tmp_path / "model")
+  meta_path.write_text(json.dumps({k: v for k, v in meta.items() if k != "task"}))
+  with pytest.raises(ValueError, match="bertjax.json: required key 'task' is missing"):
+    bertjax.load_pretrained(tmp_path / "model")
+  meta_path.write_text("{not json")
+  with pytest.raises(ValueError, match="bertjax.json: not valid JSON"):
+    bertjax.load_pretrained(tmp_path / "model")
+
+
+def test_failed_save_leaves_nothing_and_overwrite_keeps_old_until_done(pretraining, tmp_path,
+                                                                        monkeypatch):
+  import orbax.checkpoint as ocp
+
+  bertjax.save_pretrained(pretraining, tmp_path / "model")
+  before = sorted(os.listdir(tmp_path / "model"))
+
+  def fail(*args, **kwargs):
+    raise OSError("no space left on device")
+
+  monkeypatch.setattr(ocp.StandardCheckpointer, "save", fail)
+  with pytest.raises(OSError, match="no space left"):
+    bertjax.save_pretrained(pretraining, tmp_path / "model", overwrite=True)
+  with pytest.raises(OSError, match="no space left"):
+    bertjax.save_pretrained(pretraining, tmp_path / "other")
+  assert sorted(os.listdir(tmp_path)) == ["model"]
+  assert sorted(os.listdir(tmp_path / "model")) == before
+  monkeypatch.undo()
+  bertjax.save_pretrained(pretraining, tmp_path / "model", overwrite=True)
+  assert sorted(os.listdir(tmp_path)) == ["model"]
+
+
+def test_params_that_do_not_fit_the_model_are_refused(pretraining, tmp_path):
+  broken = bertjax.Pretrained(pretraining.config, {"bert": pretraining.params["bert"]},
+                              pretraining.tokenizer, task="pretraining")
+  with pytest.raises(ValueError, match=r"\['mlm'\]\['bias'\]: missing"):
+    bertjax.export_hf(broken, tmp_path / "out")
+  assert not os.path.exists(tmp_path / "out")
+
+
+def test_casing(tmp_path):
+  _reference_dir(tmp_path / "model")
+  os.remove(tmp_path / "model" / "config.json")  # keep only the tokenizer question
+  cased = bertjax.load_pretrained(_reference_dir(tmp_path / "cased_model"))
+  assert not cased.tokenizer.do_lower_case  # "cased" in the name
+  forced = bertjax.load_pretrained(tmp_path / "cased_model", do_lower_case=True)
+  assert forced.tokenizer.do_lower_case
+  plain = bertjax.load_pretrained(_reference_dir(tmp_path / "plain"))
+  assert not plain.tokenizer.do_lower_case  # the vocabulary has upper-case words
