@@ -138,7 +138,7 @@ def _load_reference(path: str, config_file: str, do_lower_case: bool | None) -> 
     elif len(labels) != width:
       raise ValueError(f"{config_path}: {len(labels)} labels, but classifier.weight in "
                        f"{source} has {width} rows")
-  _check_tied_decoder(tensors, source)
+  _resolve_tied_decoder(tensors, source)
   params, report = mapping.params_from_reference(
       tensors, config, task, len(labels) if labels else 2, source)
   report.log(source)
@@ -146,7 +146,8 @@ def _load_reference(path: str, config_file: str, do_lower_case: bool | None) -> 
   return Pretrained(config, params, tokenizer, task, labels)
 
 
-def _check_tied_decoder(tensors: dict[str, np.ndarray], source: str) -> None:
+def _resolve_tied_decoder(tensors: dict[str, np.ndarray], source: str) -> None:
+  """Checks the decoder is tied; takes the output bias from it if needed."""
   decoder = tensors.get("cls.predictions.decoder.weight")
   embeddings = tensors.get("bert.embeddings.word_embeddings.weight")
   if decoder is not None and embeddings is not None and not np.array_equal(decoder,
@@ -159,21 +160,26 @@ def _check_tied_decoder(tensors: dict[str, np.ndarray], source: str) -> None:
 
 def _retarget(bundle: Pretrained, task: str, labels: list[str] | None, seed: int,
               path: str) -> Pretrained:
-  """Moves the weights into another task model, initialising a missing head."""
+  """Moves the weights into another task model, initialising a missing head.
+
+  The encoder always carries over, and so do the masked-LM and next-sentence
+  heads (shared by the pre-training tasks). A fine-tuned output layer carries
+  over only into the same task with the same number of labels.
+  """
   if task not in TASK_MODELS:
     raise ValueError(f"Unknown task {task!r}; known tasks: {', '.join(TASK_MODELS)}")
   labels = labels if labels is not None else bundle.labels
   if task not in LABELLED_TASKS:
     labels = None
+  reference = mapping.params_to_reference(to_layout(bundle.params, False))
   same_head = task == bundle.task and (labels is None or bundle.labels is None
                                        or len(labels) == len(bundle.labels))
-  looped = to_layout(bundle.params, False)
-  reference = mapping.params_to_reference(
-      looped if same_head else {"bert": looped["bert"]})
+  if not same_head:
+    reference = {name: value for name, value in reference.items()
+                 if not name.startswith(("classifier.", "qa_outputs."))}
   params, report = mapping.params_from_reference(
       reference, bundle.config, task, len(labels) if labels else 2, path,
       rng=jax.random.key(seed))
-  report.unused = []  # Heads of the original task are dropped on purpose.
   report.log(path)
   return Pretrained(bundle.config, params, bundle.tokenizer, task, labels)
 

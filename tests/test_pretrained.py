@@ -68,6 +68,16 @@ def test_new_head_on_a_pretrained_encoder(pretraining, tmp_path, caplog):
   assert logits.shape == (3, 3)
 
 
+def test_pretraining_heads_carry_over_between_pretraining_tasks(tmp_path, caplog):
+  directory = _reference_dir(tmp_path / "model")
+  with caplog.at_level("WARNING"):
+    masked_lm = bertjax.load_pretrained(directory, task="masked_lm")
+  assert "initialised randomly" not in caplog.text
+  assert "cls.seq_relationship.bias, cls.seq_relationship.weight" in caplog.text  # unused
+  jax.tree.map(np.testing.assert_array_equal, masked_lm.params["mlm"],
+               bertjax.load_pretrained(directory).params["mlm"])
+
+
 def test_new_head_initialises_a_missing_pooler(tmp_path, caplog):
   _reference_dir(tmp_path / "qa", "BertForQuestionAnswering")
   with caplog.at_level("WARNING"):

@@ -216,7 +216,6 @@ class WordPieceTokenizer(Tokenizer):
     import tokenizers
     from tokenizers import decoders, models, normalizers, pre_tokenizers
 
-    source = vocab if isinstance(vocab, str) else "vocabulary"
     self.tokens = read_vocab(vocab) if isinstance(vocab, str) else list(vocab)
     special_tokens = special_tokens or {
         "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "pad": "[PAD]", "mask": "[MASK]"}
@@ -224,7 +223,8 @@ class WordPieceTokenizer(Tokenizer):
     self._ids = {token: index for index, token in enumerate(self.tokens)}
     missing = [t for t in special_tokens.values() if t not in self._ids]
     if missing:
-      raise ValueError(f"{source}: special tokens {missing} are not in the vocabulary")
+      prefix = f"{vocab}: " if isinstance(vocab, str) else ""
+      raise ValueError(f"{prefix}special tokens {missing} are not in the vocabulary")
     self.do_lower_case = do_lower_case
     self.strip_accents = strip_accents
     self.tokenize_chinese_chars = tokenize_chinese_chars

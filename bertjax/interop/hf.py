@@ -118,7 +118,9 @@ def config_from_dict(values: dict[str, Any], source: str) -> BertConfig:
 def config_to_dict(config: BertConfig, task: str, labels: list[str] | None) -> dict[str, Any]:
   """The reference `config.json` for `config` and a task model."""
   values = {
-      "architectures": [TASK_TO_CLASS[task]],
+      # A causal masked LM is the reference's decoder class.
+      "architectures": ["BertLMHeadModel" if task == "masked_lm" and config.causal
+                        else TASK_TO_CLASS[task]],
       "model_type": "bert",
       "vocab_size": config.vocab_size,
       "hidden_size": config.hidden_size,
@@ -320,14 +322,21 @@ def load_tokenizer(directory: str, do_lower_case: bool | None = None):
     do_lower_case = infer_lower_case(directory, tokens)
     logging.info("%s: no do_lower_case setting; inferred do_lower_case=%s", directory,
                  do_lower_case)
-  return WordPieceTokenizer(
-      tokens, do_lower_case=bool(do_lower_case),
-      strip_accents=settings.get("strip_accents"),
-      tokenize_chinese_chars=settings.get("tokenize_chinese_chars", True),
-      special_tokens={role: settings.get(f"{role}_token", default) for role, default in (
-          ("unk", "[UNK]"), ("cls", "[CLS]"), ("sep", "[SEP]"), ("pad", "[PAD]"),
-          ("mask", "[MASK]"))},
-  )
+  vocab_source = vocab_file if os.path.isfile(vocab_file) else tokenizer_json
+  special_tokens = {}
+  for role, default in (("unk", "[UNK]"), ("cls", "[CLS]"), ("sep", "[SEP]"),
+                        ("pad", "[PAD]"), ("mask", "[MASK]")):
+    token = settings.get(f"{role}_token", default)
+    # Older files store special tokens as serialised AddedToken objects.
+    special_tokens[role] = token.get("content", default) if isinstance(token, dict) else token
+  try:
+    return WordPieceTokenizer(
+        tokens, do_lower_case=bool(do_lower_case),
+        strip_accents=settings.get("strip_accents"),
+        tokenize_chinese_chars=settings.get("tokenize_chinese_chars", True),
+        special_tokens=special_tokens)
+  except ValueError as e:
+    raise ValueError(f"{vocab_source}: {e}") from None
 
 
 def write_directory(directory: str, config: BertConfig, reference_tensors: dict[str, np.ndarray],

@@ -163,6 +163,13 @@ def params_from_reference(tensors: Mapping[str, np.ndarray], config: BertConfig,
     _set(params, path, np.asarray(value))
     report.initialised.append("/".join(path))
   report.unused = sorted(set(tensors) - set(report.loaded) - _REDUNDANT)
+  stray = [name for name in report.unused
+           if name.startswith(("bert.embeddings.", "bert.encoder."))]
+  if stray:
+    raise ValueError(
+        f"{source}: encoder weights the config has no place for: {', '.join(stray[:5])}"
+        f"{' ...' if len(stray) > 5 else ''} (config: num_layers={config.num_layers}); "
+        "the config and the weights describe different models")
   return params, report
 
 

@@ -274,6 +274,28 @@ def test_missing_weight_names_weight_and_file(good_dir, tmp_path):
     bertjax.load_pretrained(bad)
 
 
+def test_weights_of_more_layers_than_the_config_are_an_error(good_dir, tmp_path):
+  bad = _copy_with(good_dir, tmp_path / "bad",
+                   config_edit=lambda c: c.update(num_hidden_layers=1))
+  with pytest.raises(ValueError, match=r"model.safetensors: encoder weights the config has "
+                     r"no place for: bert.encoder.layer.1.*num_layers=1"):
+    bertjax.load_pretrained(bad)
+
+
+def test_causal_masked_lm_exports_as_the_decoder_class(tmp_path):
+  import transformers
+
+  config = {**SHAPES["L2_H32_A4"], "is_decoder": True}
+  model = reference.reference_model("BertLMHeadModel", seed=9, **config)
+  bundle = bertjax.load_pretrained(_save(model, tmp_path / "in"))
+  bertjax.export_hf(bundle, tmp_path / "out")
+  exported = json.loads((tmp_path / "out" / "config.json").read_text())
+  assert exported["architectures"] == ["BertLMHeadModel"] and exported["is_decoder"]
+  reloaded, info = transformers.BertLMHeadModel.from_pretrained(tmp_path / "out",
+                                                                output_loading_info=True)
+  assert not info["missing_keys"] and not info["unexpected_keys"]
+
+
 def test_vocabulary_larger_than_embedding_table_is_an_error(tmp_path):
   config = {**SHAPES["L2_H32_A4"], "vocab_size": 200}
   bad = _save(reference.reference_model("BertModel", **config), tmp_path)
