@@ -58,7 +58,8 @@ def encode(bundle: Pretrained, texts: str | Sequence[str],
   max_length = min(max_length, config.max_position_embeddings)
   inputs = bundle.tokenizer.encode_batch(texts, text_pairs, max_length=max_length,
                                          pad_to_multiple_of=_LENGTH_MULTIPLE)
-  encoder_params = bundle.params["bert"]
+  # On the device once, not once per batch.
+  encoder_params = jax.device_put(bundle.params["bert"])
   apply = _encoder_fn(config, add_pooler="pooler" in encoder_params)
 
   results: dict[str, list[np.ndarray]] = {}
