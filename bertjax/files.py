@@ -48,13 +48,21 @@ def atomic_directory(out_dir: str, overwrite: bool = False) -> Iterator[str]:
   staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=parent)
   try:
     yield staging
-    if os.path.exists(out_dir):
-      retired = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.old-", dir=parent)
-      os.rename(out_dir, os.path.join(retired, "old"))
+    # mkdtemp makes a private (0700) directory; give it the usual permissions.
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(staging, 0o777 & ~umask)
+    if not os.path.exists(out_dir):
       os.rename(staging, out_dir)
-      shutil.rmtree(retired)
-    else:
+      return
+    retired = staging + ".old"
+    os.rename(out_dir, retired)
+    try:
       os.rename(staging, out_dir)
+    except BaseException:
+      os.rename(retired, out_dir)
+      raise
+    shutil.rmtree(retired)
   except BaseException:
     shutil.rmtree(staging, ignore_errors=True)
     raise

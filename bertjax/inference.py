@@ -54,6 +54,9 @@ def encode(bundle: Pretrained, texts: str | Sequence[str],
   texts = [texts] if isinstance(texts, str) else list(texts)
   if isinstance(text_pairs, str):
     text_pairs = [text_pairs]
+  if text_pairs is not None and bundle.config.type_vocab_size < 2:
+    raise ValueError(f"This model has type_vocab_size={bundle.config.type_vocab_size}: "
+                     "it has no token type for a second segment")
   config = bundle.config.replace(return_hidden_states=output_hidden_states)
   max_length = min(max_length, config.max_position_embeddings)
   inputs = bundle.tokenizer.encode_batch(texts, text_pairs, max_length=max_length,

@@ -25,12 +25,19 @@ from bertjax.data.tokenizers import Tokenizer, tokenizer_from_settings
 from bertjax.files import atomic_directory, read_json, write_json
 from bertjax.interop import google_tf, hf, mapping
 from bertjax.models import BertConfig, build_model, to_layout
-from bertjax.models.bert import LABELLED_TASKS, TASK_MODELS, abstract_params
+from bertjax.models.bert import (LABELLED_TASKS, OPTIONAL_POOLER_TASKS, TASK_MODELS,
+                                 abstract_params)
 
 BERTJAX_FILE = "bertjax.json"
 FORMAT_VERSION = 1
+# `BertConfig` fields that change how the weights are computed, not which
+# weights there are: the ones `load_pretrained` lets you override.
+COMPUTATION_FIELDS = ("dtype", "scan_layers", "remat_policy", "attention_impl",
+                      "return_hidden_states", "hidden_dropout_prob",
+                      "attention_dropout_prob", "classifier_dropout")
 
 Params = dict[str, Any]
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -57,9 +64,13 @@ class Pretrained:
   def num_labels(self) -> int:
     return len(self.labels) if self.labels else 2
 
+  @property
+  def has_pooler(self) -> bool:
+    return "pooler" in self.params["bert"]
+
   def model(self) -> nn.Module:
     """The Flax module these parameters belong to."""
-    return build_model(self.config, self.task, self.num_labels)
+    return build_model(self.config, self.task, self.num_labels, self.has_pooler)
 
 
 def load_pretrained(path: str, *, task: str | None = None, labels: list[str] | None = None,
@@ -69,23 +80,32 @@ def load_pretrained(path: str, *, task: str | None = None, labels: list[str] | N
 
   Args:
     path: The directory (or, for Google checkpoints, the `bert_model.ckpt` prefix).
-    task: The task model to load into. Default: the checkpoint's own. A head
-      the checkpoint lacks (a new classifier on a pre-trained encoder) is
-      initialised from `seed` and logged; its encoder weights must all be there.
-    labels: Label names for a new classification head (their number sets the
-      head's width); default: the checkpoint's.
-    do_lower_case: Override the tokenizer's casing (Google checkpoints carry no
-      setting; it is otherwise inferred from the directory name or vocabulary).
+    task: The task model to load into. Default: the checkpoint's own (a
+      checkpoint with both pre-training heads loads as "pretraining", whatever
+      class it names). A head the checkpoint lacks (a new classifier on a
+      pre-trained encoder) is initialised from `seed` and logged; the encoder
+      weights must all be there.
+    labels: Label names for the classification head (their number sets its
+      width); default: the checkpoint's.
+    do_lower_case: Override the tokenizer's casing. Without it: the saved
+      setting, else (Google checkpoints) the directory name or vocabulary.
     seed: Seed of newly initialised heads.
-    **config_overrides: `BertConfig` computation fields to change, e.g.
+    **config_overrides: How to compute (see `COMPUTATION_FIELDS`), e.g.
       `dtype="bfloat16"`, `scan_layers=True`, `attention_impl="cudnn"`.
 
   Returns:
     The `Pretrained` bundle.
   """
   path = os.fspath(path)
+  fixed = sorted(set(config_overrides) - set(COMPUTATION_FIELDS))
+  if fixed:
+    raise ValueError(f"load_pretrained cannot override {fixed}: the checkpoint fixes the "
+                     f"architecture; overridable: {', '.join(COMPUTATION_FIELDS)}")
+  if "://" in path:
+    raise ValueError(f"{path}: load_pretrained reads local directories; copy it first "
+                     "(e.g. gcloud storage cp -r)")
   if os.path.isfile(os.path.join(path, BERTJAX_FILE)):
-    bundle = _load_bertjax(path)
+    bundle = _load_bertjax(path, do_lower_case)
   elif os.path.isfile(os.path.join(path, hf.CONFIG_FILE)):
     bundle = _load_reference(path, hf.CONFIG_FILE, do_lower_case)
   elif os.path.isfile(os.path.join(path, google_tf.CONFIG_FILE)) or os.path.isfile(
@@ -98,15 +118,13 @@ def load_pretrained(path: str, *, task: str | None = None, labels: list[str] | N
         f"{path}: not a model directory; expected {BERTJAX_FILE} (bertjax), "
         f"{hf.CONFIG_FILE} (Hugging Face) or {google_tf.CONFIG_FILE} (Google TF)")
 
-  if do_lower_case is not None and bundle.tokenizer is not None and (
-      getattr(bundle.tokenizer, "do_lower_case", do_lower_case) != do_lower_case):
-    raise ValueError(f"{path}: do_lower_case={do_lower_case} contradicts the saved "
-                     "tokenizer settings")
-  if task is not None or labels is not None:
+  if labels is not None and (task or bundle.task) not in LABELLED_TASKS:
+    raise ValueError(f"labels are for {' or '.join(LABELLED_TASKS)}, not the "
+                     f"{task or bundle.task} task")
+  if (task is not None and task != bundle.task) or labels is not None:
     bundle = _retarget(bundle, task or bundle.task, labels, seed, path)
   _check_vocabulary(bundle, path)
-  if config_overrides:
-    bundle.config = bundle.config.replace(**config_overrides)
+  bundle.config = bundle.config.replace(**config_overrides)
   bundle.params = to_layout(bundle.params, bundle.config.scan_layers)
   return bundle
 
@@ -119,8 +137,6 @@ def _load_reference(path: str, config_file: str, do_lower_case: bool | None) -> 
       prefix, path = path, os.path.dirname(path) or "."
     else:
       prefix = google_tf.find_checkpoint(path)
-      if prefix is None:
-        raise FileNotFoundError(f"{path}: no TensorFlow checkpoint (*.ckpt*.index)")
   config_path = os.path.join(path, config_file)
   values = read_json(config_path)
   config = hf.config_from_dict(values, config_path)
@@ -138,24 +154,12 @@ def _load_reference(path: str, config_file: str, do_lower_case: bool | None) -> 
     elif len(labels) != width:
       raise ValueError(f"{config_path}: {len(labels)} labels, but classifier.weight in "
                        f"{source} has {width} rows")
-  _resolve_tied_decoder(tensors, source)
+  hf.resolve_tied_decoder(tensors, source)
   params, report = mapping.params_from_reference(
       tensors, config, task, len(labels) if labels else 2, source)
   report.log(source)
   tokenizer = hf.load_tokenizer(path, do_lower_case)
   return Pretrained(config, params, tokenizer, task, labels)
-
-
-def _resolve_tied_decoder(tensors: dict[str, np.ndarray], source: str) -> None:
-  """Checks the decoder is tied; takes the output bias from it if needed."""
-  decoder = tensors.get("cls.predictions.decoder.weight")
-  embeddings = tensors.get("bert.embeddings.word_embeddings.weight")
-  if decoder is not None and embeddings is not None and not np.array_equal(decoder,
-                                                                           embeddings):
-    raise ValueError(f"{source}: cls.predictions.decoder.weight differs from the word "
-                     "embeddings; bertjax ties them, as BERT does")
-  if "cls.predictions.bias" not in tensors and "cls.predictions.decoder.bias" in tensors:
-    tensors["cls.predictions.bias"] = tensors["cls.predictions.decoder.bias"]
 
 
 def _retarget(bundle: Pretrained, task: str, labels: list[str] | None, seed: int,
@@ -177,9 +181,10 @@ def _retarget(bundle: Pretrained, task: str, labels: list[str] | None, seed: int
   if not same_head:
     reference = {name: value for name, value in reference.items()
                  if not name.startswith(("classifier.", "qa_outputs."))}
+  add_pooler = bundle.has_pooler if task in OPTIONAL_POOLER_TASKS else True
   params, report = mapping.params_from_reference(
       reference, bundle.config, task, len(labels) if labels else 2, path,
-      rng=jax.random.key(seed))
+      rng=jax.random.key(seed), add_pooler=add_pooler)
   report.log(path)
   return Pretrained(bundle.config, params, bundle.tokenizer, task, labels)
 
@@ -212,11 +217,12 @@ def save_pretrained(bundle: Pretrained, out_dir: str, overwrite: bool = False) -
         "config": bundle.config.to_dict(),
         "task": bundle.task,
         "labels": bundle.labels,
+        "has_pooler": bundle.has_pooler,
         "tokenizer": tokenizer_settings,
     })
 
 
-def _load_bertjax(path: str) -> Pretrained:
+def _load_bertjax(path: str, do_lower_case: bool | None) -> Pretrained:
   import orbax.checkpoint as ocp
 
   meta_path = os.path.join(path, BERTJAX_FILE)
@@ -227,14 +233,23 @@ def _load_bertjax(path: str) -> Pretrained:
   if meta["format_version"] != FORMAT_VERSION:
     raise ValueError(f"{meta_path}: format_version {meta['format_version']} is not "
                      f"supported (this bertjax reads version {FORMAT_VERSION})")
-  config = BertConfig.from_dict(meta["config"], meta_path).replace(scan_layers=False)
+  if not isinstance(meta["config"], dict):
+    raise ValueError(f"{meta_path}: 'config' must be an object")
+  try:
+    config = BertConfig.from_dict(meta["config"], meta_path).replace(scan_layers=False)
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"{meta_path}: {e}") from None
   task, labels = meta["task"], meta.get("labels")
-  model = build_model(config, task, len(labels) if labels else 2)
+  model = build_model(config, task, len(labels) if labels else 2, meta.get("has_pooler"))
   target = nn.meta.unbox(abstract_params(model))
   with ocp.StandardCheckpointer() as checkpointer:
     params = checkpointer.restore(os.path.join(path, "params"), target)
-  tokenizer = (tokenizer_from_settings(path, meta["tokenizer"])
-               if meta.get("tokenizer") else None)
+  tokenizer = None
+  if meta.get("tokenizer"):
+    settings = dict(meta["tokenizer"])
+    if do_lower_case is not None:
+      settings["do_lower_case"] = do_lower_case
+    tokenizer = tokenizer_from_settings(path, settings, meta_path)
   return Pretrained(config, jax.tree.map(np.asarray, params), tokenizer, task, labels)
 
 
@@ -242,19 +257,30 @@ def export_hf(bundle: Pretrained, out_dir: str, overwrite: bool = False) -> None
   """Writes a Hugging Face BERT directory that `transformers` loads into the
   matching `Bert*` class with no missing or unexpected keys.
 
-  The directory is written under a temporary name and renamed when complete.
+  A pooler kept for `encode` in a task whose reference class has none (masked
+  LM, span and token classification) is left out, with a log line. The
+  directory is written under a temporary name and renamed when complete.
   """
-  looped = _checked_looped_params(bundle)
+  reference = mapping.params_to_reference(_checked_looped_params(bundle))
+  if bundle.task in OPTIONAL_POOLER_TASKS:
+    pooler = [name for name in reference if name.startswith("bert.pooler.")]
+    if bundle.task == "encoder" and not pooler:
+      logger.warning("export_hf: this encoder has no pooler; transformers' BertModel will "
+                     "initialise one (or load it with add_pooling_layer=False)")
+    elif bundle.task != "encoder" and pooler:
+      logger.info("export_hf: %s has no pooler; leaving out %s",
+                  hf.TASK_TO_CLASS[bundle.task], ", ".join(pooler))
+      reference = {k: v for k, v in reference.items() if k not in pooler}
   with atomic_directory(out_dir, overwrite) as staging:
-    hf.write_directory(staging, bundle.config, mapping.params_to_reference(looped),
-                       bundle.task, bundle.labels, bundle.tokenizer)
+    hf.write_directory(staging, bundle.config, reference, bundle.task, bundle.labels,
+                       bundle.tokenizer)
 
 
 def _checked_looped_params(bundle: Pretrained) -> Params:
   """`bundle.params` in the looped layout, checked against the model's shapes."""
   looped = to_layout(jax.device_get(bundle.params), False)
   model = build_model(bundle.config.replace(scan_layers=False), bundle.task,
-                      bundle.num_labels)
+                      bundle.num_labels, "pooler" in looped["bert"])
   expected = nn.meta.unbox(abstract_params(model))
   expected_shapes = {jax.tree_util.keystr(k): v.shape
                      for k, v in jax.tree_util.tree_leaves_with_path(expected)}

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import bertjax
+import bertjax.data.tokenizers
 from bertjax.interop import mapping
 from tests import reference
 
@@ -132,11 +133,46 @@ def test_params_that_do_not_fit_the_model_are_refused(pretraining, tmp_path):
 
 
 def test_casing(tmp_path):
-  _reference_dir(tmp_path / "model")
-  os.remove(tmp_path / "model" / "config.json")  # keep only the tokenizer question
   cased = bertjax.load_pretrained(_reference_dir(tmp_path / "cased_model"))
   assert not cased.tokenizer.do_lower_case  # "cased" in the name
   forced = bertjax.load_pretrained(tmp_path / "cased_model", do_lower_case=True)
   assert forced.tokenizer.do_lower_case
   plain = bertjax.load_pretrained(_reference_dir(tmp_path / "plain"))
   assert not plain.tokenizer.do_lower_case  # the vocabulary has upper-case words
+  bertjax.save_pretrained(cased, tmp_path / "saved")
+  assert not bertjax.load_pretrained(tmp_path / "saved").tokenizer.do_lower_case
+  assert bertjax.load_pretrained(tmp_path / "saved", do_lower_case=True).tokenizer.do_lower_case
+
+
+def test_written_directories_are_readable_by_others(pretraining, tmp_path):
+  old = os.umask(0o022)
+  try:
+    bertjax.save_pretrained(pretraining, tmp_path / "model")
+    bertjax.export_hf(pretraining, tmp_path / "hf")
+  finally:
+    os.umask(old)
+  assert (tmp_path / "model").stat().st_mode & 0o777 == 0o755
+  assert (tmp_path / "hf").stat().st_mode & 0o777 == 0o755
+
+
+def test_sentencepiece_model_round_trips(pretraining, tmp_path):
+  import sentencepiece
+
+  rng = np.random.default_rng(0)
+  words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa"]
+  sentencepiece.SentencePieceTrainer.train(
+      sentence_iterator=iter(" ".join(rng.choice(words, 6)) for _ in range(500)),
+      model_prefix=str(tmp_path / "spm"), vocab_size=30,
+      user_defined_symbols=["[CLS]", "[SEP]", "[MASK]"], pad_id=0, unk_id=1, bos_id=-1,
+      eos_id=-1, pad_piece="[PAD]", unk_piece="[UNK]", minloglevel=2)
+  tokenizer = bertjax.data.tokenizers.SentencePieceTokenizer(str(tmp_path / "spm.model"),
+                                                             do_lower_case=True)
+  bundle = bertjax.Pretrained(pretraining.config, pretraining.params, tokenizer,
+                              pretraining.task)
+  text = "Alpha BETA [MASK] gamma"
+  bertjax.save_pretrained(bundle, tmp_path / "bj")
+  assert bertjax.load_pretrained(tmp_path / "bj").tokenizer.encode(text) == tokenizer.encode(
+      text)
+  bertjax.export_hf(bundle, tmp_path / "hf")
+  assert bertjax.load_pretrained(tmp_path / "hf").tokenizer.encode(text) == tokenizer.encode(
+      text)

@@ -12,7 +12,6 @@ model. Both produce `[CLS] A [SEP]` or `[CLS] A [SEP] B [SEP]` with token types
 from __future__ import annotations
 
 import abc
-import json
 import os
 import re
 import shutil
@@ -276,8 +275,8 @@ class SentencePieceTokenizer(Tokenizer):
 
   Args:
     model_file: Path of the `.model` file; it must contain pieces for [CLS],
-      [SEP] and [MASK] (`bertjax.tools.train_vocab` adds them as user-defined
-      symbols), a padding piece and the unknown piece.
+      [SEP] and [MASK] (train it with them as user-defined symbols), a padding
+      piece and the unknown piece.
     do_lower_case: Lower-case the text before the model sees it.
     special_tokens: Role -> piece; by default [CLS] [SEP] [MASK], the model's
       unknown piece, and its padding piece (or "[PAD]").
@@ -307,7 +306,7 @@ class SentencePieceTokenizer(Tokenizer):
     if missing:
       raise ValueError(
           f"{model_file}: special tokens {missing} are not pieces of this model; train "
-          "it with them as user_defined_symbols (bertjax.tools.train_vocab does)")
+          "it with them as user_defined_symbols")
     self._special_pattern = re.compile(
         "(" + "|".join(re.escape(t) for t in special_tokens.values()) + ")")
     super().__init__(special_tokens, vocab_size=sp.get_piece_size())
@@ -359,13 +358,27 @@ class SentencePieceTokenizer(Tokenizer):
             "do_lower_case": self.do_lower_case, "special_tokens": self.special_tokens}
 
 
-def tokenizer_from_settings(directory: str, settings: dict[str, Any]) -> Tokenizer:
-  """Rebuilds a tokenizer saved by `Tokenizer.save` into `directory`."""
+def tokenizer_from_settings(directory: str, settings: dict[str, Any],
+                            source: str | None = None) -> Tokenizer:
+  """Rebuilds a tokenizer saved by `Tokenizer.save` into `directory`.
+
+  Args:
+    directory: Where the vocabulary files are.
+    settings: What `save` returned.
+    source: The file the settings came from, named in errors.
+  """
+  source = source or directory
   settings = dict(settings)
   kind = settings.pop("type", None)
-  if kind == "wordpiece":
-    return WordPieceTokenizer(os.path.join(directory, settings.pop("vocab_file")), **settings)
-  if kind == "sentencepiece":
-    return SentencePieceTokenizer(os.path.join(directory, settings.pop("model_file")),
-                                  **settings)
-  raise ValueError(f"{directory}: unknown tokenizer type {kind!r} in {json.dumps(settings)}")
+  builders = {"wordpiece": (WordPieceTokenizer, "vocab_file"),
+              "sentencepiece": (SentencePieceTokenizer, "model_file")}
+  if kind not in builders:
+    raise ValueError(f"{source}: unknown tokenizer type {kind!r}; known: "
+                     f"{', '.join(builders)}")
+  builder, file_key = builders[kind]
+  if file_key not in settings:
+    raise ValueError(f"{source}: tokenizer setting {file_key!r} is missing")
+  try:
+    return builder(os.path.join(directory, settings.pop(file_key)), **settings)
+  except TypeError as e:
+    raise ValueError(f"{source}: bad tokenizer settings ({e})") from None

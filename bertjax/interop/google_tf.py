@@ -8,6 +8,7 @@ read with `tf.train.load_checkpoint`, which needs the `[tf]` extra.
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import re
 
@@ -15,18 +16,45 @@ import numpy as np
 
 CONFIG_FILE = "bert_config.json"
 
-# Optimizer slots and bookkeeping written next to the weights by the original
-# training code.
-_SKIPPED = re.compile(r"(^|/)(adam_m|adam_v|global_step|good_steps|bad_steps|loss_scale)($|/)")
+logger = logging.getLogger(__name__)
+
+# The last part of every model variable's name; anything else (optimizer slots
+# such as `kernel/adam_m` or `kernel/Adam`, moving averages, `global_step`) is
+# training state, skipped and counted.
+_MODEL_LEAVES = ("kernel", "bias", "gamma", "beta", "word_embeddings",
+                 "position_embeddings", "token_type_embeddings", "output_weights",
+                 "output_bias")
+# TF2 object-based checkpoints (TF Model Garden) name variables after objects.
+_TF2_MARKERS = ("_CHECKPOINTABLE_OBJECT_GRAPH", ".ATTRIBUTES/VARIABLE_VALUE")
 
 
-def find_checkpoint(directory: str) -> str | None:
-  """The checkpoint prefix in `directory` (`.../bert_model.ckpt`), or None."""
+def find_checkpoint(directory: str) -> str:
+  """The checkpoint prefix in `directory` (`.../bert_model.ckpt`).
+
+  Takes `bert_model.ckpt` (Google's releases), else the one the `checkpoint`
+  state file names, else the only `*.ckpt*.index`; several without a state
+  file is an error that lists them.
+  """
   preferred = os.path.join(directory, "bert_model.ckpt")
   if os.path.isfile(preferred + ".index"):
     return preferred
-  indexes = sorted(glob.glob(os.path.join(directory, "*.ckpt*.index")))
-  return indexes[-1][:-len(".index")] if indexes else None
+  state = os.path.join(directory, "checkpoint")
+  if os.path.isfile(state):
+    with open(state, encoding="utf-8") as f:
+      match = re.search(r'^model_checkpoint_path:\s*"([^"]+)"', f.read(), re.M)
+    if match:
+      named = os.path.join(directory, os.path.basename(match.group(1)))
+      if os.path.isfile(named + ".index"):
+        return named
+  prefixes = sorted(p[:-len(".index")] for p in glob.glob(os.path.join(directory,
+                                                                       "*.ckpt*.index")))
+  if not prefixes:
+    raise FileNotFoundError(f"{directory}: no TensorFlow checkpoint (*.ckpt*.index)")
+  if len(prefixes) > 1:
+    raise ValueError(f"{directory}: several checkpoints and no 'checkpoint' file saying "
+                     f"which is latest: {[os.path.basename(p) for p in prefixes]}; pass "
+                     "the prefix of the one to load (e.g. .../model.ckpt-10000)")
+  return prefixes[0]
 
 
 def reference_name(variable: str) -> tuple[str, bool]:
@@ -64,9 +92,14 @@ def read_checkpoint(prefix: str) -> dict[str, np.ndarray]:
     reader = tf.train.load_checkpoint(prefix)
   except Exception as e:  # TF raises several types for unreadable checkpoints.
     raise ValueError(f"{prefix}: cannot read the TensorFlow checkpoint ({e})") from None
-  tensors = {}
-  for variable in sorted(reader.get_variable_to_shape_map()):
-    if _SKIPPED.search(variable):
+  variables = sorted(reader.get_variable_to_shape_map())
+  if any(marker in v for v in variables for marker in _TF2_MARKERS):
+    raise ValueError(f"{prefix}: a TF2 object-based checkpoint (e.g. TF Model Garden); "
+                     "bertjax reads the original TF1 BERT checkpoints (bert_model.ckpt)")
+  tensors, skipped = {}, 0
+  for variable in variables:
+    if variable.rsplit("/", 1)[-1] not in _MODEL_LEAVES:
+      skipped += 1
       continue
     name, transpose = reference_name(variable)
     try:
@@ -74,4 +107,7 @@ def read_checkpoint(prefix: str) -> dict[str, np.ndarray]:
     except Exception as e:  # A truncated data file fails here, per tensor.
       raise ValueError(f"{prefix}: cannot read variable {variable} ({e})") from None
     tensors[name] = value.T if transpose else value
+  if skipped:
+    logger.info("%s: skipped %d training-state variables (optimizer slots, step)",
+                prefix, skipped)
   return tensors

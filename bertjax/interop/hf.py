@@ -20,6 +20,8 @@ import numpy as np
 from bertjax.files import read_json
 from bertjax.models import BertConfig
 
+logger = logging.getLogger(__name__)
+
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX_FILE = "model.safetensors.index.json"
@@ -167,6 +169,8 @@ def read_safetensors(path: str) -> dict[str, np.ndarray]:
       header = json.loads(f.read(header_size))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
       raise ValueError(f"{path}: malformed safetensors header ({e})") from None
+  if not isinstance(header, dict):
+    raise ValueError(f"{path}: malformed safetensors header (not a JSON object)")
   header.pop("__metadata__", None)
   data_start = 8 + header_size
   buffer = np.memmap(path, dtype=np.uint8, mode="r")
@@ -201,7 +205,10 @@ def read_weights(directory: str) -> tuple[dict[str, np.ndarray], str]:
       raise ValueError(f"{index}: no 'weight_map' object")
     tensors = {}
     for shard in sorted(set(weight_map.values())):
-      tensors.update(read_safetensors(os.path.join(directory, shard)))
+      shard_path = os.path.join(directory, str(shard))
+      if not os.path.isfile(shard_path):
+        raise FileNotFoundError(f"{index}: shard {shard} is missing")
+      tensors.update(read_safetensors(shard_path))
     missing = sorted(set(weight_map) - set(tensors))
     if missing:
       raise ValueError(f"{index}: tensors listed but absent from the shards: {missing}")
@@ -219,9 +226,18 @@ def _read_pickle(path: str) -> dict[str, np.ndarray]:
   except ImportError:
     raise ImportError(f"{path} is a PyTorch pickle; install torch to read it, or convert "
                       "it to model.safetensors") from None
-  logging.warning("%s: reading a PyTorch pickle with torch.load(weights_only=True); "
-                  "prefer model.safetensors", path)
-  state = torch.load(path, map_location="cpu", weights_only=True)
+  logger.warning("%s: reading a PyTorch pickle with torch.load(weights_only=True); "
+                 "prefer model.safetensors", path)
+  try:
+    state = torch.load(path, map_location="cpu", weights_only=True)
+  except Exception as e:  # torch raises several types for unreadable pickles.
+    raise ValueError(f"{path}: cannot read the PyTorch pickle with weights_only=True "
+                     f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+                     ) from None
+  if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor)
+                                            for v in state.values()):
+    raise ValueError(f"{path}: expected a flat state dict of tensors (a model's "
+                     "state_dict()), got something else")
   return {name: tensor.float().numpy() for name, tensor in state.items()}
 
 
@@ -238,13 +254,21 @@ def canonical_names(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def detect_task(tensors: dict[str, Any], config_values: dict[str, Any]) -> str:
-  """The task model a reference checkpoint holds."""
+  """The task model that holds all the heads of a reference checkpoint.
+
+  Weights with both pre-training heads load as "pretraining" whatever class the
+  config names (Google's bert-base-uncased says BertForMaskedLM but carries
+  the next-sentence head too); otherwise the named class decides, and without
+  one the heads present.
+  """
+  names = set(tensors)
+  if {"cls.predictions.bias", "cls.seq_relationship.weight"} <= names:
+    return "pretraining"
   architectures = config_values.get("architectures") or []
   if architectures:
     return CLASS_TO_TASK[architectures[0]]
-  names = set(tensors)
   if "cls.seq_relationship.weight" in names:
-    return "pretraining" if "cls.predictions.bias" in names else "next_sentence"
+    return "next_sentence"
   if "cls.predictions.bias" in names:
     return "masked_lm"
   if "qa_outputs.weight" in names:
@@ -252,6 +276,28 @@ def detect_task(tensors: dict[str, Any], config_values: dict[str, Any]) -> str:
   if "classifier.weight" in names:
     return "sequence_classification"
   return "encoder"
+
+
+def resolve_tied_decoder(tensors: dict[str, np.ndarray], source: str) -> None:
+  """Checks the MLM decoder is tied, as bertjax (and BERT) ties it.
+
+  Takes the output bias from `cls.predictions.decoder.bias` when only that is
+  stored.
+  """
+  embeddings = tensors.get("bert.embeddings.word_embeddings.weight")
+  decoder = tensors.get("cls.predictions.decoder.weight")
+  if decoder is not None and embeddings is not None and not np.array_equal(decoder,
+                                                                           embeddings):
+    raise ValueError(f"{source}: cls.predictions.decoder.weight differs from the word "
+                     "embeddings; bertjax ties them, as BERT does")
+  bias, decoder_bias = (tensors.get("cls.predictions.bias"),
+                        tensors.get("cls.predictions.decoder.bias"))
+  if bias is None and decoder_bias is not None:
+    tensors["cls.predictions.bias"] = decoder_bias
+  elif bias is not None and decoder_bias is not None and not np.array_equal(bias,
+                                                                            decoder_bias):
+    raise ValueError(f"{source}: cls.predictions.decoder.bias differs from "
+                     "cls.predictions.bias; they are one tensor in BERT")
 
 
 def labels_from_config(values: dict[str, Any], source: str) -> list[str] | None:
@@ -287,56 +333,80 @@ def infer_lower_case(directory: str, tokens: list[str]) -> bool:
                  if not (t.startswith("[") and t.endswith("]")))
 
 
-def load_tokenizer(directory: str, do_lower_case: bool | None = None):
-  """The WordPiece tokenizer of a reference directory, or None if it has none.
+def _bert_normalizer(tokenizer_json: dict[str, Any]) -> dict[str, Any]:
+  """The BertNormalizer settings of a `tokenizer.json`, if it has one."""
+  normalizer = tokenizer_json.get("normalizer") or {}
+  candidates = normalizer.get("normalizers", [normalizer]) if isinstance(normalizer,
+                                                                         dict) else []
+  for candidate in candidates:
+    if isinstance(candidate, dict) and candidate.get("type") == "BertNormalizer":
+      return candidate
+  return {}
 
-  Settings come from `tokenizer_config.json` when present; `do_lower_case`
-  overrides them.
+
+def load_tokenizer(directory: str, do_lower_case: bool | None = None):
+  """The tokenizer of a reference directory, or None if it has none.
+
+  WordPiece from `vocab.txt` (or a WordPiece `tokenizer.json`), else
+  SentencePiece from `spiece.model`. Casing: `do_lower_case` if given, else
+  `tokenizer_config.json`, else the normaliser of `tokenizer.json`, else
+  transformers' default (lower-case) when a `tokenizer_config.json` exists, else
+  inferred from a Google directory name or the vocabulary.
   """
-  from bertjax.data.tokenizers import WordPieceTokenizer, read_vocab
+  from bertjax.data.tokenizers import (SentencePieceTokenizer, WordPieceTokenizer,
+                                       read_vocab)
 
   vocab_file = os.path.join(directory, "vocab.txt")
-  tokenizer_json = os.path.join(directory, "tokenizer.json")
-  if os.path.isfile(vocab_file):
-    tokens = read_vocab(vocab_file)
-  elif os.path.isfile(tokenizer_json):
-    model = read_json(tokenizer_json).get("model") or {}
-    if model.get("type") != "WordPiece" or not isinstance(model.get("vocab"), dict):
-      raise ValueError(f"{tokenizer_json}: not a WordPiece tokenizer")
-    vocab = model["vocab"]
-    tokens = [""] * (max(vocab.values()) + 1)
-    for token, index in vocab.items():
-      tokens[index] = token
-  else:
-    logging.warning("%s: no vocab.txt or tokenizer.json; loading without a tokenizer",
-                    directory)
-    return None
-
-  settings = {}
+  tokenizer_json_file = os.path.join(directory, "tokenizer.json")
+  spiece_file = os.path.join(directory, "spiece.model")
   config_file = os.path.join(directory, TOKENIZER_CONFIG_FILE)
-  if os.path.isfile(config_file):
-    settings = read_json(config_file)
-  if do_lower_case is None:
-    do_lower_case = settings.get("do_lower_case")
-  if do_lower_case is None:
-    do_lower_case = infer_lower_case(directory, tokens)
-    logging.info("%s: no do_lower_case setting; inferred do_lower_case=%s", directory,
-                 do_lower_case)
-  vocab_source = vocab_file if os.path.isfile(vocab_file) else tokenizer_json
+  settings = read_json(config_file) if os.path.isfile(config_file) else {}
   special_tokens = {}
   for role, default in (("unk", "[UNK]"), ("cls", "[CLS]"), ("sep", "[SEP]"),
                         ("pad", "[PAD]"), ("mask", "[MASK]")):
     token = settings.get(f"{role}_token", default)
     # Older files store special tokens as serialised AddedToken objects.
     special_tokens[role] = token.get("content", default) if isinstance(token, dict) else token
+
+  tokenizer_json = read_json(tokenizer_json_file) if os.path.isfile(tokenizer_json_file) else {}
+  model = tokenizer_json.get("model") or {}
+  if os.path.isfile(vocab_file):
+    tokens, source = read_vocab(vocab_file), vocab_file
+  elif model:
+    if model.get("type") != "WordPiece" or not isinstance(model.get("vocab"), dict):
+      raise ValueError(f"{tokenizer_json_file}: not a WordPiece tokenizer")
+    tokens = [""] * (max(model["vocab"].values()) + 1)
+    for token, index in model["vocab"].items():
+      tokens[index] = token
+    source = tokenizer_json_file
+  elif os.path.isfile(spiece_file):
+    if do_lower_case is None:
+      do_lower_case = bool(settings.get("do_lower_case", False))
+    return SentencePieceTokenizer(spiece_file, do_lower_case=do_lower_case,
+                                  special_tokens=settings.get("special_tokens"))
+  else:
+    logger.warning("%s: no vocab.txt, tokenizer.json or spiece.model; loading without "
+                   "a tokenizer", directory)
+    return None
+
+  normalizer = _bert_normalizer(tokenizer_json)
+  if do_lower_case is None:
+    do_lower_case = settings.get("do_lower_case", normalizer.get("lowercase"))
+  if do_lower_case is None and settings:
+    do_lower_case = True  # transformers' BertTokenizer default
+  if do_lower_case is None:
+    do_lower_case = infer_lower_case(directory, tokens)
+    logger.info("%s: no casing setting; inferred do_lower_case=%s", directory,
+                do_lower_case)
   try:
     return WordPieceTokenizer(
         tokens, do_lower_case=bool(do_lower_case),
-        strip_accents=settings.get("strip_accents"),
-        tokenize_chinese_chars=settings.get("tokenize_chinese_chars", True),
+        strip_accents=settings.get("strip_accents", normalizer.get("strip_accents")),
+        tokenize_chinese_chars=settings.get(
+            "tokenize_chinese_chars", normalizer.get("handle_chinese_chars", True)),
         special_tokens=special_tokens)
   except ValueError as e:
-    raise ValueError(f"{vocab_source}: {e}") from None
+    raise ValueError(f"{source}: {e}") from None
 
 
 def write_directory(directory: str, config: BertConfig, reference_tensors: dict[str, np.ndarray],
@@ -356,9 +426,11 @@ def write_directory(directory: str, config: BertConfig, reference_tensors: dict[
   if tokenizer is None:
     return
   if not isinstance(tokenizer, WordPieceTokenizer):
-    logging.warning("transformers has no BERT tokenizer for SentencePiece models; "
-                    "writing %s beside the weights for your own loading code",
-                    tokenizer.save(directory).get("model_file"))
+    logger.warning("transformers has no BERT tokenizer for SentencePiece models; "
+                   "writing spiece.model for bertjax and your own loading code")
+    saved = tokenizer.save(directory)
+    write_json(os.path.join(directory, TOKENIZER_CONFIG_FILE), {
+        "do_lower_case": saved["do_lower_case"], "special_tokens": saved["special_tokens"]})
     return
   tokenizer.save(directory)
   special = {f"{role}_token": token for role, token in tokenizer.special_tokens.items()}

@@ -23,6 +23,8 @@ from bertjax.models.bert import abstract_params
 
 Params = dict[str, Any]
 
+logger = logging.getLogger(__name__)
+
 # (bertjax module path regex, reference module name template). The leaf name
 # maps as kernel/scale/embedding -> weight, bias -> bias.
 _MODULES = [
@@ -99,18 +101,18 @@ class LoadReport:
   unused: list[str] = dataclasses.field(default_factory=list)
 
   def log(self, source: str) -> None:
-    logging.info("%s: loaded %d tensors", source, len(self.loaded))
+    logger.info("%s: loaded %d tensors", source, len(self.loaded))
     if self.initialised:
-      logging.warning("%s: not in the checkpoint, initialised randomly: %s", source,
+      logger.warning("%s: not in the checkpoint, initialised randomly: %s", source,
                       ", ".join(self.initialised))
     if self.unused:
-      logging.warning("%s: ignored %d tensors the model has no place for: %s", source,
+      logger.warning("%s: ignored %d tensors the model has no place for: %s", source,
                       len(self.unused), ", ".join(self.unused))
 
 
 def params_from_reference(tensors: Mapping[str, np.ndarray], config: BertConfig, task: str,
-                          num_labels: int, source: str,
-                          rng: jax.Array | None = None) -> tuple[Params, LoadReport]:
+                          num_labels: int, source: str, rng: jax.Array | None = None,
+                          add_pooler: bool | None = None) -> tuple[Params, LoadReport]:
   """Builds task-model parameters (looped layout, float32) from reference weights.
 
   Args:
@@ -122,35 +124,37 @@ def params_from_reference(tensors: Mapping[str, np.ndarray], config: BertConfig,
     rng: If given, parameters the checkpoint lacks outside the encoder's layers
       (a fine-tuning head, the pooler) are initialised from it and reported;
       otherwise a missing weight is an error.
+    add_pooler: Whether a task that does not need the pooler keeps one (None:
+      if the checkpoint has it).
 
   Returns:
     The parameters and a `LoadReport`.
   """
   config = config.replace(scan_layers=False)
-  model = build_model(config, task, num_labels)
+  if add_pooler is None:
+    add_pooler = "bert.pooler.dense.weight" in tensors
+  model = build_model(config, task, num_labels, add_pooler)
   expected = nn.meta.unbox(abstract_params(model))
   report = LoadReport()
   missing = []
-  fresh = None
 
   def take(path, target):
-    nonlocal fresh
     path = _path_str(path)
     name = reference_name(path)
     if name not in tensors:
       missing.append((path, name))
       return None
     value = np.asarray(tensors[name])
-    try:
-      converted = from_reference(path, value, target.shape)
-    except ValueError:
+    needed = _reference_shape(path, target.shape)
+    if value.shape != needed:
       raise ValueError(
           f"{source}: weight {name} has shape {tuple(value.shape)}, but the config "
-          f"needs {_reference_shape(path, target.shape)} for {'/'.join(path)}") from None
+          f"needs {needed} for {'/'.join(path)}")
     report.loaded.append(name)
-    return converted.astype(np.float32)
+    return from_reference(path, value, target.shape).astype(np.float32)
 
   params = jax.tree_util.tree_map_with_path(take, expected)
+  fresh = None
   for path, name in missing:
     if rng is None or (path[0] == "bert" and path[1] != "pooler"):
       raise ValueError(f"{source}: weight {name} (for {'/'.join(path)}) is missing from "

@@ -48,12 +48,13 @@ class BertForPreTraining(nn.Module):
 
 
 class BertForMaskedLM(nn.Module):
-  """Masked LM only (the paper's "No NSP" ablation); no pooler."""
+  """Masked LM only (the paper's "No NSP" ablation); no pooler by default."""
 
   config: BertConfig
+  add_pooler: bool = False  # Kept when a checkpoint has one, for `encode`.
 
   def setup(self):
-    self.bert = BertEncoder(self.config, add_pooler=False)
+    self.bert = BertEncoder(self.config, add_pooler=self.add_pooler)
     self.mlm = MaskedLMHead(self.config)
 
   def __call__(self, input_ids: Array, attention_mask: Array | None = None,
@@ -106,12 +107,13 @@ class BertForSequenceClassification(nn.Module):
 
 
 class BertForQuestionAnswering(nn.Module):
-  """Start and end vectors over every position (SQuAD); no pooler."""
+  """Start and end vectors over every position (SQuAD); no pooler by default."""
 
   config: BertConfig
+  add_pooler: bool = False
 
   def setup(self):
-    self.bert = BertEncoder(self.config, add_pooler=False)
+    self.bert = BertEncoder(self.config, add_pooler=self.add_pooler)
     self.span = OutputLayer(self.config, 2)
 
   def __call__(self, input_ids: Array, attention_mask: Array | None = None,
@@ -146,13 +148,14 @@ class BertForMultipleChoice(nn.Module):
 
 
 class BertForTokenClassification(nn.Module):
-  """Dropout -> linear on every position (NER); no pooler."""
+  """Dropout -> linear on every position (NER); no pooler by default."""
 
   config: BertConfig
   num_labels: int = 2
+  add_pooler: bool = False
 
   def setup(self):
-    self.bert = BertEncoder(self.config, add_pooler=False)
+    self.bert = BertEncoder(self.config, add_pooler=self.add_pooler)
     self.classifier = OutputLayer(self.config, self.num_labels, self.config.head_dropout)
 
   def __call__(self, input_ids: Array, attention_mask: Array | None = None,
@@ -168,18 +171,21 @@ class BertModel(nn.Module):
   """The bare encoder under a `bert` subtree, like every task model."""
 
   config: BertConfig
+  add_pooler: bool = True
 
   def setup(self):
-    self.bert = BertEncoder(self.config)
+    self.bert = BertEncoder(self.config, add_pooler=self.add_pooler)
 
   def __call__(self, input_ids: Array, attention_mask: Array | None = None,
                token_type_ids: Array | None = None,
                deterministic: bool = True) -> dict[str, Array]:
-    """Returns `sequence_output`, `pooled_output` and (if configured) `hidden_states`."""
+    """Returns `sequence_output`, `pooled_output` (with a pooler) and (if
+    configured) `hidden_states`."""
     encoded = self.bert(input_ids, attention_mask, token_type_ids,
                         deterministic=deterministic)
-    outputs = {"sequence_output": encoded.sequence_output,
-               "pooled_output": encoded.pooled_output}
+    outputs = {"sequence_output": encoded.sequence_output}
+    if encoded.pooled_output is not None:
+      outputs["pooled_output"] = encoded.pooled_output
     if encoded.hidden_states is not None:
       outputs["hidden_states"] = encoded.hidden_states
     return outputs
@@ -198,17 +204,34 @@ TASK_MODELS: dict[str, type[nn.Module]] = {
     "token_classification": BertForTokenClassification,
 }
 LABELLED_TASKS = ("sequence_classification", "token_classification")
+# Tasks whose pooler is optional (their heads read the sequence output).
+OPTIONAL_POOLER_TASKS = ("encoder", "masked_lm", "question_answering", "token_classification")
 
 
-def build_model(config: BertConfig, task: str = "encoder", num_labels: int = 2) -> nn.Module:
-  """The task model for `task` (a key of `TASK_MODELS`)."""
+def build_model(config: BertConfig, task: str = "encoder", num_labels: int = 2,
+                add_pooler: bool | None = None) -> nn.Module:
+  """The task model for `task` (a key of `TASK_MODELS`).
+
+  Args:
+    config: The architecture.
+    task: Which head.
+    num_labels: Outputs of a classification head.
+    add_pooler: Build the [CLS] pooler in a task that does not need it (None:
+      the reference class's default). Tasks that need it always have one.
+  """
   if task not in TASK_MODELS:
     raise ValueError(f"Unknown task {task!r}; known tasks: {', '.join(TASK_MODELS)}")
+  kwargs = {}
   if task in LABELLED_TASKS:
     if num_labels < 1:
       raise ValueError(f"num_labels must be >= 1 for {task}, got {num_labels}")
-    return TASK_MODELS[task](config, num_labels=num_labels)
-  return TASK_MODELS[task](config)
+    kwargs["num_labels"] = num_labels
+  if add_pooler is not None:
+    if task in OPTIONAL_POOLER_TASKS:
+      kwargs["add_pooler"] = add_pooler
+    elif not add_pooler:
+      raise ValueError(f"The {task} model needs the pooler")
+  return TASK_MODELS[task](config, **kwargs)
 
 
 def example_inputs(model: nn.Module, batch: int = 1, length: int = 8) -> dict[str, Array]:

@@ -55,9 +55,9 @@ class BertConfig:
       "layers" axis): one compiled layer, fast compiles for deep models.
     remat_policy: Rematerialisation of each layer in the backward pass.
     attention_impl: "xla" (einsum + softmax, supports attention dropout),
-      "dot_product" (`jax.nn.dot_product_attention`, XLA picks the kernel) or
-      "cudnn" (its cuDNN flash kernel on NVIDIA GPUs). The last two have no
-      attention dropout.
+      "dot_product" (`jax.nn.dot_product_attention`, its XLA implementation) or
+      "cudnn" (its cuDNN flash kernel on NVIDIA GPUs; bfloat16 or float16). The
+      last two have no attention dropout.
     causal: Left-to-right attention mask (the paper's "LTR & No NSP" ablation).
     return_hidden_states: Also return the embedding output and every layer's
       output (the feature-based approach).
@@ -118,6 +118,9 @@ class BertConfig:
     _check_choice("dtype", self.dtype, DTYPES)
     _check_choice("remat_policy", self.remat_policy, REMAT_POLICIES)
     _check_choice("attention_impl", self.attention_impl, ATTENTION_IMPLEMENTATIONS)
+    if self.attention_impl == "cudnn" and self.dtype == "float32":
+      raise ValueError("BertConfig.attention_impl='cudnn' needs dtype 'bfloat16' or "
+                       "'float16'; use attention_impl='dot_product' for float32")
 
   def replace(self, **changes: Any) -> BertConfig:
     return dataclasses.replace(self, **changes)

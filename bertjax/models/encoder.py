@@ -14,8 +14,7 @@ import flax.struct
 import jax.numpy as jnp
 
 from bertjax.models.config import BertConfig
-from bertjax.models.layers import (Embeddings, TransformerLayer, allowed_attention,
-                                   dense)
+from bertjax.models.layers import Embeddings, TransformerLayer, dense, padding_mask
 
 Array = jax.Array
 
@@ -121,7 +120,7 @@ class BertEncoder(nn.Module):
 
     x = embedded = self.embeddings(input_ids, token_type_ids, position_ids,
                                    deterministic)
-    mask = allowed_attention(attention_mask, config.causal)  # [batch, 1, q|1, k]
+    mask = padding_mask(attention_mask)  # [batch, 1, 1, length]
 
     if config.scan_layers:
       x, stacked = self.layers(x, mask, deterministic)  # stacked: [layers, b, t, e]

@@ -26,9 +26,10 @@ def gather_positions(sequence: Array, positions: Array) -> Array:
 class MaskedLMHead(nn.Module):
   """Dense + activation + LayerNorm transform, then the tied word embeddings.
 
-  Applied to the gathered masked positions only ([batch, max_predictions, embed]),
-  never to the whole sequence: the vocabulary projection is the most expensive
-  matmul of a small BERT.
+  In training it is applied to the gathered masked positions only ([batch,
+  max_predictions, embed]): the vocabulary projection is the most expensive
+  matmul of a small BERT. Task models score every position only when asked to
+  (`masked_positions=None`).
   """
 
   config: BertConfig

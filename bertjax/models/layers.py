@@ -112,13 +112,9 @@ class Embeddings(nn.Module):
                       preferred_element_type=jnp.float32)
 
 
-def allowed_attention(attention_mask: Array, causal: bool) -> Array:
-  """Boolean [batch, length] padding mask -> boolean [batch, 1, q, k] allowed mask."""
-  allowed = attention_mask[:, None, None, :].astype(bool)  # [batch, 1, 1, length]
-  if causal:
-    length = attention_mask.shape[-1]
-    allowed = allowed & jnp.tril(jnp.ones((length, length), bool))[None, None]
-  return allowed
+def padding_mask(attention_mask: Array) -> Array:
+  """[batch, length] 1/0 -> boolean [batch, 1, 1, length]: which keys to attend to."""
+  return attention_mask[:, None, None, :].astype(bool)
 
 
 class EinsumDense(nn.Module):
@@ -145,7 +141,8 @@ class EinsumDense(nn.Module):
 
 
 class SelfAttention(nn.Module):
-  """Multi-head self-attention with a [batch, 1, q|1, k] boolean mask."""
+  """Multi-head self-attention over the keys a [batch, 1, 1, k] mask allows
+  (and, with `config.causal`, only the keys at or before each query)."""
 
   config: BertConfig
 
@@ -170,8 +167,8 @@ class SelfAttention(nn.Module):
             f"dropout, but attention_dropout_prob={config.attention_dropout_prob}: set "
             "attention_dropout_prob=0.0 or attention_impl='xla' for training.")
       context = jax.nn.dot_product_attention(
-          query, key, value, mask=mask,
-          implementation="cudnn" if config.attention_impl == "cudnn" else None)
+          query, key, value, mask=mask, is_causal=config.causal,
+          implementation="cudnn" if config.attention_impl == "cudnn" else "xla")
     context = nn.with_logical_constraint(context, BATCH_LENGTH_HEADS_KV)
     return EinsumDense(config, "bthd,hde->bte", (heads, kv, embed), ("heads", "kv", "embed"),
                        (embed,), ("embed",), name="output")(context)
@@ -183,6 +180,9 @@ class SelfAttention(nn.Module):
     # [batch, heads, q, k], float32 so the softmax is exact in bfloat16 runs.
     scores = jnp.einsum("bqhd,bkhd->bhqk", query, key,
                         preferred_element_type=jnp.float32)
+    if config.causal:
+      length = query.shape[1]
+      mask = mask & jnp.tril(jnp.ones((length, length), bool))
     scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1)
     probs = nn.Dropout(config.attention_dropout_prob)(probs, deterministic=deterministic)

@@ -47,22 +47,25 @@ def _google_variables(model) -> dict[str, np.ndarray]:
   return variables
 
 
-def _write_checkpoint(model, directory, with_optimizer_slots=True):
+def _write_checkpoint(model, directory, with_optimizer_slots=True, name="bert_model.ckpt"):
   os.makedirs(directory, exist_ok=True)
   values = _google_variables(model)
   graph = tf.Graph()
   with graph.as_default():
     created = [tf.compat.v1.get_variable(name, initializer=tf.constant(value))
                for name, value in values.items()]
-    if with_optimizer_slots:  # The original training code saves these alongside.
+    if with_optimizer_slots:  # Training code saves these alongside the weights.
       created += [tf.compat.v1.get_variable(name + suffix, initializer=tf.zeros_like(value))
                   for name, value in list(values.items())[:3]
-                  for suffix in ("/adam_m", "/adam_v")]
+                  for suffix in ("/adam_m", "/adam_v", "/Adam", "/Adam_1",
+                                 "/ExponentialMovingAverage")]
+      created.append(tf.compat.v1.get_variable("beta1_power", initializer=0.9))
       created.append(tf.compat.v1.train.get_or_create_global_step())
     saver = tf.compat.v1.train.Saver(created)
     with tf.compat.v1.Session(graph=graph) as session:
       session.run(tf.compat.v1.global_variables_initializer())
-      saver.save(session, os.path.join(directory, "bert_model.ckpt"), write_meta_graph=False)
+      saver.save(session, os.path.join(directory, name), write_meta_graph=False,
+                 write_state=False)
   google_config = {k: v for k, v in CONFIG.items()}
   google_config.update(hidden_act="gelu", hidden_dropout_prob=0.1,
                        attention_probs_dropout_prob=0.1, initializer_range=0.02)
@@ -124,3 +127,19 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
   data.write_bytes(data.read_bytes()[:100])
   with pytest.raises(ValueError, match="bert_model.ckpt: cannot read variable bert/"):
     bertjax.load_pretrained(directory)
+
+
+def test_choosing_among_several_checkpoints(tmp_path):
+  first = reference.reference_model("BertForPreTraining", seed=14, **CONFIG)
+  second = reference.reference_model("BertForPreTraining", seed=15, **CONFIG)
+  directory = _write_checkpoint(first, tmp_path / "run", name="model.ckpt-9000")
+  _write_checkpoint(second, directory, name="model.ckpt-10000")
+  with pytest.raises(ValueError, match=r"several checkpoints .*model.ckpt-10000.*pass the "
+                     "prefix"):
+    bertjax.load_pretrained(directory)
+  expected = second.bert.pooler.dense.bias.detach().numpy()
+  explicit = bertjax.load_pretrained(str(directory / "model.ckpt-10000"))
+  np.testing.assert_array_equal(explicit.params["bert"]["pooler"]["bias"], expected)
+  (directory / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-10000"\n')
+  latest = bertjax.load_pretrained(directory)
+  np.testing.assert_array_equal(latest.params["bert"]["pooler"]["bias"], expected)

@@ -336,3 +336,135 @@ def test_failed_export_leaves_nothing(good_dir, tmp_path, monkeypatch):
   assert os.listdir(tmp_path) == []
   with pytest.raises(FileExistsError):
     bertjax.export_hf(bundle, good_dir)
+
+
+def test_transposed_weights_of_the_right_size_are_refused(good_dir, tmp_path):
+  def transpose(tensors):
+    name = "bert.encoder.layer.0.intermediate.dense.weight"  # [37, 32] in the reference
+    tensors[name] = np.ascontiguousarray(tensors[name].T)
+  bad = _copy_with(good_dir, tmp_path / "bad", tensors_edit=transpose)
+  with pytest.raises(ValueError, match=r"intermediate.dense.weight has shape \(32, 37\), but "
+                     r"the config needs \(37, 32\)"):
+    bertjax.load_pretrained(bad)
+
+
+def test_decoder_must_be_tied_and_its_bias_is_used(good_dir, tmp_path):
+  def untie(tensors):
+    tensors["cls.predictions.decoder.weight"] = tensors[
+        "bert.embeddings.word_embeddings.weight"] + 1
+  bad = _copy_with(good_dir, tmp_path / "untied", tensors_edit=untie)
+  with pytest.raises(ValueError, match="decoder.weight differs from the word embeddings"):
+    bertjax.load_pretrained(bad)
+
+  def only_decoder_bias(tensors):
+    tensors["cls.predictions.decoder.bias"] = tensors.pop("cls.predictions.bias")
+  moved = _copy_with(good_dir, tmp_path / "moved", tensors_edit=only_decoder_bias)
+  np.testing.assert_array_equal(bertjax.load_pretrained(moved).params["mlm"]["bias"],
+                                bertjax.load_pretrained(good_dir).params["mlm"]["bias"])
+
+  def different_biases(tensors):
+    tensors["cls.predictions.decoder.bias"] = tensors["cls.predictions.bias"] + 1
+  bad = _copy_with(good_dir, tmp_path / "biases", tensors_edit=different_biases)
+  with pytest.raises(ValueError, match="decoder.bias differs from cls.predictions.bias"):
+    bertjax.load_pretrained(bad)
+
+
+def test_missing_shard_names_the_index(tmp_path):
+  model = reference.reference_model("BertForPreTraining", seed=6, **SHAPES["L2_H32_A4"])
+  model.save_pretrained(tmp_path, max_shard_size="20KB")
+  shard = sorted(p for p in os.listdir(tmp_path) if p.endswith(".safetensors"))[1]
+  os.remove(tmp_path / shard)
+  with pytest.raises(FileNotFoundError, match=f"index.json: shard {shard} is missing"):
+    bertjax.load_pretrained(tmp_path)
+
+
+def test_checkpoint_naming_masked_lm_but_holding_both_heads_loads_everything(tmp_path):
+  # Google's bert-base-uncased on the Hub: BertForMaskedLM in config.json,
+  # the pooler and next-sentence head in the weights.
+  import transformers
+
+  config = SHAPES["L2_H32_A4"]
+  model = reference.reference_model("BertForPreTraining", seed=14, **config)
+  _save(model, tmp_path / "model")
+  path = tmp_path / "model" / "config.json"
+  path.write_text(path.read_text().replace('"BertForPreTraining"', '"BertForMaskedLM"'))
+  bundle = bertjax.load_pretrained(tmp_path / "model")
+  assert bundle.task == "pretraining" and bundle.has_pooler
+  features = bertjax.encode(bundle, ["hello world"])
+  batch = {k: torch.tensor(features[k], dtype=torch.long)
+           for k in ("input_ids", "attention_mask", "token_type_ids")}
+  with torch.no_grad():
+    expected = model.bert(**batch).pooler_output
+  _assert_close(features["pooled_output"], expected, "pooled output")
+
+  # As a masked LM the pooler stays (for encode) and export leaves it out.
+  masked_lm = bertjax.load_pretrained(tmp_path / "model", task="masked_lm")
+  assert masked_lm.has_pooler
+  bertjax.export_hf(masked_lm, tmp_path / "out")
+  _, info = transformers.BertForMaskedLM.from_pretrained(tmp_path / "out",
+                                                         output_loading_info=True)
+  assert not info["missing_keys"] and not info["unexpected_keys"]
+
+
+def test_encoder_without_pooler_loads(tmp_path, caplog):
+  import transformers
+
+  model = reference.randomize(transformers.BertModel(
+      transformers.BertConfig(**SHAPES["L2_H32_A4"]), add_pooling_layer=False), seed=15)
+  _save(model, tmp_path / "model")
+  bundle = bertjax.load_pretrained(tmp_path / "model")
+  assert bundle.task == "encoder" and not bundle.has_pooler
+  features = bertjax.encode(bundle, ["hello world"])
+  assert "pooled_output" not in features
+  with caplog.at_level("WARNING"):
+    bertjax.export_hf(bundle, tmp_path / "out")
+  assert "no pooler" in caplog.text
+  reloaded = transformers.BertModel.from_pretrained(tmp_path / "out", add_pooling_layer=False)
+  batch = {k: torch.tensor(features[k], dtype=torch.long)
+           for k in ("input_ids", "attention_mask", "token_type_ids")}
+  with torch.no_grad():
+    torch.testing.assert_close(reloaded.eval()(**batch).last_hidden_state,
+                               model(**batch).last_hidden_state, rtol=0, atol=0)
+
+
+def test_corrupt_pickle_names_the_file(tmp_path):
+  (tmp_path / "config.json").write_text(json.dumps({**SHAPES["L2_H32_A4"],
+                                                    "model_type": "bert"}))
+  (tmp_path / "pytorch_model.bin").write_bytes(b"\x80\x04not really a pickle")
+  with pytest.raises(ValueError, match="pytorch_model.bin: cannot read the PyTorch pickle"):
+    bertjax.load_pretrained(tmp_path)
+  torch.save({"model": {"weight": torch.zeros(2)}}, tmp_path / "pytorch_model.bin")
+  with pytest.raises(ValueError, match="pytorch_model.bin: expected a flat state dict"):
+    bertjax.load_pretrained(tmp_path)
+
+
+def test_tokenizer_settings_follow_the_reference(good_dir, tmp_path):
+  import shutil
+
+  import transformers
+
+  directory = _copy_with(good_dir, tmp_path / "Cased_Looking_Name")
+  text = "Hello World, Café"
+  # A tokenizer_config.json without do_lower_case: transformers lower-cases.
+  (directory / "tokenizer_config.json").write_text('{"tokenizer_class": "BertTokenizer"}')
+  bundle = bertjax.load_pretrained(directory)
+  assert bundle.tokenizer.tokenize(text) == transformers.BertTokenizer.from_pretrained(
+      directory).tokenize(text)
+  # Only a tokenizer.json: its normaliser decides (here: cased).
+  fast = transformers.BertTokenizer(str(directory / "vocab.txt"), do_lower_case=False)
+  fast.save_pretrained(tmp_path / "fast")
+  only_json = tmp_path / "only_json"
+  shutil.copytree(directory, only_json)
+  for name in ("vocab.txt", "tokenizer_config.json"):
+    os.remove(only_json / name)
+  shutil.copy(tmp_path / "fast" / "tokenizer.json", only_json)
+  assert bertjax.load_pretrained(only_json).tokenizer.tokenize(text) == fast.tokenize(text)
+
+
+def test_load_options_are_checked(good_dir):
+  with pytest.raises(ValueError, match=r"cannot override \['num_layers'\]"):
+    bertjax.load_pretrained(good_dir, num_layers=1)
+  with pytest.raises(ValueError, match="labels are for"):
+    bertjax.load_pretrained(good_dir, labels=["a", "b"])
+  with pytest.raises(ValueError, match="reads local directories"):
+    bertjax.load_pretrained("gs://bucket/bert")

@@ -58,6 +58,7 @@ def test_paper_sizes():
     (dict(remat_policy="sometimes"), "remat_policy='sometimes'"),
     (dict(attention_impl="flash"), "attention_impl='flash'"),
     (dict(hidden_dropout_prob=1.0), "hidden_dropout_prob must be in"),
+    (dict(attention_impl="cudnn"), "attention_impl='cudnn' needs dtype"),
 ])
 def test_invalid_configs_say_what_to_change(fields, message):
   with pytest.raises(ValueError, match=message):
