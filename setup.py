@@ -14,6 +14,10 @@ _CORE = [
     "tokenizers>=0.22.0",
     "safetensors>=0.5.0",
     "numpy>=2.0",
+    "grain>=0.2.18",
+    "array_record>=0.8",
+    "etils[epath]>=1.7",
+    "tqdm>=4.60",
 ]
 
 _EXTRAS = {

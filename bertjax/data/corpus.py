@@ -1,0 +1,389 @@
+"""Raw text corpora as streams of documents (lists of sentences), with accounting.
+
+Sources, named by one string (`--input` of the builder):
+- files: paths and globs, comma-separated, local or `gs://...` (through
+  `etils.epath`), in the original format (one sentence per line, blank lines
+  between documents) or one document per line (split into sentences);
+- `tfds:NAME[:SPLIT]`: a TFDS text dataset (e.g. `tfds:wikipedia/20230601.en`),
+  read with `tfds.data_source`, so TensorFlow is not needed;
+- `demo:stdlib`: the docstrings and help topics of this Python's standard
+  library, parsed from its source files (no import, no download): an offline
+  English corpus of a few hundred thousand WordPiece tokens on any machine.
+
+Large inputs are read in parallel as byte ranges: a range owns the documents
+whose first line starts inside it, and reads past its end to finish the last.
+Everything not used is counted with its reason in `CorpusStats`.
+"""
+
+from __future__ import annotations
+
+import ast
+import collections
+import dataclasses
+import glob
+import io
+import os
+import sysconfig
+from typing import Any, Iterator, Sequence
+
+from bertjax.data.sentences import split_sentences
+
+FILE_FORMATS = ("sentences", "documents")
+_BINARY_PROBE_BYTES = 8192
+_BACKSCAN_CHUNK = 4096
+
+Document = list[str]  # sentences
+
+
+@dataclasses.dataclass
+class CorpusStats:
+  """Counts of what was read, used and skipped, with reasons.
+
+  `documents_read == documents_used + sum(documents_skipped.values())` once the
+  consumer has accounted for every document it received.
+  """
+
+  files_read: int = 0
+  files_skipped: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+  documents_read: int = 0
+  documents_used: int = 0
+  documents_skipped: collections.Counter = dataclasses.field(
+      default_factory=collections.Counter)
+  lines_skipped: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+  sentences: int = 0
+  tokens: int = 0
+
+  def merge(self, other: CorpusStats) -> None:
+    for field in dataclasses.fields(self):
+      mine = getattr(self, field.name)
+      if isinstance(mine, collections.Counter):
+        mine.update(getattr(other, field.name))
+      else:
+        setattr(self, field.name, mine + getattr(other, field.name))
+
+  def to_dict(self) -> dict[str, Any]:
+    return {f.name: (dict(sorted(v.items())) if isinstance(v := getattr(self, f.name),
+                                                           collections.Counter) else v)
+            for f in dataclasses.fields(self)}
+
+  @classmethod
+  def from_dict(cls, values: dict[str, Any]) -> CorpusStats:
+    return cls(**{k: collections.Counter(v) if isinstance(v, dict) else v
+                  for k, v in values.items()})
+
+  def summary(self) -> str:
+    """A human-readable account of every file and document."""
+    lines = [
+        f"files:      {self.files_read} read, "
+        f"{sum(self.files_skipped.values())} skipped",
+        f"documents:  {self.documents_read} read = {self.documents_used} used + "
+        f"{sum(self.documents_skipped.values())} skipped",
+        f"sentences:  {self.sentences} used",
+        f"tokens:     {self.tokens} used",
+    ]
+    for title, counter in (("skipped files", self.files_skipped),
+                           ("skipped documents", self.documents_skipped),
+                           ("skipped lines", self.lines_skipped)):
+      for reason, count in sorted(counter.items()):
+        lines.append(f"  {title}: {count} ({reason})")
+    return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class FileRange:
+  """Bytes [start, end) of one file: a unit of parallel reading."""
+
+  path: str
+  start: int
+  end: int
+
+
+def _open(path: str, mode: str = "rb"):
+  if "://" in path:
+    from etils import epath
+    return epath.Path(path).open(mode)
+  return open(path, mode)
+
+
+def expand_inputs(spec: str) -> list[str]:
+  """Paths named by comma-separated files and globs, sorted; errors if none.
+
+  Raises:
+    FileNotFoundError: a named file does not exist, or a glob matches nothing.
+  """
+  paths = []
+  for pattern in (p.strip() for p in spec.split(",")):
+    if not pattern:
+      continue
+    if "://" in pattern:
+      from etils import epath
+      if any(c in pattern for c in "*?["):
+        root, _, rest = pattern.partition("*")
+        parent = epath.Path(root).parent if not root.endswith("/") else epath.Path(root)
+        matches = sorted(str(p) for p in parent.glob(pattern[len(str(parent)) + 1:]))
+      else:
+        matches = [pattern] if epath.Path(pattern).exists() else []
+    elif any(c in pattern for c in "*?["):
+      matches = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
+    else:
+      matches = [pattern] if os.path.isfile(pattern) else []
+    if not matches:
+      kind = "glob matches no files" if any(c in pattern for c in "*?[") else "no such file"
+      raise FileNotFoundError(f"{pattern}: {kind}")
+    paths.extend(matches)
+  if not paths:
+    raise FileNotFoundError(f"{spec!r} names no input files")
+  return sorted(set(paths))
+
+
+def _size(path: str) -> int:
+  if "://" in path:
+    from etils import epath
+    return epath.Path(path).stat().length
+  return os.path.getsize(path)
+
+
+def scan_files(paths: Sequence[str], stats: CorpusStats) -> list[tuple[str, int]]:
+  """(path, size) of the files worth reading; empty and binary files counted out."""
+  usable = []
+  for path in paths:
+    size = _size(path)
+    if size == 0:
+      stats.files_skipped["empty file"] += 1
+      continue
+    with _open(path) as f:
+      probe = f.read(_BINARY_PROBE_BYTES)
+    if b"\x00" in probe:
+      stats.files_skipped["binary file (NUL bytes)"] += 1
+      continue
+    stats.files_read += 1
+    usable.append((path, size))
+  return usable
+
+
+def plan_ranges(files: Sequence[tuple[str, int]], num_parts: int) -> list[list[FileRange]]:
+  """Splits files into `num_parts` runs of byte ranges of about equal size."""
+  total = sum(size for _, size in files)
+  bounds = [round(total * i / num_parts) for i in range(num_parts + 1)]
+  parts: list[list[FileRange]] = [[] for _ in range(num_parts)]
+  offset = 0
+  for path, size in files:
+    for part in range(num_parts):
+      start, end = max(bounds[part], offset), min(bounds[part + 1], offset + size)
+      if start < end:
+        parts[part].append(FileRange(path, start - offset, end - offset))
+    offset += size
+  return parts
+
+
+def _read_line(f, limit: int) -> tuple[bytes | None, bool]:
+  """(line, too_long): the next line (b"" at the end), or None if over `limit`."""
+  line = f.readline(limit + 1)
+  if len(line) <= limit or line.endswith(b"\n"):
+    return line, False
+  while line and not line.endswith(b"\n"):  # Skip the rest without keeping it.
+    line = f.readline(1 << 20)
+  return None, True
+
+
+def _previous_line_is_blank(f, position: int) -> bool:
+  """Whether the line ending just before `position` (a line start) is blank."""
+  if position == 0:
+    return True
+  end = position - 1  # the newline ending the previous line
+  collected = b""
+  cursor = end
+  while cursor > 0:
+    begin = max(0, cursor - _BACKSCAN_CHUNK)
+    f.seek(begin)
+    chunk = f.read(cursor - begin)
+    newline = chunk.rfind(b"\n")
+    if newline >= 0:
+      collected = chunk[newline + 1:] + collected
+      break
+    collected = chunk + collected
+    if collected.strip():
+      break  # Not blank, whatever comes before.
+    cursor = begin
+  f.seek(position)
+  return not collected.strip()
+
+
+def _first_line_start(f, start: int) -> int:
+  """The first line start at or after `start`; leaves `f` there."""
+  if start == 0:
+    f.seek(0)
+    return 0
+  f.seek(start - 1)
+  f.readline()  # The rest of the line holding byte start-1 (just "\n" if it ends there).
+  return f.tell()
+
+
+def read_range(file_range: FileRange, file_format: str, stats: CorpusStats,
+               max_line_chars: int = 100_000) -> Iterator[Document]:
+  """Yields the documents a byte range owns, as lists of sentences.
+
+  Args:
+    file_range: The bytes to read.
+    file_format: "sentences" (one sentence per line, blank line between
+      documents) or "documents" (one document per line).
+    stats: Counts lines skipped (invalid UTF-8, too long) and documents read.
+    max_line_chars: Longer lines are skipped and counted (their bytes are never
+      held in memory).
+  """
+  if file_format not in FILE_FORMATS:
+    raise ValueError(f"file format must be one of {FILE_FORMATS}, got {file_format!r}")
+  limit = 4 * max_line_chars  # bytes: UTF-8 takes at most 4 per character
+  with _open(file_range.path) as raw:
+    f = raw if isinstance(raw, io.BufferedIOBase) else io.BufferedReader(raw)
+    position = _first_line_start(f, file_range.start)
+
+    def decode(line: bytes) -> str | None:
+      try:
+        text = line.decode("utf-8")
+      except UnicodeDecodeError:
+        stats.lines_skipped["invalid UTF-8"] += 1
+        return None
+      if len(text) > max_line_chars:
+        stats.lines_skipped[f"over {max_line_chars} characters"] += 1
+        return None
+      return text
+
+    if file_format == "documents":
+      while position < file_range.end:
+        line, too_long = _read_line(f, limit)
+        position = f.tell()
+        if too_long:
+          stats.documents_read += 1
+          stats.documents_skipped[f"over {max_line_chars} characters"] += 1
+          continue
+        if not line:
+          break
+        if not line.strip():
+          continue
+        stats.documents_read += 1
+        text = decode(line)
+        if text is None:
+          stats.documents_skipped["unreadable line"] += 1
+          continue
+        yield split_sentences(text)
+      return
+
+    # One sentence per line. Skip the tail of a document owned by the range
+    # before; a document belongs to the range holding its first line.
+    if not _previous_line_is_blank(f, position):
+      while True:
+        line, too_long = _read_line(f, limit)
+        if not too_long and not line.strip():
+          break
+    in_document, document = False, []
+    while True:
+      line_start = f.tell()
+      line, too_long = _read_line(f, limit)
+      if not too_long and not line.strip():  # a blank line or the end of the file
+        if in_document:
+          stats.documents_read += 1
+          if document:
+            yield document
+          else:
+            stats.documents_skipped["no readable lines"] += 1
+        in_document, document = False, []
+        if not line:
+          break
+        continue
+      if not in_document:
+        if line_start >= file_range.end:
+          break  # The next document belongs to the next range.
+        in_document = True
+      if too_long:
+        stats.lines_skipped[f"over {max_line_chars} characters"] += 1
+        continue
+      text = decode(line)
+      if text is not None:
+        document.append(text.strip())
+
+
+def stdlib_documents() -> Iterator[Document]:
+  """The standard library's docstrings, one document per module: the demo corpus.
+
+  Source files are parsed, never imported. A module's document is its
+  docstrings (module, classes, functions) in source order, so consecutive
+  sentences share a topic, as next-sentence prediction needs. Test packages,
+  doctest examples and indented code are left out.
+  """
+  root = sysconfig.get_paths()["stdlib"]
+  skipped_parts = {"test", "tests", "idle_test", "site-packages", "dist-packages",
+                   "lib2to3", "__pycache__", "turtledemo"}
+  paths = []
+  for directory, dirs, files in os.walk(root):
+    dirs[:] = sorted(d for d in dirs if d not in skipped_parts)
+    paths += [os.path.join(directory, f) for f in sorted(files) if f.endswith(".py")]
+  for path in paths:
+    try:
+      with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    except (SyntaxError, UnicodeDecodeError, ValueError):
+      continue
+    nodes = [node for node in ast.walk(tree) if isinstance(
+        node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
+    nodes.sort(key=lambda node: getattr(node, "lineno", 0))
+    document = [sentence for node in nodes
+                for sentence in _prose_sentences(ast.get_docstring(node) or "")]
+    if document:
+      yield document
+  # The language reference's help topics (what `help("if")` shows), one
+  # document per topic.
+  topics_path = os.path.join(root, "pydoc_data", "topics.py")
+  if os.path.isfile(topics_path):
+    with open(topics_path, encoding="utf-8") as f:
+      tree = ast.parse(f.read())
+    for node in tree.body:
+      if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
+        for key, value in zip(node.value.keys, node.value.values):
+          if isinstance(value, ast.Constant) and isinstance(value.value, str):
+            document = _prose_sentences(value.value)
+            if document:
+              yield document
+
+
+def _prose_sentences(docstring: str) -> list[str]:
+  prose = []
+  for line in docstring.splitlines():
+    stripped = line.strip()
+    if (line.startswith((" ", "\t")) or stripped.startswith((">>>", "...", "..", ":"))
+        or stripped.endswith("::")):
+      prose.append("")  # code, examples and markup end a paragraph
+    else:
+      prose.append(stripped)
+  paragraphs = " ".join(p if p else "\n" for p in prose).split("\n")
+  return [s for paragraph in paragraphs for s in split_sentences(paragraph)
+          if len(s.split()) >= 3]
+
+
+def tfds_source(name: str, split: str = "train", data_dir: str | None = None):
+  """A random-access TFDS source (`tfds.data_source`); records have a `text`."""
+  import tensorflow_datasets as tfds
+  return tfds.data_source(name, split=split, data_dir=data_dir)
+
+
+def tfds_documents(source, start: int, end: int, stats: CorpusStats,
+                   max_line_chars: int = 100_000) -> Iterator[Document]:
+  """Documents [start, end) of a TFDS text source, split into sentences."""
+  for index in range(start, end):
+    record = source[index]
+    text = record["text"]
+    if isinstance(text, bytes):
+      try:
+        text = text.decode("utf-8")
+      except UnicodeDecodeError:
+        stats.documents_read += 1
+        stats.documents_skipped["invalid UTF-8"] += 1
+        continue
+    stats.documents_read += 1
+    paragraphs = []
+    for paragraph in text.split("\n"):
+      if len(paragraph) > max_line_chars:
+        stats.lines_skipped[f"over {max_line_chars} characters"] += 1
+      else:
+        paragraphs.append(paragraph)
+    yield split_sentences("\n".join(paragraphs))

@@ -1,0 +1,113 @@
+"""Prepared pre-training data on disk: `array_record` shards of tokenised documents.
+
+A prepared directory holds
+- `dataset_info.json`: format version, the tokenizer's settings, the shard
+  count, the token dtype and the builder's settings;
+- the tokenizer's files (`vocab.txt` or `spiece.model`);
+- `documents-SSSSS-of-NNNNN.array_record`: one record per document;
+- `documents-SSSSS-of-NNNNN.stats.json` beside each finished shard: its
+  `CorpusStats` (its presence marks the shard complete).
+
+A document record is little-endian bytes: one byte giving the id width (2 or
+4), three zero bytes, uint32 sentence count `n`, `n` uint32 sentence lengths,
+then the token ids. Documents are stored untruncated and unmasked, so one
+prepared directory serves every sequence length and objective.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import struct
+from typing import Any, Sequence
+
+import numpy as np
+
+from bertjax.data.corpus import CorpusStats
+
+INFO_FILE = "dataset_info.json"
+FORMAT = "bertjax-documents"
+FORMAT_VERSION = 1
+_HEADER = struct.Struct("<B3xI")
+
+
+def shard_name(index: int, count: int, kind: str = "documents") -> str:
+  return f"{kind}-{index:05d}-of-{count:05d}.array_record"
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+  return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
+
+
+def encode_document(sentences: Sequence[Sequence[int]], dtype: np.dtype) -> bytes:
+  """Packs a document (token ids per sentence) into a record."""
+  lengths = np.fromiter((len(s) for s in sentences), np.uint32, len(sentences))
+  ids = np.fromiter((t for s in sentences for t in s), dtype, int(lengths.sum()))
+  return (_HEADER.pack(dtype.itemsize, len(sentences)) + lengths.astype("<u4").tobytes()
+          + ids.astype(dtype.newbyteorder("<")).tobytes())
+
+
+def decode_document(record: bytes) -> tuple[np.ndarray, np.ndarray]:
+  """(token ids [tokens] int32, sentence offsets [sentences + 1]) of a record."""
+  width, count = _HEADER.unpack_from(record)
+  lengths = np.frombuffer(record, "<u4", count, _HEADER.size)
+  ids = np.frombuffer(record, "<u2" if width == 2 else "<u4",
+                      offset=_HEADER.size + 4 * count).astype(np.int32)
+  offsets = np.zeros(count + 1, np.int64)
+  np.cumsum(lengths, out=offsets[1:])
+  if offsets[-1] != len(ids):
+    raise ValueError(f"corrupt document record: {offsets[-1]} tokens announced, "
+                     f"{len(ids)} present")
+  return ids, offsets
+
+
+def write_info(directory: str, info: dict[str, Any]) -> None:
+  """Writes `dataset_info.json` atomically."""
+  path = os.path.join(directory, INFO_FILE)
+  staging = f"{path}.tmp-{os.getpid()}"
+  with open(staging, "w", encoding="utf-8") as f:
+    json.dump({"format": FORMAT, "format_version": FORMAT_VERSION, **info}, f, indent=2)
+  os.replace(staging, path)
+
+
+def read_info(directory: str) -> dict[str, Any]:
+  """The `dataset_info.json` of a prepared directory, checked."""
+  from bertjax.files import read_json
+
+  path = os.path.join(directory, INFO_FILE)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{directory}: no {INFO_FILE}; not a prepared pre-training "
+                            "directory (make one with bertjax.tools.prepare_pretraining_data)")
+  info = read_json(path)
+  if info.get("format") != FORMAT or info.get("format_version") != FORMAT_VERSION:
+    raise ValueError(f"{path}: format {info.get('format')!r} version "
+                     f"{info.get('format_version')!r} is not {FORMAT!r} version "
+                     f"{FORMAT_VERSION}")
+  return info
+
+
+def complete_shards(directory: str, kind: str = "documents") -> list[str]:
+  """Paths of the finished shards of a prepared directory, in order.
+
+  Raises:
+    ValueError: some shards are missing or unfinished.
+  """
+  info = read_info(directory)
+  count = info["num_shards"]
+  paths = [os.path.join(directory, shard_name(i, count, kind)) for i in range(count)]
+  missing = [os.path.basename(p) for p in paths
+             if not os.path.isfile(p[:-len(".array_record")] + ".stats.json")]
+  if missing:
+    raise ValueError(f"{directory}: {len(missing)} of {count} shards are missing or "
+                     f"unfinished (e.g. {missing[0]}); rerun the builder to finish them")
+  return paths
+
+
+def read_stats(directory: str, kind: str = "documents") -> CorpusStats:
+  """The builder's counts over all finished shards."""
+  total = CorpusStats()
+  for path in sorted(glob.glob(os.path.join(directory, f"{kind}-*.stats.json"))):
+    with open(path, encoding="utf-8") as f:
+      total.merge(CorpusStats.from_dict(json.load(f)))
+  return total
