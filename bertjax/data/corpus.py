@@ -356,8 +356,9 @@ def _prose_sentences(docstring: str) -> list[str]:
     else:
       prose.append(stripped)
   paragraphs = " ".join(p if p else "\n" for p in prose).split("\n")
+  # Keep sentences of at least three words, mostly letters (not rules of "***").
   return [s for paragraph in paragraphs for s in split_sentences(paragraph)
-          if len(s.split()) >= 3]
+          if len(s.split()) >= 3 and sum(c.isalpha() for c in s) >= len(s) / 2]
 
 
 def tfds_source(name: str, split: str = "train", data_dir: str | None = None):

@@ -1,0 +1,267 @@
+"""The pre-training input pipeline: prepared shards -> masked batches -> devices.
+
+Per JAX process (host):
+
+  document indices [process::processes] -> shuffle (per epoch) -> repeat
+    -> read + split into sentences            (random access, any shard)
+    -> instances: mlm_nsp pairs | packed sequences (mlm, ltr)
+    -> window shuffle -> batch (padded to max_seq_length)
+    -> masks (mlm objectives) or next-token targets (ltr)
+    -> [worker processes] -> global jax.Arrays on the mesh, prefetched
+
+Every step is deterministic for a seed, and the iterator's state (a small JSON
+dict) restores it exactly: the batches after a restore are those that would
+have come next, across epoch boundaries and with worker processes (for the same
+worker count). Hosts read disjoint documents that together cover the dataset
+once per epoch; random B segments of next-sentence pairs come from any document.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+from typing import Any, Iterator
+
+import grain
+import numpy as np
+
+from bertjax.data import instances, masking, shards
+from bertjax.data.tokenizers import tokenizer_from_settings
+
+Batch = dict[str, np.ndarray]
+
+
+@dataclasses.dataclass(frozen=True)
+class LoaderConfig:
+  """What to stream from a prepared directory.
+
+  Attributes:
+    data_dir: A directory written by `bertjax.tools.prepare_pretraining_data`.
+    objective: "mlm_nsp" (the paper), "mlm" (No NSP) or "ltr" (LTR & No NSP).
+    max_seq_length: Tokens per sequence (128, then 512 in the paper).
+    batch_size: Sequences per batch on this process.
+    masking: Masking rates (ignored by "ltr").
+    short_seq_prob: Probability of a shorter target length.
+    seed: Seeds the order, the instances and the masks.
+    num_epochs: Passes over the data; None repeats forever.
+    shuffle_window: Instances shuffled together after instance creation.
+    worker_count: Worker processes (0: in the calling process).
+  """
+
+  data_dir: str
+  objective: str = "mlm_nsp"
+  max_seq_length: int = 128
+  batch_size: int = 32
+  masking: masking.MaskingConfig = masking.MaskingConfig()
+  short_seq_prob: float = 0.1
+  seed: int = 0
+  num_epochs: int | None = None
+  shuffle_window: int = 1000
+  worker_count: int = 0
+
+  def __post_init__(self):
+    if self.objective not in instances.OBJECTIVES:
+      raise ValueError(f"objective must be one of {instances.OBJECTIVES}, got "
+                       f"{self.objective!r}")
+    if self.max_seq_length < 8:
+      raise ValueError(f"max_seq_length={self.max_seq_length} is too short")
+    if self.batch_size < 1:
+      raise ValueError(f"batch_size must be positive, got {self.batch_size}")
+    if self.objective != "ltr":
+      self.masking.check_length(self.max_seq_length)
+
+
+class DocumentSource:
+  """Random access to the tokenised documents of a prepared directory."""
+
+  def __init__(self, data_dir: str):
+    self.data_dir = data_dir
+    self.info = shards.read_info(data_dir)
+    self._records = grain.sources.ArrayRecordDataSource(shards.complete_shards(data_dir))
+
+  def __len__(self) -> int:
+    return len(self._records)
+
+  def __getitem__(self, index: int) -> instances.Sentences:
+    ids, offsets = shards.decode_document(self._records[index])
+    return [ids[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
+
+
+class _NextSentenceInstances(grain.experimental.FlatMapTransform):
+  """A document -> its `mlm_nsp` instances (the original generator)."""
+
+  def __init__(self, source: DocumentSource, config: LoaderConfig, cls_id: int, sep_id: int):
+    self.source, self.config = source, config
+    self.cls_id, self.sep_id = cls_id, sep_id
+    self.max_fan_out = 4 * config.max_seq_length  # an upper bound grain asks for
+
+  def flat_map(self, document: instances.DocumentRef) -> list[instances.Instance]:
+    rng = np.random.default_rng([self.config.seed, document.stream_index])
+    return instances.create_instances_from_document(
+        document.sentences, document.index, len(self.source), self.source.__getitem__,
+        self.config.max_seq_length, self.config.short_seq_prob, self.cls_id, self.sep_id,
+        rng, document.stream_index)
+
+
+class _Collate:
+  """Instances -> a batch padded to `max_seq_length` (static shapes)."""
+
+  def __init__(self, max_seq_length: int, pad_id: int):
+    self.max_seq_length, self.pad_id = max_seq_length, pad_id
+
+  def __call__(self, batch: list[instances.Instance]) -> Batch:
+    size, length = len(batch), self.max_seq_length
+    input_ids = np.full((size, length), self.pad_id, np.int32)
+    token_type_ids = np.zeros((size, length), np.int32)
+    lengths = np.zeros(size, np.int32)
+    for row, instance in enumerate(batch):
+      n = len(instance.token_ids)
+      input_ids[row, :n] = instance.token_ids
+      token_type_ids[row, instance.num_first:n] = 1
+      lengths[row] = n
+    return {
+        "input_ids": input_ids,
+        "attention_mask": (np.arange(length)[None] < lengths[:, None]).astype(np.int32),
+        "token_type_ids": token_type_ids,
+        "lengths": lengths,
+        "keys": np.array([i.key for i in batch], np.uint64),
+        "next_sentence_labels": np.array([i.next_sentence_label for i in batch], np.int32),
+    }
+
+
+class _Targets:
+  """A collated batch -> model inputs and targets of the objective."""
+
+  def __init__(self, config: LoaderConfig, masker: masking.Masker | None):
+    self.objective, self.masker = config.objective, masker
+
+  def __call__(self, batch: Batch) -> Batch:
+    lengths, keys = batch.pop("lengths"), batch.pop("keys")
+    labels = batch.pop("next_sentence_labels")
+    if self.objective == "ltr":
+      ids = batch["input_ids"]
+      batch["lm_labels"] = np.concatenate([ids[:, 1:], np.zeros_like(ids[:, :1])], axis=1)
+      batch["lm_weights"] = (np.arange(ids.shape[1])[None] < lengths[:, None] - 1).astype(
+          np.float32)
+      return batch
+    batch.update(self.masker(batch["input_ids"], lengths, keys))
+    if self.objective == "mlm_nsp":
+      batch["next_sentence_labels"] = labels
+    return batch
+
+
+def make_dataset(config: LoaderConfig, process_index: int = 0,
+                 process_count: int = 1) -> grain.IterDataset:
+  """The pipeline of one process; iterate it, or `iter()` it for a checkpointable
+  iterator (`get_state()` / `set_state()`)."""
+  if not 0 <= process_index < process_count:
+    raise ValueError(f"process_index={process_index} not in [0, {process_count})")
+  source = DocumentSource(config.data_dir)
+  if len(source) < process_count:
+    raise ValueError(f"{config.data_dir}: {len(source)} documents cannot be shared by "
+                     f"{process_count} processes")
+  info = source.info
+  tokenizer = tokenizer_from_settings(config.data_dir, info["tokenizer"])
+  cls_id, sep_id = tokenizer.cls_id, tokenizer.sep_id
+
+  documents = (grain.MapDataset.range(len(source))[process_index::process_count]
+               .shuffle(seed=config.seed).repeat(config.num_epochs))
+  documents = documents.map_with_index(
+      lambda stream_index, index: instances.DocumentRef(stream_index, index, source[index]))
+  stream = documents.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
+  if config.objective == "mlm_nsp":
+    stream = grain.experimental.FlatMapIterDataset(
+        stream, _NextSentenceInstances(source, config, cls_id, sep_id))
+  else:
+    stream = instances.PackedSequences(stream, config.max_seq_length, config.short_seq_prob,
+                                       cls_id, sep_id, config.seed)
+  if config.shuffle_window > 1:
+    stream = grain.experimental.WindowShuffleIterDataset(
+        stream, window_size=config.shuffle_window, seed=config.seed)
+  stream = stream.batch(config.batch_size, drop_remainder=True,
+                        batch_fn=_Collate(config.max_seq_length, tokenizer.pad_id))
+  masker = None
+  if config.objective != "ltr":
+    continuation = None
+    if config.masking.whole_word:
+      kind = info["tokenizer"]["type"]
+      tokens = tokenizer.convert_ids_to_tokens(range(tokenizer.vocab_size))
+      continuation = masking.continuation_table(tokens, kind)
+    masker = masking.Masker(config.masking, tokenizer.vocab_size, tokenizer.mask_id,
+                            sorted(set(tokenizer.special_ids.values())), continuation,
+                            config.seed)
+  stream = stream.map(_Targets(config, masker))
+  if config.worker_count > 0:
+    stream = stream.mp_prefetch(grain.MultiprocessingOptions(num_workers=config.worker_count))
+  return stream
+
+
+class DeviceIterator:
+  """Global batches on the mesh, assembled from process-local data, prefetched.
+
+  A background thread turns the numpy batches of this process into global
+  `jax.Array`s (`jax.make_array_from_process_local_data`) ahead of use.
+  `get_state()` is the loader's state after the last batch handed out, not
+  after the prefetched ones, so a checkpoint resumes at the next batch.
+  """
+
+  def __init__(self, iterator: grain.DatasetIterator, sharding, prefetch: int = 2):
+    self._iterator, self._sharding, self._prefetch = iterator, sharding, prefetch
+    self._state = iterator.get_state()
+    self._start()
+
+  def _start(self) -> None:
+    self._queue: queue.Queue = queue.Queue(maxsize=self._prefetch)
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._fill, daemon=True)
+    self._thread.start()
+
+  def _fill(self) -> None:
+    import jax
+
+    try:
+      for batch in self._iterator:
+        arrays = {name: jax.make_array_from_process_local_data(self._sharding, value)
+                  for name, value in batch.items()}
+        item = (arrays, self._iterator.get_state())
+        while not self._stop.is_set():
+          try:
+            self._queue.put(item, timeout=0.1)
+            break
+          except queue.Full:
+            continue
+        if self._stop.is_set():
+          return
+    except Exception as e:  # handed to the consumer
+      self._queue.put(e)
+      return
+    self._queue.put(StopIteration())
+
+  def __iter__(self) -> Iterator[dict[str, Any]]:
+    return self
+
+  def __next__(self) -> dict[str, Any]:
+    item = self._queue.get()
+    if isinstance(item, BaseException):
+      raise item
+    arrays, self._state = item
+    return arrays
+
+  def get_state(self) -> dict[str, Any]:
+    return self._state
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    self.close()
+    self._iterator.set_state(state)
+    self._state = state
+    self._start()
+
+  def close(self) -> None:
+    self._stop.set()
+    while self._thread.is_alive():
+      try:
+        self._queue.get(timeout=0.1)
+      except queue.Empty:
+        pass
+      self._thread.join(timeout=0.1)
