@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import collections
 import dataclasses
+import functools
 import glob
 import io
 import os
@@ -306,11 +307,22 @@ def read_range(file_range: FileRange, file_format: str, stats: CorpusStats,
 def stdlib_documents() -> Iterator[Document]:
   """The standard library's docstrings, one document per module: the demo corpus.
 
+  Parsed once per process and kept (a few MB).
+
   Source files are parsed, never imported. A module's document is its
   docstrings (module, classes, functions) in source order, so consecutive
   sentences share a topic, as next-sentence prediction needs. Test packages,
   doctest examples and indented code are left out.
   """
+  return iter(_stdlib_documents())
+
+
+@functools.lru_cache(maxsize=1)
+def _stdlib_documents() -> tuple[Document, ...]:
+  return tuple(_parse_stdlib())
+
+
+def _parse_stdlib() -> Iterator[Document]:
   root = sysconfig.get_paths()["stdlib"]
   skipped_parts = {"test", "tests", "idle_test", "site-packages", "dist-packages",
                    "lib2to3", "__pycache__", "turtledemo"}

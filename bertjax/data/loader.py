@@ -151,6 +151,17 @@ class _Targets:
     return batch
 
 
+def document_order(num_documents: int, process_index: int, process_count: int, seed: int,
+                   num_epochs: int | None) -> grain.MapDataset:
+  """The document indices one process reads, epoch after epoch.
+
+  Processes take every `process_count`-th document, so they read disjoint sets
+  that together cover the dataset; each epoch is shuffled anew.
+  """
+  return (grain.MapDataset.range(num_documents)[process_index::process_count]
+          .shuffle(seed=seed).repeat(num_epochs))
+
+
 def make_dataset(config: LoaderConfig, process_index: int = 0,
                  process_count: int = 1) -> grain.IterDataset:
   """The pipeline of one process; iterate it, or `iter()` it for a checkpointable
@@ -165,8 +176,8 @@ def make_dataset(config: LoaderConfig, process_index: int = 0,
   tokenizer = tokenizer_from_settings(config.data_dir, info["tokenizer"])
   cls_id, sep_id = tokenizer.cls_id, tokenizer.sep_id
 
-  documents = (grain.MapDataset.range(len(source))[process_index::process_count]
-               .shuffle(seed=config.seed).repeat(config.num_epochs))
+  documents = document_order(len(source), process_index, process_count, config.seed,
+                             config.num_epochs)
   documents = documents.map_with_index(
       lambda stream_index, index: instances.DocumentRef(stream_index, index, source[index]))
   stream = documents.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
