@@ -17,6 +17,9 @@ _CORE = [
     "grain>=0.2.18",
     "array_record>=0.8",
     "etils[epath]>=1.7",
+    # tensorflow-datasets imports it lazily (through etils) to build and read
+    # datasets, and does not declare it.
+    "importlib_resources>=6.0",
     "tqdm>=4.60",
 ]
 

@@ -204,6 +204,9 @@ def make_dataset(config: LoaderConfig, process_index: int = 0,
                             config.seed)
   stream = stream.map(_Targets(config, masker))
   if config.worker_count > 0:
+    from absl import flags
+    if not flags.FLAGS.is_parsed():
+      flags.FLAGS.mark_as_parsed()  # grain reads its absl flags; a library caller has none
     stream = stream.mp_prefetch(grain.MultiprocessingOptions(num_workers=config.worker_count))
   return stream
 

@@ -358,6 +358,13 @@ class SentencePieceTokenizer(Tokenizer):
             "do_lower_case": self.do_lower_case, "special_tokens": self.special_tokens}
 
 
+def tokenizer_from_vocab_file(path: str, do_lower_case: bool = True) -> Tokenizer:
+  """A WordPiece tokenizer for a `vocab.txt`, or SentencePiece for a `.model` file."""
+  if path.endswith(".model"):
+    return SentencePieceTokenizer(path, do_lower_case=do_lower_case)
+  return WordPieceTokenizer(path, do_lower_case=do_lower_case)
+
+
 def tokenizer_from_settings(directory: str, settings: dict[str, Any],
                             source: str | None = None) -> Tokenizer:
   """Rebuilds a tokenizer saved by `Tokenizer.save` into `directory`.

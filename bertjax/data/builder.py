@@ -1,0 +1,226 @@
+"""The offline builder: raw corpus -> `array_record` shards of tokenised documents.
+
+Each output shard is one task: its byte ranges of the input files (or its record
+range of a TFDS dataset, or its share of the demo corpus) are read, split into
+documents and sentences, tokenised in batches by the Rust tokenizer, and written
+to the shard under a temporary name, renamed when complete; its `CorpusStats`
+beside it mark it finished. Shards run in parallel worker processes (one core
+each) and, on several hosts, by shard index modulo the host count. The command
+line is `python -m bertjax.tools.prepare_pretraining_data`.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import queue
+import sys
+from typing import Any
+
+from absl import logging
+import numpy as np
+
+from bertjax.data import corpus, shards
+
+_SENTENCE_BATCH = 4096  # sentences per call of the Rust tokenizer
+
+
+def _documents(task: dict[str, Any], stats: corpus.CorpusStats):
+  """The raw documents of one shard's task."""
+  source = task["source"]
+  if source["kind"] == "files":
+    for file_range in source["ranges"]:
+      yield from corpus.read_range(corpus.FileRange(*file_range), task["file_format"],
+                                   stats, task["max_line_chars"])
+  elif source["kind"] == "tfds":
+    data = corpus.tfds_source(source["name"], source["split"], source["data_dir"])
+    yield from corpus.tfds_documents(data, source["start"], source["end"], stats,
+                                     task["max_line_chars"])
+  else:  # demo: every worker parses the (small) corpus and keeps its share.
+    for index, document in enumerate(corpus.stdlib_documents()):
+      if index % task["num_shards"] == task["shard"]:
+        stats.documents_read += 1
+        yield document
+
+
+def build_shard(task: dict[str, Any], progress=None) -> dict[str, Any]:
+  """Tokenises one shard's documents into its array_record file; returns stats."""
+  from array_record.python.array_record_module import ArrayRecordWriter
+
+  from bertjax.data.tokenizers import tokenizer_from_settings
+
+  tokenizer = tokenizer_from_settings(task["output_dir"], task["tokenizer"])
+  dtype = np.dtype(task["token_dtype"])
+  stats = corpus.CorpusStats()
+  path = os.path.join(task["output_dir"], shards.shard_name(task["shard"],
+                                                            task["num_shards"]))
+  staging = f"{path}.tmp-{os.getpid()}"
+  writer = ArrayRecordWriter(staging, "group_size:1")
+  pending: list[list[str]] = []
+  reported = [0, 0]
+
+  def flush():
+    sentences = [s for document in pending for s in document]
+    ids = tokenizer.encode_pieces(sentences) if sentences else []
+    cursor = 0
+    for document in pending:
+      pieces = [p for p in ids[cursor:cursor + len(document)] if p]
+      cursor += len(document)
+      if len(pieces) < len(document):
+        stats.lines_skipped["sentence without tokens"] += len(document) - len(pieces)
+      if len(pieces) < task["min_sentences"]:
+        stats.documents_skipped[f"fewer than {task['min_sentences']} sentences"] += 1
+        continue
+      writer.write(shards.encode_document(pieces, dtype))
+      stats.documents_used += 1
+      stats.sentences += len(pieces)
+      stats.tokens += sum(len(p) for p in pieces)
+    pending.clear()
+    if progress is not None:
+      progress.put((stats.documents_read - reported[0], stats.tokens - reported[1]))
+      reported[:] = [stats.documents_read, stats.tokens]
+
+  try:
+    pending_sentences = 0
+    for document in _documents(task, stats):
+      pending.append(document)
+      pending_sentences += len(document)
+      if pending_sentences >= _SENTENCE_BATCH:
+        flush()
+        pending_sentences = 0
+    flush()
+    writer.close()
+    os.replace(staging, path)
+  except BaseException:
+    writer.close()
+    if os.path.exists(staging):
+      os.remove(staging)
+    raise
+  stats_path = path[:-len(".array_record")] + ".stats.json"
+  with open(stats_path + ".tmp", "w", encoding="utf-8") as f:
+    json.dump(stats.to_dict(), f)
+  os.replace(stats_path + ".tmp", stats_path)
+  return stats.to_dict()
+
+
+def _worker_init():
+  # One core per worker: the Rust tokenizer would otherwise spread over all.
+  os.environ["RAYON_NUM_THREADS"] = "1"
+  os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
+def _build_in_worker(args):
+  task, progress = args
+  return build_shard(task, progress)
+
+
+def plan(spec: str, num_shards: int, stats: corpus.CorpusStats,
+         tfds_data_dir: str | None) -> list[dict[str, Any]]:
+  """The source part of every shard; checks the input before any work."""
+  if spec.startswith("demo:"):
+    if spec != "demo:stdlib":
+      raise ValueError(f"{spec}: the only demo corpus is demo:stdlib")
+    return [{"kind": "demo"} for _ in range(num_shards)]
+  if spec.startswith("tfds:"):
+    _, name, *split = spec.split(":")
+    split = split[0] if split else "train"
+    length = len(corpus.tfds_source(name, split, tfds_data_dir))
+    bounds = [round(length * i / num_shards) for i in range(num_shards + 1)]
+    return [{"kind": "tfds", "name": name, "split": split, "data_dir": tfds_data_dir,
+             "start": bounds[i], "end": bounds[i + 1]} for i in range(num_shards)]
+  files = corpus.scan_files(corpus.expand_inputs(spec), stats)
+  if not files:
+    raise ValueError(f"{spec}: no readable input files ({stats.summary()})")
+  return [{"kind": "files", "ranges": [(r.path, r.start, r.end) for r in part]}
+          for part in corpus.plan_ranges(files, num_shards)]
+
+
+def prepare(spec: str, output_dir: str, tokenizer, *, file_format: str = "sentences",
+            num_shards: int = 16, num_workers: int = 1, num_hosts: int = 1,
+            host_index: int = 0, min_sentences: int = 2, max_line_chars: int = 100_000,
+            tfds_data_dir: str | None = None, overwrite: bool = False,
+            show_progress: bool = True) -> corpus.CorpusStats:
+  """Builds this host's shards; returns the counts over them (files included)."""
+  if not 0 <= host_index < num_hosts:
+    raise ValueError(f"host_index={host_index} is not in [0, num_hosts={num_hosts})")
+  if num_shards < 1:
+    raise ValueError(f"num_shards must be positive, got {num_shards}")
+  stats = corpus.CorpusStats()
+  sources = plan(spec, num_shards, stats, tfds_data_dir)
+
+  os.makedirs(output_dir, exist_ok=True)
+  settings = tokenizer.save(output_dir)
+  info = {"tokenizer": settings, "num_shards": num_shards, "vocab_size": tokenizer.vocab_size,
+          "token_dtype": shards.token_dtype(tokenizer.vocab_size).name, "input": spec,
+          "file_format": file_format, "min_sentences": min_sentences,
+          "max_line_chars": max_line_chars}
+  info_path = os.path.join(output_dir, shards.INFO_FILE)
+  if os.path.isfile(info_path):
+    existing = {k: v for k, v in shards.read_info(output_dir).items()
+                if k not in ("format", "format_version")}
+    if existing != json.loads(json.dumps(info)):
+      if not overwrite:
+        raise ValueError(f"{output_dir} holds a different dataset ({info_path}); pass "
+                         "--overwrite to replace it, or choose another --output_dir")
+      for name in os.listdir(output_dir):
+        if name.startswith("documents-"):
+          os.remove(os.path.join(output_dir, name))
+  shards.write_info(output_dir, info)
+
+  tasks = []
+  for index in range(host_index, num_shards, num_hosts):
+    done = os.path.join(output_dir, shards.shard_name(index, num_shards)[:-len(".array_record")]
+                        + ".stats.json")
+    if os.path.isfile(done):
+      continue  # finished by an earlier run
+    tasks.append({"shard": index, "num_shards": num_shards, "source": sources[index],
+                  "output_dir": output_dir, "tokenizer": settings,
+                  "token_dtype": info["token_dtype"], "file_format": file_format,
+                  "min_sentences": min_sentences, "max_line_chars": max_line_chars})
+  logging.info("Building %d of this host's %d shards with %d workers", len(tasks),
+               len(range(host_index, num_shards, num_hosts)), num_workers)
+  _run(tasks, num_workers, show_progress)
+
+  for index in range(host_index, num_shards, num_hosts):
+    path = os.path.join(output_dir, shards.shard_name(index, num_shards)[:-len(".array_record")]
+                        + ".stats.json")
+    with open(path, encoding="utf-8") as f:
+      stats.merge(corpus.CorpusStats.from_dict(json.load(f)))
+  return stats
+
+
+def _run(tasks: list[dict[str, Any]], num_workers: int, show_progress: bool) -> None:
+  from tqdm import tqdm
+
+  bar = tqdm(total=None, unit=" tokens", unit_scale=True, disable=not show_progress,
+             file=sys.stderr, desc="tokenising")
+  if num_workers <= 1:
+    sink = _ListQueue(bar)
+    for task in tasks:
+      build_shard(task, sink)
+    bar.close()
+    return
+  context = multiprocessing.get_context("spawn")
+  with context.Manager() as manager:
+    progress = manager.Queue()
+    with context.Pool(num_workers, initializer=_worker_init) as pool:
+      pending = pool.map_async(_build_in_worker, [(t, progress) for t in tasks])
+      while not pending.ready() or not progress.empty():
+        try:
+          _, tokens = progress.get(timeout=0.2)
+          bar.update(tokens)
+        except queue.Empty:
+          pass
+      pending.get()  # re-raises a worker's error
+  bar.close()
+
+
+class _ListQueue:
+  """The progress queue of an in-process build."""
+
+  def __init__(self, bar):
+    self._bar = bar
+
+  def put(self, item):
+    self._bar.update(item[1])

@@ -1,0 +1,169 @@
+"""The builder: shards that hold exactly the tokenised text, and full accounting."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bertjax.data import corpus, shards
+from bertjax.data.tokenizers import WordPieceTokenizer
+from bertjax.data import builder
+from tests import reference
+from tests.data.conftest import write_corpus
+
+
+@pytest.fixture()
+def vocab(tmp_path):
+  path = tmp_path / "vocab.txt"
+  reference.write_vocab(str(path))
+  return str(path)
+
+
+def _hostile_corpus(directory):
+  directory.mkdir()
+  (directory / "empty.txt").write_bytes(b"")
+  (directory / "binary.txt").write_bytes(b"\x7fELF\x00\x01\x02" * 100)
+  (directory / "hostile.txt").write_bytes(
+      b"the quick brown fox.\nthe lazy dog.\n\n\n\n\n"             # a document
+      b"only one sentence here.\n\n"                              # too short for NSP
+      b"zero\xe2\x80\x8bwidth hello.\n\xff\xfe broken\ncontrol\x07 world.\n\n"  # hostile lines
+      + b"x" * 200_000 + b"\nhello world.\nthe fox.\n\n"           # a megabyte-ish line
+      b"\x00\x01\x02\x03\n\n")                                    # tokens vanish: no sentences
+  write_corpus(directory / "plain.txt", num_documents=30, seed=1)
+  return directory
+
+
+def _documents(directory):
+  data = []
+  for path in shards.complete_shards(directory):
+    from array_record.python.array_record_module import ArrayRecordReader
+    reader = ArrayRecordReader(path)
+    for record in reader.read(range(reader.num_records())) if reader.num_records() else []:
+      ids, offsets = shards.decode_document(record)
+      data.append([ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(offsets) - 1)])
+  return data
+
+
+def test_hostile_corpus_is_fully_accounted(tmp_path, vocab):
+  inputs = _hostile_corpus(tmp_path / "in")
+  tokenizer = WordPieceTokenizer(vocab)
+  stats = builder.prepare(f"{inputs}/*.txt", str(tmp_path / "out"), tokenizer,
+                                           num_shards=3, show_progress=False)
+  assert stats.files_read == 2
+  assert stats.files_skipped == {"empty file": 1, "binary file (NUL bytes)": 1}
+  assert stats.documents_read == stats.documents_used + sum(stats.documents_skipped.values())
+  assert stats.documents_skipped == {"fewer than 2 sentences": 2}
+  assert stats.lines_skipped == {"invalid UTF-8": 1, "over 100000 characters": 1,
+                                 "sentence without tokens": 1}
+  assert stats.documents_used == 30 + 3
+
+  # The shards hold exactly the tokenised sentences.
+  documents = _documents(str(tmp_path / "out"))
+  assert len(documents) == stats.documents_used
+  assert sum(len(s) for d in documents for s in d) == stats.tokens
+  expected = [tokenizer.encode_pieces(["the quick brown fox.", "the lazy dog."]),
+              tokenizer.encode_pieces(["zero\u200bwidth hello.", "control\x07 world."]),
+              tokenizer.encode_pieces(["hello world.", "the fox."])]
+  for document in expected:
+    assert document in documents
+  assert shards.read_stats(str(tmp_path / "out")).to_dict() == {
+      **stats.to_dict(), "files_read": 0, "files_skipped": {}}
+
+
+def test_missing_input_fails_before_any_work(tmp_path, vocab):
+  tokenizer = WordPieceTokenizer(vocab)
+  with pytest.raises(FileNotFoundError, match="glob matches no files"):
+    builder.prepare(str(tmp_path / "none*.txt"), str(tmp_path / "out"),
+                                     tokenizer, show_progress=False)
+  assert not os.path.exists(tmp_path / "out")
+
+
+def test_resume_and_refusing_another_dataset(tmp_path, vocab):
+  corpus_path = write_corpus(tmp_path / "c.txt", num_documents=40)
+  tokenizer = WordPieceTokenizer(vocab)
+  out = tmp_path / "out"
+  first = builder.prepare(str(corpus_path), str(out), tokenizer, num_shards=4,
+                                           show_progress=False)
+  # An interrupted run: one shard lost its completion mark.
+  victim = out / shards.shard_name(2, 4)
+  os.remove(str(victim)[:-len(".array_record")] + ".stats.json")
+  with pytest.raises(ValueError, match="1 of 4 shards are missing or unfinished"):
+    shards.complete_shards(str(out))
+  before = {p: os.path.getmtime(out / p) for p in os.listdir(out) if p.endswith(".array_record")}
+  again = builder.prepare(str(corpus_path), str(out), tokenizer, num_shards=4,
+                                           show_progress=False)
+  assert again.to_dict() == first.to_dict()
+  after = {p: os.path.getmtime(out / p) for p in before}
+  assert [p for p in before if before[p] != after[p]] == [victim.name]
+  with pytest.raises(ValueError, match="holds a different dataset"):
+    builder.prepare(str(corpus_path), str(out),
+                                     WordPieceTokenizer(vocab, do_lower_case=False),
+                                     num_shards=4, show_progress=False)
+
+
+def test_hosts_split_the_shards(tmp_path, vocab):
+  corpus_path = write_corpus(tmp_path / "c.txt", num_documents=60)
+  tokenizer = WordPieceTokenizer(vocab)
+  out = tmp_path / "out"
+  parts = [builder.prepare(str(corpus_path), str(out), tokenizer, num_shards=5,
+                                            num_hosts=2, host_index=h, show_progress=False)
+           for h in (0, 1)]
+  assert parts[0].documents_used + parts[1].documents_used == 60
+  single = builder.prepare(str(corpus_path), str(tmp_path / "one"), tokenizer,
+                                            num_shards=5, show_progress=False)
+  assert _documents(str(out)) == _documents(str(tmp_path / "one"))
+  assert single.documents_used == 60
+
+
+def test_command_line_with_workers(tmp_path, vocab):
+  corpus_path = write_corpus(tmp_path / "c.txt", num_documents=50)
+  result = subprocess.run(
+      [sys.executable, "-m", "bertjax.tools.prepare_pretraining_data", f"--input={corpus_path}",
+       f"--vocab={vocab}", f"--output_dir={tmp_path / 'out'}", "--num_shards=4",
+       "--num_workers=2"], capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr
+  assert "documents:  50 read = 50 used + 0 skipped" in result.stdout
+  assert "tokens/s" in result.stdout
+  assert len(_documents(str(tmp_path / "out"))) == 50
+  bad = subprocess.run(
+      [sys.executable, "-m", "bertjax.tools.prepare_pretraining_data",
+       f"--input={tmp_path}/missing/*.txt", f"--vocab={vocab}",
+       f"--output_dir={tmp_path / 'bad'}"], capture_output=True, text=True, timeout=300)
+  assert bad.returncode == 1 and "glob matches no files" in bad.stderr
+  assert "Traceback" not in bad.stderr
+
+
+def test_demo_corpus(tmp_path, vocab):
+  stats = builder.prepare("demo:stdlib", str(tmp_path / "demo"),
+                                           WordPieceTokenizer(vocab), num_shards=2,
+                                           show_progress=False)
+  assert stats.documents_used > 300 and stats.tokens > 200_000
+  assert stats.documents_read == stats.documents_used + sum(stats.documents_skipped.values())
+
+
+def test_tfds_source(tmp_path, vocab):
+  tfds = pytest.importorskip("tensorflow_datasets")
+
+  class TinyText(tfds.core.GeneratorBasedBuilder):
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+      return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(
+          {"text": tfds.features.Text(), "title": tfds.features.Text()}))
+
+    def _split_generators(self, dl_manager):
+      return {"train": self._generate_examples()}
+
+    def _generate_examples(self):
+      for i in range(12):
+        text = f"The fox number {i} jumped. The dog slept!\nA new paragraph here."
+        yield i, {"text": text, "title": f"doc {i}"}
+
+  TinyText(data_dir=str(tmp_path / "tfds"), file_format="array_record").download_and_prepare()
+  stats = builder.prepare(
+      "tfds:tiny_text", str(tmp_path / "out"), WordPieceTokenizer(vocab), num_shards=3,
+      tfds_data_dir=str(tmp_path / "tfds"), show_progress=False)
+  assert stats.documents_read == 12 and stats.documents_used == 12 and stats.sentences == 36

@@ -1,0 +1,163 @@
+"""The grain pipeline: shapes, objectives, determinism, exact restore, sharding."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from bertjax.data import loader, shards
+from bertjax.data.masking import MaskingConfig
+from bertjax.data.tokenizers import tokenizer_from_settings
+
+
+def _take(iterator, n):
+  return [next(iterator) for _ in range(n)]
+
+
+def _assert_same(a, b):
+  assert len(a) == len(b)
+  for x, y in zip(a, b):
+    assert x.keys() == y.keys()
+    for name in x:
+      np.testing.assert_array_equal(x[name], y[name], err_msg=name)
+
+
+@pytest.mark.parametrize("objective,keys", [
+    ("mlm_nsp", {"input_ids", "attention_mask", "token_type_ids", "masked_positions",
+                 "masked_ids", "masked_weights", "next_sentence_labels"}),
+    ("mlm", {"input_ids", "attention_mask", "token_type_ids", "masked_positions",
+             "masked_ids", "masked_weights"}),
+    ("ltr", {"input_ids", "attention_mask", "token_type_ids", "lm_labels", "lm_weights"}),
+])
+@pytest.mark.parametrize("length", [128, 512])
+def test_batches_have_static_shapes(prepared_dir, objective, keys, length):
+  config = loader.LoaderConfig(prepared_dir, objective=objective, max_seq_length=length,
+                               batch_size=4, masking=MaskingConfig(max_predictions=80))
+  tokenizer = tokenizer_from_settings(prepared_dir, shards.read_info(prepared_dir)["tokenizer"])
+  for batch in _take(iter(loader.make_dataset(config)), 3):
+    assert set(batch) == keys
+    assert batch["input_ids"].shape == (4, length) and batch["input_ids"].dtype == np.int32
+    lengths = batch["attention_mask"].sum(1)
+    assert (lengths <= length).all() and (batch["input_ids"][:, 0] == tokenizer.cls_id).all()
+    if objective == "ltr":
+      ids, labels = batch["input_ids"], batch["lm_labels"]
+      np.testing.assert_array_equal(labels[:, :-1][batch["lm_weights"][:, :-1] > 0],
+                                    ids[:, 1:][batch["lm_weights"][:, :-1] > 0])
+      np.testing.assert_array_equal(batch["lm_weights"].sum(1), lengths - 1)
+    else:
+      assert batch["masked_positions"].shape == (4, 80)
+      if objective == "mlm":
+        assert not batch["token_type_ids"].any()
+  if objective == "mlm_nsp":
+    # Segment B carries token type 1 and ends with [SEP].
+    batch = next(iter(loader.make_dataset(config)))
+    assert batch["token_type_ids"].any()
+
+
+def test_determinism_and_seeds(prepared_dir):
+  config = loader.LoaderConfig(prepared_dir, batch_size=8)
+  _assert_same(_take(iter(loader.make_dataset(config)), 5),
+               _take(iter(loader.make_dataset(config)), 5))
+  other = loader.LoaderConfig(prepared_dir, batch_size=8, seed=1)
+  assert not np.array_equal(next(iter(loader.make_dataset(config)))["input_ids"],
+                            next(iter(loader.make_dataset(other)))["input_ids"])
+
+
+@pytest.mark.parametrize("objective", ["mlm_nsp", "mlm"])
+def test_restore_gives_the_next_batches_across_epochs(prepared_dir, objective):
+  # About 120 documents: one epoch is a few dozen batches of 8.
+  config = loader.LoaderConfig(prepared_dir, objective=objective, batch_size=8,
+                               shuffle_window=50)
+  iterator = iter(loader.make_dataset(config))
+  for stop in (3, 40, 95):  # the later ones lie in the second and third epochs
+    while True:
+      state = iterator.get_state()
+      json.dumps(state)  # checkpointable as JSON
+      if stop == 0:
+        break
+      next(iterator)
+      stop -= 1
+    expected = _take(iterator, 4)
+    restored = iter(loader.make_dataset(config))
+    restored.set_state(state)
+    _assert_same(_take(restored, 4), expected)
+
+
+def test_restore_with_worker_processes(prepared_dir):
+  config = loader.LoaderConfig(prepared_dir, batch_size=8, worker_count=2)
+  iterator = iter(loader.make_dataset(config))
+  _take(iterator, 7)
+  state = iterator.get_state()
+  expected = _take(iterator, 3)
+  restored = iter(loader.make_dataset(config))
+  restored.set_state(state)
+  _assert_same(_take(restored, 3), expected)
+
+
+def test_masks_differ_between_epochs(prepared_dir):
+  config = loader.LoaderConfig(prepared_dir, objective="mlm", batch_size=1, shuffle_window=1,
+                               seed=3)
+  per_epoch = loader.LoaderConfig(prepared_dir, objective="ltr", batch_size=1,
+                                  shuffle_window=1, seed=3, num_epochs=1)
+  batches_per_epoch = sum(1 for _ in loader.make_dataset(per_epoch))
+  iterator = iter(loader.make_dataset(config))
+  epochs = [_take(iterator, batches_per_epoch) for _ in range(2)]
+  # Shuffled anew each epoch, and masked anew: no repeated (sequence, mask) pair.
+  first = {(b["masked_ids"].tobytes(), b["masked_positions"].tobytes()) for b in epochs[0]}
+  second = {(b["masked_ids"].tobytes(), b["masked_positions"].tobytes()) for b in epochs[1]}
+  assert len(first & second) < 0.05 * len(first)
+
+
+def test_processes_read_disjoint_documents_covering_the_data():
+  for count in (1, 2, 3, 7):
+    seen = []
+    for index in range(count):
+      order = loader.document_order(100, index, count, seed=5, num_epochs=1)
+      seen.append(list(order))
+    flat = [d for part in seen for d in part]
+    assert sorted(flat) == list(range(100))
+    assert max(len(p) for p in seen) - min(len(p) for p in seen) <= 1
+  # Epochs are reshuffled.
+  two = list(loader.document_order(100, 0, 1, seed=5, num_epochs=2))
+  assert sorted(two[:100]) == sorted(two[100:]) == list(range(100)) and two[:100] != two[100:]
+
+
+def test_one_epoch_of_ltr_holds_every_token(prepared_dir):
+  config = loader.LoaderConfig(prepared_dir, objective="ltr", batch_size=1, num_epochs=1,
+                               shuffle_window=1, short_seq_prob=0.0)
+  tokenizer = tokenizer_from_settings(prepared_dir, shards.read_info(prepared_dir)["tokenizer"])
+  specials = list(tokenizer.special_ids.values())
+  count = 0
+  for batch in loader.make_dataset(config):
+    ids = batch["input_ids"][0][:batch["attention_mask"][0].sum()]
+    count += int((~np.isin(ids, specials)).sum())
+  assert count == shards.read_stats(prepared_dir).tokens
+
+
+def test_config_errors(prepared_dir, tmp_path):
+  with pytest.raises(ValueError, match="objective must be one of"):
+    loader.LoaderConfig(prepared_dir, objective="clm")
+  with pytest.raises(ValueError, match="max_predictions=20 is too small"):
+    loader.LoaderConfig(prepared_dir, max_seq_length=512)
+  with pytest.raises(FileNotFoundError, match="not a prepared pre-training directory"):
+    loader.make_dataset(loader.LoaderConfig(str(tmp_path)))
+  with pytest.raises(ValueError, match="process_index=2 not in"):
+    loader.make_dataset(loader.LoaderConfig(prepared_dir), process_index=2, process_count=2)
+
+
+def test_device_iterator_assembles_global_batches_and_resumes(prepared_dir):
+  mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+  sharding = jax.NamedSharding(mesh, jax.P("data"))
+  config = loader.LoaderConfig(prepared_dir, batch_size=16)
+  device = loader.DeviceIterator(iter(loader.make_dataset(config)), sharding, prefetch=3)
+  first = [next(device) for _ in range(4)]
+  assert first[0]["input_ids"].sharding == sharding
+  assert first[0]["input_ids"].shape == (16, 128)
+  state = device.get_state()
+  expected = [jax.device_get(next(device)) for _ in range(2)]
+  device.set_state(state)
+  _assert_same([jax.device_get(next(device)) for _ in range(2)], expected)
+  device.close()
+  plain = _take(iter(loader.make_dataset(config)), 6)
+  _assert_same([jax.device_get(b) for b in first], plain[:4])

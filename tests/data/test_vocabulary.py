@@ -1,0 +1,32 @@
+"""Training vocabularies that the tokenizers accept."""
+
+import subprocess
+import sys
+
+from bertjax.data.tokenizers import SentencePieceTokenizer, WordPieceTokenizer
+from bertjax.data import vocabulary
+from tests.data.conftest import write_corpus
+
+
+def test_wordpiece_vocabulary(tmp_path):
+  corpus_path = write_corpus(tmp_path / "c.txt", num_documents=80)
+  result = subprocess.run(
+      [sys.executable, "-m", "bertjax.tools.train_vocab", f"--input={corpus_path}",
+       f"--output={tmp_path / 'vocab.txt'}", "--vocab_size=300"],
+      capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr
+  tokens = (tmp_path / "vocab.txt").read_text().split("\n")[:-1]
+  assert tokens[:5] == vocabulary.SPECIAL_TOKENS and len(tokens) <= 300
+  assert any(t.startswith("##") for t in tokens)
+  tokenizer = WordPieceTokenizer(str(tmp_path / "vocab.txt"))
+  assert tokenizer.unk_id not in tokenizer.encode_pieces(["the quick brown fox"])[0]
+
+
+def test_sentencepiece_model(tmp_path):
+  corpus_path = write_corpus(tmp_path / "c.txt", num_documents=80)
+  texts = vocabulary.sentences(str(corpus_path))
+  vocabulary.train_sentencepiece(texts, str(tmp_path / "spm.model"), 120, True)
+  tokenizer = SentencePieceTokenizer(str(tmp_path / "spm.model"), do_lower_case=True)
+  ids = tokenizer.encode("The QUICK brown [MASK] fox")
+  assert ids[0] == tokenizer.cls_id and tokenizer.mask_id in ids
+  assert tokenizer.special_tokens["pad"] == "[PAD]"
