@@ -110,9 +110,9 @@ def _worker_init():
   os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 
-def _build_in_worker(args):
-  task, progress = args
-  return build_shard(task, progress)
+def _in_worker(args):
+  function, task, progress = args
+  return function(task, progress)
 
 
 def plan(spec: str, num_shards: int, stats: corpus.CorpusStats,
@@ -190,26 +190,29 @@ def prepare(spec: str, output_dir: str, tokenizer, *, file_format: str = "senten
   return stats
 
 
-def _run(tasks: list[dict[str, Any]], num_workers: int, show_progress: bool) -> None:
+def _run(tasks: list[dict[str, Any]], num_workers: int, show_progress: bool,
+         function=None, unit: str = "tokens") -> None:
+  """Runs `function(task, progress)` (default: `build_shard`) over the tasks."""
   from tqdm import tqdm
 
-  bar = tqdm(total=None, unit=" tokens", unit_scale=True, disable=not show_progress,
-             file=sys.stderr, desc="tokenising")
+  function = function or build_shard
+  bar = tqdm(total=None, unit=f" {unit}", unit_scale=True, disable=not show_progress,
+             file=sys.stderr, desc="building")
   if num_workers <= 1:
     sink = _ListQueue(bar)
     for task in tasks:
-      build_shard(task, sink)
+      function(task, sink)
     bar.close()
     return
   context = multiprocessing.get_context("spawn")
   with context.Manager() as manager:
     progress = manager.Queue()
     with context.Pool(num_workers, initializer=_worker_init) as pool:
-      pending = pool.map_async(_build_in_worker, [(t, progress) for t in tasks])
+      pending = pool.map_async(_in_worker, [(function, t, progress) for t in tasks])
       while not pending.ready() or not progress.empty():
         try:
-          _, tokens = progress.get(timeout=0.2)
-          bar.update(tokens)
+          _, count = progress.get(timeout=0.2)
+          bar.update(count)
         except queue.Empty:
           pass
       pending.get()  # re-raises a worker's error
@@ -224,3 +227,85 @@ class _ListQueue:
 
   def put(self, item):
     self._bar.update(item[1])
+
+
+def build_static_shard(task: dict[str, Any], progress=None) -> dict[str, Any]:
+  """Writes instance shard `task["shard"]`: the masked examples of `dupe_factor`
+  epochs of the dynamic pipeline over that shard's share of the documents."""
+  from array_record.python.array_record_module import ArrayRecordWriter
+
+  from bertjax.data import loader
+  from bertjax.data.masking import MaskingConfig
+
+  config = loader.LoaderConfig(
+      task["data_dir"], objective=task["objective"], max_seq_length=task["max_seq_length"],
+      batch_size=256, masking=MaskingConfig(**task["masking"]),
+      short_seq_prob=task["short_seq_prob"], seed=task["seed"],
+      num_epochs=task["dupe_factor"], shuffle_window=1, drop_remainder=False)
+  path = os.path.join(task["data_dir"], shards.shard_name(task["shard"], task["num_shards"],
+                                                          "instances"))
+  staging = f"{path}.tmp-{os.getpid()}"
+  writer = ArrayRecordWriter(staging, "group_size:1")
+  count = 0
+  try:
+    for batch in loader.make_dataset(config, task["shard"], task["num_shards"]):
+      for row in range(len(batch["input_ids"])):
+        writer.write(shards.encode_instance({k: v[row] for k, v in batch.items()}))
+      count += len(batch["input_ids"])
+      if progress is not None:
+        progress.put((0, len(batch["input_ids"])))
+    writer.close()
+    os.replace(staging, path)
+  except BaseException:
+    writer.close()
+    if os.path.exists(staging):
+      os.remove(staging)
+    raise
+  stats_path = path[:-len(".array_record")] + ".stats.json"
+  with open(stats_path + ".tmp", "w", encoding="utf-8") as f:
+    json.dump({"instances": count}, f)
+  os.replace(stats_path + ".tmp", stats_path)
+  return {"instances": count}
+
+
+def prepare_static(data_dir: str, *, objective: str, max_seq_length: int, masking,
+                   dupe_factor: int, short_seq_prob: float = 0.1, seed: int = 0,
+                   num_workers: int = 1, num_hosts: int = 1, host_index: int = 0,
+                   show_progress: bool = True) -> int:
+  """Writes statically masked instances, as the original code did (`dupe_factor`
+  differently masked copies of the data), from finished document shards.
+
+  Returns the number of instances this host wrote.
+  """
+  import dataclasses
+
+  if dupe_factor < 1:
+    raise ValueError(f"dupe_factor must be >= 1, got {dupe_factor}")
+  info = shards.read_info(data_dir)
+  shards.complete_shards(data_dir)  # all documents first: random B segments read any
+  num_shards = info["num_shards"]
+  settings = {"objective": objective, "max_seq_length": max_seq_length,
+              "masking": dataclasses.asdict(masking), "short_seq_prob": short_seq_prob,
+              "seed": seed, "dupe_factor": dupe_factor, "num_shards": num_shards}
+  existing = os.path.join(data_dir, shards.STATIC_INFO_FILE)
+  if os.path.isfile(existing):
+    from bertjax.files import read_json
+    if read_json(existing) != json.loads(json.dumps(settings)):
+      for name in os.listdir(data_dir):
+        if name.startswith("instances-"):
+          os.remove(os.path.join(data_dir, name))
+  shards.write_info(data_dir, settings, shards.STATIC_INFO_FILE)
+  tasks = []
+  for index in range(host_index, num_shards, num_hosts):
+    done = os.path.join(data_dir, shards.shard_name(index, num_shards, "instances")[
+        :-len(".array_record")] + ".stats.json")
+    if not os.path.isfile(done):
+      tasks.append({"shard": index, "num_shards": num_shards, "data_dir": data_dir, **settings})
+  _run(tasks, num_workers, show_progress, build_static_shard, "instances")
+  total = 0
+  for index in range(host_index, num_shards, num_hosts):
+    path = os.path.join(data_dir, shards.shard_name(index, num_shards, "instances")[
+        :-len(".array_record")] + ".stats.json")
+    with open(path, encoding="utf-8") as f:
+      total += json.load(f)["instances"]
+  return total

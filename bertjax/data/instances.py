@@ -70,14 +70,23 @@ def instance_key(*parts: int) -> int:
 
 
 def truncate_pair(first: list[int], second: list[int], max_tokens: int,
-                  rng: np.random.Generator) -> None:
-  """Trims the longer list, one token from a random end at a time, in place."""
-  while len(first) + len(second) > max_tokens:
-    longer = first if len(first) > len(second) else second
-    if rng.random() < 0.5:
-      del longer[0]
-    else:
-      longer.pop()
+                  rng: np.random.Generator) -> tuple[list[int], list[int]]:
+  """Trims the longer list one token at a time, from a random end each time.
+
+  Returns the trimmed (first, second).
+  """
+  excess = len(first) + len(second) - max_tokens
+  if excess <= 0:
+    return first, second
+  coins = rng.random(excess) < 0.5  # True: remove from the front
+  cuts = [[0, 0], [0, 0]]  # (front, back) removals of first and second
+  lengths = [len(first), len(second)]
+  for coin in coins.tolist():
+    longer = 0 if lengths[0] > lengths[1] else 1
+    cuts[longer][0 if coin else 1] += 1
+    lengths[longer] -= 1
+  return (first[cuts[0][0]:len(first) - cuts[0][1]],
+          second[cuts[1][0]:len(second) - cuts[1][1]])
 
 
 def create_instances_from_document(
@@ -133,7 +142,7 @@ def create_instances_from_document(
       else:
         is_random_next = False
         second = [t for s in chunk[a_end:] for t in s.tolist()]
-      truncate_pair(first, second, max_tokens, rng)
+      first, second = truncate_pair(first, second, max_tokens, rng)
       if first and second:
         tokens = np.array([cls_id, *first, sep_id, *second, sep_id], np.int32)
         instances.append(Instance(tokens, len(first) + 2, int(is_random_next),

@@ -19,6 +19,7 @@ once per epoch; random B segments of next-sentence pairs come from any document.
 from __future__ import annotations
 
 import dataclasses
+import os
 import queue
 import threading
 from typing import Any, Iterator
@@ -47,6 +48,10 @@ class LoaderConfig:
     num_epochs: Passes over the data; None repeats forever.
     shuffle_window: Instances shuffled together after instance creation.
     worker_count: Worker processes (0: in the calling process).
+    static: Read the statically masked instances written with
+      `--static_dupe_factor` instead of masking on the fly; `objective`,
+      `max_seq_length` and `masking` must match what was written.
+    drop_remainder: Drop a last, incomplete batch (static shapes for training).
   """
 
   data_dir: str
@@ -59,6 +64,8 @@ class LoaderConfig:
   num_epochs: int | None = None
   shuffle_window: int = 1000
   worker_count: int = 0
+  static: bool = False
+  drop_remainder: bool = True
 
   def __post_init__(self):
     if self.objective not in instances.OBJECTIVES:
@@ -70,6 +77,8 @@ class LoaderConfig:
       raise ValueError(f"batch_size must be positive, got {self.batch_size}")
     if self.objective != "ltr":
       self.masking.check_length(self.max_seq_length)
+    elif self.static:
+      raise ValueError("static masking is for the masked-LM objectives, not 'ltr'")
 
 
 class DocumentSource:
@@ -102,6 +111,68 @@ class _NextSentenceInstances(grain.experimental.FlatMapTransform):
         document.sentences, document.index, len(self.source), self.source.__getitem__,
         self.config.max_seq_length, self.config.short_seq_prob, self.cls_id, self.sep_id,
         rng, document.stream_index)
+
+
+class WindowShuffle(grain.IterDataset):
+  """Shuffles consecutive windows of elements (instances of nearby documents).
+
+  Like grain's window shuffle, with one numpy permutation per window instead of
+  a hash per element; the state is the parent's state at the window's start and
+  the position in it.
+  """
+
+  def __init__(self, parent: grain.IterDataset, window_size: int, seed: int):
+    super().__init__(parent)
+    self.window_size, self.seed = window_size, seed
+
+  def __iter__(self) -> grain.DatasetIterator:
+    return _WindowShuffleIterator(self._parent.__iter__(), self.window_size, self.seed)
+
+
+class _WindowShuffleIterator(grain.DatasetIterator):
+
+  def __init__(self, parent: grain.DatasetIterator, window_size: int, seed: int):
+    super().__init__(parent)
+    self._size, self._seed = window_size, seed
+    self._window_index, self._position = 0, 0
+    self._window: list = []
+    self._window_state = parent.get_state()
+
+  def _fill(self) -> None:
+    self._window_state = self._parent.get_state()
+    window = []
+    for _ in range(self._size):
+      try:
+        window.append(next(self._parent))
+      except StopIteration:
+        break
+    order = np.random.default_rng([self._seed, self._window_index]).permutation(len(window))
+    self._window = [window[i] for i in order]
+
+  def __next__(self):
+    if self._position >= len(self._window):
+      if self._window:
+        self._window_index += 1
+      self._fill()
+      self._position = 0
+      if not self._window:
+        raise StopIteration
+    element = self._window[self._position]
+    self._position += 1
+    return element
+
+  def get_state(self) -> dict:
+    return {"window_state": self._window_state, "window_index": self._window_index,
+            "position": self._position, "filled": bool(self._window)}
+
+  def set_state(self, state: dict) -> None:
+    self._parent.set_state(state["window_state"])
+    self._window_index, self._window = state["window_index"], []
+    self._position = state["position"]
+    if state["filled"]:
+      self._fill()
+    else:
+      self._window_state = state["window_state"]
 
 
 class _Collate:
@@ -168,6 +239,8 @@ def make_dataset(config: LoaderConfig, process_index: int = 0,
   iterator (`get_state()` / `set_state()`)."""
   if not 0 <= process_index < process_count:
     raise ValueError(f"process_index={process_index} not in [0, {process_count})")
+  if config.static:
+    return _static_dataset(config, process_index, process_count)
   source = DocumentSource(config.data_dir)
   if len(source) < process_count:
     raise ValueError(f"{config.data_dir}: {len(source)} documents cannot be shared by "
@@ -188,9 +261,8 @@ def make_dataset(config: LoaderConfig, process_index: int = 0,
     stream = instances.PackedSequences(stream, config.max_seq_length, config.short_seq_prob,
                                        cls_id, sep_id, config.seed)
   if config.shuffle_window > 1:
-    stream = grain.experimental.WindowShuffleIterDataset(
-        stream, window_size=config.shuffle_window, seed=config.seed)
-  stream = stream.batch(config.batch_size, drop_remainder=True,
+    stream = WindowShuffle(stream, config.shuffle_window, config.seed)
+  stream = stream.batch(config.batch_size, drop_remainder=config.drop_remainder,
                         batch_fn=_Collate(config.max_seq_length, tokenizer.pad_id))
   masker = None
   if config.objective != "ltr":
@@ -203,12 +275,70 @@ def make_dataset(config: LoaderConfig, process_index: int = 0,
                             sorted(set(tokenizer.special_ids.values())), continuation,
                             config.seed)
   stream = stream.map(_Targets(config, masker))
+  return _with_workers(stream, config)
+
+
+def _with_workers(stream: grain.IterDataset, config: LoaderConfig) -> grain.IterDataset:
   if config.worker_count > 0:
     from absl import flags
     if not flags.FLAGS.is_parsed():
       flags.FLAGS.mark_as_parsed()  # grain reads its absl flags; a library caller has none
     stream = stream.mp_prefetch(grain.MultiprocessingOptions(num_workers=config.worker_count))
   return stream
+
+
+class _StaticCollate:
+  """Statically masked records -> a padded batch."""
+
+  def __init__(self, config: LoaderConfig, pad_id: int):
+    self.length, self.predictions = config.max_seq_length, config.masking.max_predictions
+    self.objective, self.pad_id = config.objective, pad_id
+
+  def __call__(self, records: list[bytes]) -> Batch:
+    size = len(records)
+    batch = {"input_ids": np.full((size, self.length), self.pad_id, np.int32),
+             "attention_mask": np.zeros((size, self.length), np.int32),
+             "token_type_ids": np.zeros((size, self.length), np.int32),
+             "masked_positions": np.zeros((size, self.predictions), np.int32),
+             "masked_ids": np.zeros((size, self.predictions), np.int32),
+             "masked_weights": np.zeros((size, self.predictions), np.float32)}
+    labels = np.zeros(size, np.int32)
+    for row, record in enumerate(records):
+      ids, first, labels[row], positions, originals = shards.decode_instance(record)
+      batch["input_ids"][row, :len(ids)] = ids
+      batch["attention_mask"][row, :len(ids)] = 1
+      batch["token_type_ids"][row, first:len(ids)] = 1
+      batch["masked_positions"][row, :len(positions)] = positions
+      batch["masked_ids"][row, :len(positions)] = originals
+      batch["masked_weights"][row, :len(positions)] = 1
+    if self.objective == "mlm_nsp":
+      batch["next_sentence_labels"] = labels
+    return batch
+
+
+def _static_dataset(config: LoaderConfig, process_index: int,
+                    process_count: int) -> grain.IterDataset:
+  """Statically masked instances, shuffled per epoch and shared across processes."""
+  from bertjax.files import read_json
+
+  records = grain.sources.ArrayRecordDataSource(
+      shards.complete_shards(config.data_dir, "instances"))
+  written = read_json(os.path.join(config.data_dir, shards.STATIC_INFO_FILE))
+  wanted = {"objective": config.objective, "max_seq_length": config.max_seq_length,
+            "masking": dataclasses.asdict(config.masking)}
+  got = {key: written[key] for key in wanted}
+  if got != wanted:
+    raise ValueError(f"{config.data_dir}: the static instances were written for {got}, "
+                     f"not {wanted}; rebuild them or use dynamic masking (static=False)")
+  tokenizer = tokenizer_from_settings(config.data_dir,
+                                      shards.read_info(config.data_dir)["tokenizer"])
+  stream = (grain.MapDataset.range(len(records))[process_index::process_count]
+            .shuffle(seed=config.seed).repeat(config.num_epochs)
+            .map(lambda index: records[index])
+            .to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
+            .batch(config.batch_size, drop_remainder=config.drop_remainder,
+                   batch_fn=_StaticCollate(config, tokenizer.pad_id)))
+  return _with_workers(stream, config)
 
 
 class DeviceIterator:

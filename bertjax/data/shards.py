@@ -8,6 +8,10 @@ A prepared directory holds
 - `documents-SSSSS-of-NNNNN.stats.json` beside each finished shard: its
   `CorpusStats` (its presence marks the shard complete).
 
+With static masking (`--static_dupe_factor`), `instances-*.array_record` shards
+hold masked examples for one objective and length, described by
+`instances_info.json`.
+
 A document record is little-endian bytes: one byte giving the id width (2 or
 4), three zero bytes, uint32 sentence count `n`, `n` uint32 sentence lengths,
 then the token ids. Documents are stored untruncated and unmasked, so one
@@ -27,6 +31,7 @@ import numpy as np
 from bertjax.data.corpus import CorpusStats
 
 INFO_FILE = "dataset_info.json"
+STATIC_INFO_FILE = "instances_info.json"  # settings of statically masked instances
 FORMAT = "bertjax-documents"
 FORMAT_VERSION = 1
 _HEADER = struct.Struct("<B3xI")
@@ -62,9 +67,36 @@ def decode_document(record: bytes) -> tuple[np.ndarray, np.ndarray]:
   return ids, offsets
 
 
-def write_info(directory: str, info: dict[str, Any]) -> None:
-  """Writes `dataset_info.json` atomically."""
-  path = os.path.join(directory, INFO_FILE)
+def encode_instance(row: dict[str, np.ndarray]) -> bytes:
+  """Packs one masked example (a batch row of the loader) into a record.
+
+  int32 little-endian: tokens, first-segment length, next-sentence label,
+  predictions, then the (masked) token ids, masked positions and original ids.
+  """
+  length = int(row["attention_mask"].sum())
+  first = int(np.argmax(row["token_type_ids"][:length])) if row["token_type_ids"].any() \
+      else length
+  predictions = int(row["masked_weights"].sum())
+  label = int(row.get("next_sentence_labels", -1))
+  return np.concatenate([
+      np.array([length, first, label, predictions], np.int32), row["input_ids"][:length],
+      row["masked_positions"][:predictions], row["masked_ids"][:predictions]],
+  ).astype("<i4").tobytes()
+
+
+def decode_instance(record: bytes) -> tuple[np.ndarray, int, int, np.ndarray, np.ndarray]:
+  """(token ids, first-segment length, label, masked positions, original ids)."""
+  values = np.frombuffer(record, "<i4")
+  length, first, label, predictions = (int(v) for v in values[:4])
+  ids = values[4:4 + length]
+  positions = values[4 + length:4 + length + predictions]
+  originals = values[4 + length + predictions:4 + length + 2 * predictions]
+  return ids, first, label, positions, originals
+
+
+def write_info(directory: str, info: dict[str, Any], name: str = INFO_FILE) -> None:
+  """Writes `dataset_info.json` (or another info file) atomically."""
+  path = os.path.join(directory, name)
   staging = f"{path}.tmp-{os.getpid()}"
   with open(staging, "w", encoding="utf-8") as f:
     json.dump({"format": FORMAT, "format_version": FORMAT_VERSION, **info}, f, indent=2)
@@ -94,6 +126,13 @@ def complete_shards(directory: str, kind: str = "documents") -> list[str]:
     ValueError: some shards are missing or unfinished.
   """
   info = read_info(directory)
+  if kind == "instances":
+    from bertjax.files import read_json
+    path = os.path.join(directory, STATIC_INFO_FILE)
+    if not os.path.isfile(path):
+      raise FileNotFoundError(f"{directory}: no statically masked instances ({STATIC_INFO_FILE}); "
+                              "build them with --static_dupe_factor")
+    info = read_json(path)
   count = info["num_shards"]
   paths = [os.path.join(directory, shard_name(i, count, kind)) for i in range(count)]
   missing = [os.path.basename(p) for p in paths

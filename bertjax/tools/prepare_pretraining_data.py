@@ -14,6 +14,12 @@ over `--num_workers` processes; on several hosts, give each its
 `--host_index` of `--num_hosts` and it builds the shards with that index
 modulo the host count. Finished shards are kept, so an interrupted run resumes.
 The closing summary accounts for every file, document and line.
+
+The loader masks anew every epoch. `--static_dupe_factor=N` also writes N
+differently masked copies of the instances for one objective and length, as the
+original `create_pretraining_data.py` did (read them with the loader's
+`static=True`); with several hosts, run it after every host has finished its
+document shards.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import time
 from absl import app, flags
 
 from bertjax.data import builder, corpus
+from bertjax.data.masking import MaskingConfig
 from bertjax.data.tokenizers import tokenizer_from_vocab_file
 
 _INPUT = flags.DEFINE_string("input", None, "Files/globs (comma-separated), "
@@ -50,6 +57,22 @@ _MAX_LINE_CHARS = flags.DEFINE_integer("max_line_chars", 100_000,
 _TFDS_DATA_DIR = flags.DEFINE_string("tfds_data_dir", None, "data_dir for tfds: inputs.")
 _OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace an existing, different "
                                "dataset in --output_dir.")
+# Static masking, as the original code did (the loader masks anew each epoch
+# without it).
+_STATIC_DUPE_FACTOR = flags.DEFINE_integer(
+    "static_dupe_factor", 0, "If > 0, also write this many differently masked copies of "
+    "the instances (read with the loader's static=True).")
+_OBJECTIVE = flags.DEFINE_enum("objective", "mlm_nsp", ["mlm_nsp", "mlm"],
+                               "Static instances: the objective.")
+_MAX_SEQ_LENGTH = flags.DEFINE_integer("max_seq_length", 128, "Static instances: length.")
+_MAX_PREDICTIONS = flags.DEFINE_integer("max_predictions", 20,
+                                        "Static instances: masked positions per sequence.")
+_MASKED_LM_PROB = flags.DEFINE_float("masked_lm_prob", 0.15, "Static instances: mask rate.")
+_WHOLE_WORD_MASKING = flags.DEFINE_bool("whole_word_masking", False,
+                                        "Static instances: mask whole words.")
+_SHORT_SEQ_PROB = flags.DEFINE_float("short_seq_prob", 0.1,
+                                     "Static instances: probability of a shorter length.")
+_SEED = flags.DEFINE_integer("seed", 12345, "Static instances: random seed.")
 
 
 def main(argv):
@@ -64,11 +87,21 @@ def main(argv):
         num_hosts=_NUM_HOSTS.value, host_index=_HOST_INDEX.value,
         min_sentences=_MIN_SENTENCES.value, max_line_chars=_MAX_LINE_CHARS.value,
         tfds_data_dir=_TFDS_DATA_DIR.value, overwrite=_OVERWRITE.value)
+    seconds = time.perf_counter() - start
+    print(stats.summary())
+    print(f"time:       {seconds:.1f} s, {stats.tokens / max(seconds, 1e-9):,.0f} tokens/s")
+    if _STATIC_DUPE_FACTOR.value > 0:
+      count = builder.prepare_static(
+          _OUTPUT_DIR.value, objective=_OBJECTIVE.value, max_seq_length=_MAX_SEQ_LENGTH.value,
+          masking=MaskingConfig(masked_lm_prob=_MASKED_LM_PROB.value,
+                                max_predictions=_MAX_PREDICTIONS.value,
+                                whole_word=_WHOLE_WORD_MASKING.value),
+          dupe_factor=_STATIC_DUPE_FACTOR.value, short_seq_prob=_SHORT_SEQ_PROB.value,
+          seed=_SEED.value, num_workers=_NUM_WORKERS.value or os.cpu_count() or 1,
+          num_hosts=_NUM_HOSTS.value, host_index=_HOST_INDEX.value)
+      print(f"instances:  {count} statically masked ({_STATIC_DUPE_FACTOR.value} copies)")
   except (ValueError, OSError) as e:
     sys.exit(f"prepare_pretraining_data: {e}")
-  seconds = time.perf_counter() - start
-  print(stats.summary())
-  print(f"time:       {seconds:.1f} s, {stats.tokens / max(seconds, 1e-9):,.0f} tokens/s")
 
 
 if __name__ == "__main__":

@@ -161,3 +161,46 @@ def test_device_iterator_assembles_global_batches_and_resumes(prepared_dir):
   device.close()
   plain = _take(iter(loader.make_dataset(config)), 6)
   _assert_same([jax.device_get(b) for b in first], plain[:4])
+
+
+def test_static_masking_writes_what_the_dynamic_pipeline_makes(prepared_dir, tmp_path):
+  import shutil
+
+  from bertjax.data import builder
+
+  data = tmp_path / "static"
+  shutil.copytree(prepared_dir, data)
+  masking = MaskingConfig(max_predictions=20)
+  count = builder.prepare_static(str(data), objective="mlm_nsp", max_seq_length=128,
+                                 masking=masking, dupe_factor=2, seed=4, show_progress=False)
+  num_shards = shards.read_info(str(data))["num_shards"]
+  dynamic = []
+  for shard in range(num_shards):
+    config = loader.LoaderConfig(str(data), batch_size=64, num_epochs=2, shuffle_window=1,
+                                 seed=4, drop_remainder=False)
+    for batch in loader.make_dataset(config, shard, num_shards):
+      rows = len(batch["input_ids"])
+      dynamic += [{k: v[row] for k, v in batch.items()} for row in range(rows)]
+  assert count == len(dynamic)
+
+  static = loader.LoaderConfig(str(data), static=True, batch_size=len(dynamic), num_epochs=1,
+                               seed=9, drop_remainder=False)
+  batch = next(iter(loader.make_dataset(static)))
+  key = lambda row: (row["input_ids"].tobytes(), row["masked_positions"].tobytes(),
+                     row["masked_ids"].tobytes(), int(row["next_sentence_labels"]))
+  written = sorted(key({k: v[row] for k, v in batch.items()}) for row in range(len(dynamic)))
+  assert written == sorted(key(row) for row in dynamic)
+
+  # Restores exactly, and refuses other settings.
+  small = loader.LoaderConfig(str(data), static=True, batch_size=8)
+  iterator = iter(loader.make_dataset(small))
+  _take(iterator, 5)
+  state = iterator.get_state()
+  expected = _take(iterator, 3)
+  restored = iter(loader.make_dataset(small))
+  restored.set_state(state)
+  _assert_same(_take(restored, 3), expected)
+  with pytest.raises(ValueError, match="static instances were written for"):
+    loader.make_dataset(loader.LoaderConfig(str(data), static=True, objective="mlm"))
+  with pytest.raises(FileNotFoundError, match="no statically masked instances"):
+    loader.make_dataset(loader.LoaderConfig(prepared_dir, static=True))
