@@ -46,8 +46,6 @@ def _documents(task: dict[str, Any], stats: corpus.CorpusStats):
 
 def build_shard(task: dict[str, Any], progress=None) -> dict[str, Any]:
   """Tokenises one shard's documents into its array_record file; returns stats."""
-  from array_record.python.array_record_module import ArrayRecordWriter
-
   from bertjax.data.tokenizers import tokenizer_from_settings
 
   tokenizer = tokenizer_from_settings(task["output_dir"], task["tokenizer"])
@@ -55,12 +53,10 @@ def build_shard(task: dict[str, Any], progress=None) -> dict[str, Any]:
   stats = corpus.CorpusStats()
   path = os.path.join(task["output_dir"], shards.shard_name(task["shard"],
                                                             task["num_shards"]))
-  staging = f"{path}.tmp-{os.getpid()}"
-  writer = ArrayRecordWriter(staging, "group_size:1")
   pending: list[list[str]] = []
   reported = [0, 0]
 
-  def flush():
+  def flush(writer):
     sentences = [s for document in pending for s in document]
     ids = tokenizer.encode_pieces(sentences) if sentences else []
     cursor = 0
@@ -81,26 +77,16 @@ def build_shard(task: dict[str, Any], progress=None) -> dict[str, Any]:
       progress.put((stats.documents_read - reported[0], stats.tokens - reported[1]))
       reported[:] = [stats.documents_read, stats.tokens]
 
-  try:
+  with shards.shard_writer(path) as writer:
     pending_sentences = 0
     for document in _documents(task, stats):
       pending.append(document)
       pending_sentences += len(document)
       if pending_sentences >= _SENTENCE_BATCH:
-        flush()
+        flush(writer)
         pending_sentences = 0
-    flush()
-    writer.close()
-    os.replace(staging, path)
-  except BaseException:
-    writer.close()
-    if os.path.exists(staging):
-      os.remove(staging)
-    raise
-  stats_path = path[:-len(".array_record")] + ".stats.json"
-  with open(stats_path + ".tmp", "w", encoding="utf-8") as f:
-    json.dump(stats.to_dict(), f)
-  os.replace(stats_path + ".tmp", stats_path)
+    flush(writer)
+  shards.mark_finished(path, stats.to_dict())
   return stats.to_dict()
 
 
@@ -170,8 +156,7 @@ def prepare(spec: str, output_dir: str, tokenizer, *, file_format: str = "senten
 
   tasks = []
   for index in range(host_index, num_shards, num_hosts):
-    done = os.path.join(output_dir, shards.shard_name(index, num_shards)[:-len(".array_record")]
-                        + ".stats.json")
+    done = shards.stats_path(os.path.join(output_dir, shards.shard_name(index, num_shards)))
     if os.path.isfile(done):
       continue  # finished by an earlier run
     tasks.append({"shard": index, "num_shards": num_shards, "source": sources[index],
@@ -183,8 +168,7 @@ def prepare(spec: str, output_dir: str, tokenizer, *, file_format: str = "senten
   _run(tasks, num_workers, show_progress)
 
   for index in range(host_index, num_shards, num_hosts):
-    path = os.path.join(output_dir, shards.shard_name(index, num_shards)[:-len(".array_record")]
-                        + ".stats.json")
+    path = shards.stats_path(os.path.join(output_dir, shards.shard_name(index, num_shards)))
     with open(path, encoding="utf-8") as f:
       stats.merge(corpus.CorpusStats.from_dict(json.load(f)))
   return stats
@@ -232,8 +216,6 @@ class _ListQueue:
 def build_static_shard(task: dict[str, Any], progress=None) -> dict[str, Any]:
   """Writes instance shard `task["shard"]`: the masked examples of `dupe_factor`
   epochs of the dynamic pipeline over that shard's share of the documents."""
-  from array_record.python.array_record_module import ArrayRecordWriter
-
   from bertjax.data import loader
   from bertjax.data.masking import MaskingConfig
 
@@ -244,27 +226,16 @@ def build_static_shard(task: dict[str, Any], progress=None) -> dict[str, Any]:
       num_epochs=task["dupe_factor"], shuffle_window=1, drop_remainder=False)
   path = os.path.join(task["data_dir"], shards.shard_name(task["shard"], task["num_shards"],
                                                           "instances"))
-  staging = f"{path}.tmp-{os.getpid()}"
-  writer = ArrayRecordWriter(staging, "group_size:1")
   count = 0
-  try:
+  with shards.shard_writer(path) as writer:
     for batch in loader.make_dataset(config, task["shard"], task["num_shards"]):
-      for row in range(len(batch["input_ids"])):
+      rows = len(batch["input_ids"])
+      for row in range(rows):
         writer.write(shards.encode_instance({k: v[row] for k, v in batch.items()}))
-      count += len(batch["input_ids"])
+      count += rows
       if progress is not None:
-        progress.put((0, len(batch["input_ids"])))
-    writer.close()
-    os.replace(staging, path)
-  except BaseException:
-    writer.close()
-    if os.path.exists(staging):
-      os.remove(staging)
-    raise
-  stats_path = path[:-len(".array_record")] + ".stats.json"
-  with open(stats_path + ".tmp", "w", encoding="utf-8") as f:
-    json.dump({"instances": count}, f)
-  os.replace(stats_path + ".tmp", stats_path)
+        progress.put((0, rows))
+  shards.mark_finished(path, {"instances": count})
   return {"instances": count}
 
 
@@ -297,15 +268,15 @@ def prepare_static(data_dir: str, *, objective: str, max_seq_length: int, maskin
   shards.write_info(data_dir, settings, shards.STATIC_INFO_FILE)
   tasks = []
   for index in range(host_index, num_shards, num_hosts):
-    done = os.path.join(data_dir, shards.shard_name(index, num_shards, "instances")[
-        :-len(".array_record")] + ".stats.json")
+    done = shards.stats_path(os.path.join(data_dir, shards.shard_name(index, num_shards,
+                                                                      "instances")))
     if not os.path.isfile(done):
       tasks.append({"shard": index, "num_shards": num_shards, "data_dir": data_dir, **settings})
   _run(tasks, num_workers, show_progress, build_static_shard, "instances")
   total = 0
   for index in range(host_index, num_shards, num_hosts):
-    path = os.path.join(data_dir, shards.shard_name(index, num_shards, "instances")[
-        :-len(".array_record")] + ".stats.json")
+    path = shards.stats_path(os.path.join(data_dir, shards.shard_name(index, num_shards,
+                                                                      "instances")))
     with open(path, encoding="utf-8") as f:
       total += json.load(f)["instances"]
   return total

@@ -20,11 +20,12 @@ prepared directory serves every sequence length and objective.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
 import struct
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -39,6 +40,41 @@ _HEADER = struct.Struct("<B3xI")
 
 def shard_name(index: int, count: int, kind: str = "documents") -> str:
   return f"{kind}-{index:05d}-of-{count:05d}.array_record"
+
+
+def stats_path(shard_path: str) -> str:
+  """The `.stats.json` beside a shard, whose presence marks it finished."""
+  return shard_path[:-len(".array_record")] + ".stats.json"
+
+
+@contextlib.contextmanager
+def shard_writer(path: str) -> Iterator[Any]:
+  """An `ArrayRecordWriter` on a temporary name, renamed to `path` on success.
+
+  On an error the partial file is removed; the shard is not marked finished
+  until `mark_finished` writes its stats.
+  """
+  from array_record.python.array_record_module import ArrayRecordWriter
+
+  staging = f"{path}.tmp-{os.getpid()}"
+  writer = ArrayRecordWriter(staging, "group_size:1")  # records are read at random
+  try:
+    yield writer
+    writer.close()
+    os.replace(staging, path)
+  except BaseException:
+    writer.close()
+    if os.path.exists(staging):
+      os.remove(staging)
+    raise
+
+
+def mark_finished(shard_path: str, stats: dict[str, Any]) -> None:
+  """Writes a shard's stats (atomically): the shard is complete."""
+  path = stats_path(shard_path)
+  with open(path + ".tmp", "w", encoding="utf-8") as f:
+    json.dump(stats, f)
+  os.replace(path + ".tmp", path)
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -135,8 +171,7 @@ def complete_shards(directory: str, kind: str = "documents") -> list[str]:
     info = read_json(path)
   count = info["num_shards"]
   paths = [os.path.join(directory, shard_name(i, count, kind)) for i in range(count)]
-  missing = [os.path.basename(p) for p in paths
-             if not os.path.isfile(p[:-len(".array_record")] + ".stats.json")]
+  missing = [os.path.basename(p) for p in paths if not os.path.isfile(stats_path(p))]
   if missing:
     raise ValueError(f"{directory}: {len(missing)} of {count} shards are missing or "
                      f"unfinished (e.g. {missing[0]}); rerun the builder to finish them")
