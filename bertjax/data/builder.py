@@ -11,11 +11,15 @@ line is `python -m bertjax.tools.prepare_pretraining_data`.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import multiprocessing
 import os
 import queue
+import shutil
 import sys
+import tempfile
 from typing import Any
 
 from absl import logging
@@ -109,8 +113,7 @@ def plan(spec: str, num_shards: int, stats: corpus.CorpusStats,
       raise ValueError(f"{spec}: the only demo corpus is demo:stdlib")
     return [{"kind": "demo"} for _ in range(num_shards)]
   if spec.startswith("tfds:"):
-    _, name, *split = spec.split(":")
-    split = split[0] if split else "train"
+    name, split = corpus.parse_tfds_spec(spec)
     length = len(corpus.tfds_source(name, split, tfds_data_dir))
     bounds = [round(length * i / num_shards) for i in range(num_shards + 1)]
     return [{"kind": "tfds", "name": name, "split": split, "data_dir": tfds_data_dir,
@@ -118,7 +121,7 @@ def plan(spec: str, num_shards: int, stats: corpus.CorpusStats,
   files = corpus.scan_files(corpus.expand_inputs(spec), stats)
   if not files:
     raise ValueError(f"{spec}: no readable input files ({stats.summary()})")
-  return [{"kind": "files", "ranges": [(r.path, r.start, r.end) for r in part]}
+  return [{"kind": "files", "ranges": [dataclasses.astuple(r) for r in part]}
           for part in corpus.plan_ranges(files, num_shards)]
 
 
@@ -127,31 +130,51 @@ def prepare(spec: str, output_dir: str, tokenizer, *, file_format: str = "senten
             host_index: int = 0, min_sentences: int = 2, max_line_chars: int = 100_000,
             tfds_data_dir: str | None = None, overwrite: bool = False,
             show_progress: bool = True) -> corpus.CorpusStats:
-  """Builds this host's shards; returns the counts over them (files included)."""
+  """Builds this host's shards; returns the counts over them.
+
+  Files are scanned (and counted) by every host; host 0 reports them.
+
+  Raises:
+    ValueError: bad settings, an output directory holding a different dataset
+      (unless `overwrite` on a single host), or no usable document at all.
+    FileNotFoundError: a missing input, before any work.
+  """
   if not 0 <= host_index < num_hosts:
     raise ValueError(f"host_index={host_index} is not in [0, num_hosts={num_hosts})")
   if num_shards < 1:
     raise ValueError(f"num_shards must be positive, got {num_shards}")
-  stats = corpus.CorpusStats()
-  sources = plan(spec, num_shards, stats, tfds_data_dir)
+  if min_sentences < 1:
+    raise ValueError(f"min_sentences must be >= 1, got {min_sentences}")
+  if overwrite and num_hosts > 1:
+    raise ValueError("overwrite with several hosts would race (one host deleting what "
+                     "another writes); empty the output directory first")
+  file_stats = corpus.CorpusStats()
+  sources = plan(spec, num_shards, file_stats, tfds_data_dir)
 
-  os.makedirs(output_dir, exist_ok=True)
-  settings = tokenizer.save(output_dir)
-  info = {"tokenizer": settings, "num_shards": num_shards, "vocab_size": tokenizer.vocab_size,
-          "token_dtype": shards.token_dtype(tokenizer.vocab_size).name, "input": spec,
-          "file_format": file_format, "min_sentences": min_sentences,
-          "max_line_chars": max_line_chars}
-  info_path = os.path.join(output_dir, shards.INFO_FILE)
-  if os.path.isfile(info_path):
-    existing = {k: v for k, v in shards.read_info(output_dir).items()
-                if k not in ("format", "format_version")}
-    if existing != json.loads(json.dumps(info)):
-      if not overwrite:
-        raise ValueError(f"{output_dir} holds a different dataset ({info_path}); pass "
-                         "--overwrite to replace it, or choose another --output_dir")
-      for name in os.listdir(output_dir):
-        if name.startswith("documents-"):
-          os.remove(os.path.join(output_dir, name))
+  # The tokenizer's files go to a staging directory first: they replace the
+  # directory's own only once the dataset is known to be this one.
+  with tempfile.TemporaryDirectory() as staging:
+    settings = tokenizer.save(staging)
+    info = {"tokenizer": settings, "tokenizer_sha256": _digest(staging),
+            "num_shards": num_shards, "vocab_size": tokenizer.vocab_size,
+            "token_dtype": shards.token_dtype(tokenizer.vocab_size).name, "input": spec,
+            "file_format": file_format, "min_sentences": min_sentences,
+            "max_line_chars": max_line_chars}
+    os.makedirs(output_dir, exist_ok=True)
+    info_path = os.path.join(output_dir, shards.INFO_FILE)
+    if os.path.isfile(info_path):
+      existing = {k: v for k, v in shards.read_info(output_dir).items()
+                  if k not in ("format", "format_version")}
+      if existing != json.loads(json.dumps(info)):
+        if not overwrite:
+          raise ValueError(f"{output_dir} holds a different dataset ({info_path}); pass "
+                           "--overwrite to replace it, or choose another --output_dir")
+        for name in os.listdir(output_dir):
+          if name.startswith(("documents-", "instances-", shards.STATIC_INFO_FILE)):
+            os.remove(os.path.join(output_dir, name))
+    for name in os.listdir(staging):
+      shutil.copyfile(os.path.join(staging, name), os.path.join(output_dir, f".{name}.tmp"))
+      os.replace(os.path.join(output_dir, f".{name}.tmp"), os.path.join(output_dir, name))
   shards.write_info(output_dir, info)
 
   tasks = []
@@ -167,11 +190,24 @@ def prepare(spec: str, output_dir: str, tokenizer, *, file_format: str = "senten
                len(range(host_index, num_shards, num_hosts)), num_workers)
   _run(tasks, num_workers, show_progress)
 
+  stats = file_stats if host_index == 0 else corpus.CorpusStats()
   for index in range(host_index, num_shards, num_hosts):
     path = shards.stats_path(os.path.join(output_dir, shards.shard_name(index, num_shards)))
     with open(path, encoding="utf-8") as f:
       stats.merge(corpus.CorpusStats.from_dict(json.load(f)))
+  if stats.documents_used == 0:
+    raise ValueError(f"{spec}: no usable document in this host's shards\n{stats.summary()}")
   return stats
+
+
+def _digest(directory: str) -> str:
+  """SHA-256 over the files of a directory (names and contents)."""
+  digest = hashlib.sha256()
+  for name in sorted(os.listdir(directory)):
+    digest.update(name.encode())
+    with open(os.path.join(directory, name), "rb") as f:
+      digest.update(f.read())
+  return digest.hexdigest()
 
 
 def _run(tasks: list[dict[str, Any]], num_workers: int, show_progress: bool,
@@ -227,8 +263,12 @@ def build_static_shard(task: dict[str, Any], progress=None) -> dict[str, Any]:
   path = os.path.join(task["data_dir"], shards.shard_name(task["shard"], task["num_shards"],
                                                           "instances"))
   count = 0
+  num_documents = len(loader.DocumentSource(task["data_dir"]))
+  batches = []  # a shard beyond the number of documents stays empty
+  if len(range(task["shard"], num_documents, task["num_shards"])):
+    batches = loader.make_dataset(config, task["shard"], task["num_shards"])
   with shards.shard_writer(path) as writer:
-    for batch in loader.make_dataset(config, task["shard"], task["num_shards"]):
+    for batch in batches:
       rows = len(batch["input_ids"])
       for row in range(rows):
         writer.write(shards.encode_instance({k: v[row] for k, v in batch.items()}))
@@ -261,7 +301,12 @@ def prepare_static(data_dir: str, *, objective: str, max_seq_length: int, maskin
   existing = os.path.join(data_dir, shards.STATIC_INFO_FILE)
   if os.path.isfile(existing):
     from bertjax.files import read_json
-    if read_json(existing) != json.loads(json.dumps(settings)):
+    written = {k: v for k, v in read_json(existing).items()
+               if k not in ("format", "format_version")}
+    if written != json.loads(json.dumps(settings)):
+      if num_hosts > 1:
+        raise ValueError(f"{existing} describes other static instances; with several hosts, "
+                         "delete them (instances-* and this file) first")
       for name in os.listdir(data_dir):
         if name.startswith("instances-"):
           os.remove(os.path.join(data_dir, name))

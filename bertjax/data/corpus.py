@@ -32,6 +32,8 @@ from bertjax.data.sentences import split_sentences
 FILE_FORMATS = ("sentences", "documents")
 _BINARY_PROBE_BYTES = 8192
 _BACKSCAN_CHUNK = 4096
+# ASCII whitespace and every non-ASCII byte: what remains is visible ASCII.
+_NOT_VISIBLE_ASCII = b" \t\r\n\x0b\x0c" + bytes(range(0x80, 0x100))
 
 Document = list[str]  # sentences
 
@@ -92,11 +94,12 @@ class CorpusStats:
 
 @dataclasses.dataclass(frozen=True)
 class FileRange:
-  """Bytes [start, end) of one file: a unit of parallel reading."""
+  """Bytes [start, end) of one file of `size` bytes: a unit of parallel reading."""
 
   path: str
   start: int
   end: int
+  size: int
 
 
 def _open(path: str, mode: str = "rb"):
@@ -116,25 +119,43 @@ def expand_inputs(spec: str) -> list[str]:
   for pattern in (p.strip() for p in spec.split(",")):
     if not pattern:
       continue
+    wildcard = any(c in pattern for c in "*?[")
     if "://" in pattern:
-      from etils import epath
-      if any(c in pattern for c in "*?["):
-        root, _, rest = pattern.partition("*")
-        parent = epath.Path(root).parent if not root.endswith("/") else epath.Path(root)
-        matches = sorted(str(p) for p in parent.glob(pattern[len(str(parent)) + 1:]))
-      else:
-        matches = [pattern] if epath.Path(pattern).exists() else []
-    elif any(c in pattern for c in "*?["):
+      matches = _remote_matches(pattern, wildcard)
+    elif wildcard:
       matches = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
+    elif os.path.isdir(pattern):
+      raise IsADirectoryError(f"{pattern} is a directory; name its files with a glob "
+                              f"such as {os.path.join(pattern, '*.txt')}")
     else:
       matches = [pattern] if os.path.isfile(pattern) else []
     if not matches:
-      kind = "glob matches no files" if any(c in pattern for c in "*?[") else "no such file"
-      raise FileNotFoundError(f"{pattern}: {kind}")
+      raise FileNotFoundError(f"{pattern}: {'glob matches no files' if wildcard else 'no such file'}")
     paths.extend(matches)
   if not paths:
     raise FileNotFoundError(f"{spec!r} names no input files")
   return sorted(set(paths))
+
+
+def _remote_matches(pattern: str, wildcard: bool) -> list[str]:
+  from etils import epath
+
+  if not wildcard:
+    path = epath.Path(pattern)
+    if path.is_dir():
+      raise IsADirectoryError(f"{pattern} is a directory; name its files with a glob")
+    return [pattern] if path.exists() else []
+  first = min(pattern.index(c) for c in "*?[" if c in pattern)
+  root = pattern[:pattern.rindex("/", 0, first)]
+  return sorted(str(p) for p in epath.Path(root).glob(pattern[len(root) + 1:]) if p.is_file())
+
+
+def parse_tfds_spec(spec: str) -> tuple[str, str]:
+  """`tfds:NAME[:SPLIT]` -> (name, split), split defaulting to "train"."""
+  _, name, *split = spec.split(":")
+  if not name or len(split) > 1:
+    raise ValueError(f"{spec}: expected tfds:NAME[:SPLIT], e.g. tfds:wikipedia/20230601.en")
+  return name, split[0] if split else "train"
 
 
 def _size(path: str) -> int:
@@ -157,6 +178,9 @@ def scan_files(paths: Sequence[str], stats: CorpusStats) -> list[tuple[str, int]
     if b"\x00" in probe:
       stats.files_skipped["binary file (NUL bytes)"] += 1
       continue
+    if b"\r" in probe and b"\n" not in probe:
+      stats.files_skipped["CR-only line endings (convert them to \\n)"] += 1
+      continue
     stats.files_read += 1
     usable.append((path, size))
   return usable
@@ -172,7 +196,7 @@ def plan_ranges(files: Sequence[tuple[str, int]], num_parts: int) -> list[list[F
     for part in range(num_parts):
       start, end = max(bounds[part], offset), min(bounds[part + 1], offset + size)
       if start < end:
-        parts[part].append(FileRange(path, start - offset, end - offset))
+        parts[part].append(FileRange(path, start - offset, end - offset, size))
     offset += size
   return parts
 
@@ -185,6 +209,16 @@ def _read_line(f, limit: int) -> tuple[bytes | None, bool]:
   while line and not line.endswith(b"\n"):  # Skip the rest without keeping it.
     line = f.readline(1 << 20)
   return None, True
+
+
+def _is_blank(line: bytes) -> bool:
+  """Whether a line holds only whitespace (Unicode's: NBSP and ideographic too)."""
+  if not line.strip():
+    return True
+  try:
+    return not line.decode("utf-8").strip()
+  except UnicodeDecodeError:
+    return False
 
 
 def _previous_line_is_blank(f, position: int) -> bool:
@@ -203,11 +237,11 @@ def _previous_line_is_blank(f, position: int) -> bool:
       collected = chunk[newline + 1:] + collected
       break
     collected = chunk + collected
-    if collected.strip():
+    if collected.translate(None, _NOT_VISIBLE_ASCII):  # a visible ASCII character
       break  # Not blank, whatever comes before.
     cursor = begin
   f.seek(position)
-  return not collected.strip()
+  return _is_blank(collected)
 
 
 def _first_line_start(f, start: int) -> int:
@@ -235,6 +269,11 @@ def read_range(file_range: FileRange, file_format: str, stats: CorpusStats,
   if file_format not in FILE_FORMATS:
     raise ValueError(f"file format must be one of {FILE_FORMATS}, got {file_format!r}")
   limit = 4 * max_line_chars  # bytes: UTF-8 takes at most 4 per character
+  size = _size(file_range.path)
+  if size != file_range.size:
+    raise ValueError(f"{file_range.path} changed while being read ({file_range.size} bytes "
+                     f"when the work was planned, {size} now); build from files that are "
+                     "complete")
   with _open(file_range.path) as raw:
     f = raw if isinstance(raw, io.BufferedIOBase) else io.BufferedReader(raw)
     position = _first_line_start(f, file_range.start)
@@ -260,7 +299,7 @@ def read_range(file_range: FileRange, file_format: str, stats: CorpusStats,
           continue
         if not line:
           break
-        if not line.strip():
+        if _is_blank(line):
           continue
         stats.documents_read += 1
         text = decode(line)
@@ -275,13 +314,13 @@ def read_range(file_range: FileRange, file_format: str, stats: CorpusStats,
     if not _previous_line_is_blank(f, position):
       while True:
         line, too_long = _read_line(f, limit)
-        if not too_long and not line.strip():
+        if not too_long and _is_blank(line):
           break
     in_document, document = False, []
     while True:
       line_start = f.tell()
       line, too_long = _read_line(f, limit)
-      if not too_long and not line.strip():  # a blank line or the end of the file
+      if not too_long and _is_blank(line):  # a blank line or the end of the file
         if in_document:
           stats.documents_read += 1
           if document:

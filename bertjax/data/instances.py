@@ -69,7 +69,7 @@ def instance_key(*parts: int) -> int:
   return key
 
 
-def truncate_pair(first: list[int], second: list[int], max_tokens: int,
+def truncate_pair_at_random_ends(first: list[int], second: list[int], max_tokens: int,
                   rng: np.random.Generator) -> tuple[list[int], list[int]]:
   """Trims the longer list one token at a time, from a random end each time.
 
@@ -142,7 +142,7 @@ def create_instances_from_document(
       else:
         is_random_next = False
         second = [t for s in chunk[a_end:] for t in s.tolist()]
-      first, second = truncate_pair(first, second, max_tokens, rng)
+      first, second = truncate_pair_at_random_ends(first, second, max_tokens, rng)
       if first and second:
         tokens = np.array([cls_id, *first, sep_id, *second, sep_id], np.int32)
         instances.append(Instance(tokens, len(first) + 2, int(is_random_next),

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import queue
+import struct
 import threading
 from typing import Any, Iterator
 
@@ -93,7 +94,11 @@ class DocumentSource:
     return len(self._records)
 
   def __getitem__(self, index: int) -> instances.Sentences:
-    ids, offsets = shards.decode_document(self._records[index])
+    try:
+      ids, offsets = shards.decode_document(self._records[index])
+    except (ValueError, struct.error) as e:
+      raise ValueError(f"{self.data_dir}: document {index} is corrupt ({e}); rebuild its "
+                       "shard") from None
     return [ids[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
 
 
@@ -103,7 +108,8 @@ class _NextSentenceInstances(grain.experimental.FlatMapTransform):
   def __init__(self, source: DocumentSource, config: LoaderConfig, cls_id: int, sep_id: int):
     self.source, self.config = source, config
     self.cls_id, self.sep_id = cls_id, sep_id
-    self.max_fan_out = 4 * config.max_seq_length  # an upper bound grain asks for
+    # Part of grain's FlatMap interface; only its random-access flat map uses it.
+    self.max_fan_out = 4 * config.max_seq_length
 
   def flat_map(self, document: instances.DocumentRef) -> list[instances.Instance]:
     rng = np.random.default_rng([self.config.seed, document.stream_index])
@@ -233,6 +239,29 @@ def document_order(num_documents: int, process_index: int, process_count: int, s
           .shuffle(seed=seed).repeat(num_epochs))
 
 
+def document_stream(source: DocumentSource, config: LoaderConfig, process_index: int,
+                    process_count: int) -> grain.IterDataset:
+  """The `DocumentRef`s one process reads (before instances are made).
+
+  A document's `stream_index` is `epoch * num_documents + index`: the same
+  whichever process reads it, so its instances and masks depend only on the
+  seed, the epoch and the document, not on the number of hosts.
+  """
+  num_documents = len(source)
+  per_process = len(range(process_index, num_documents, process_count))
+  if per_process == 0:
+    raise ValueError(f"{config.data_dir}: {num_documents} documents leave process "
+                     f"{process_index} of {process_count} none; use fewer processes or more data")
+
+  def reference(position: int, index: int) -> instances.DocumentRef:
+    epoch = position // per_process
+    return instances.DocumentRef(epoch * num_documents + index, index, source[index])
+
+  documents = document_order(num_documents, process_index, process_count, config.seed,
+                             config.num_epochs).map_with_index(reference)
+  return documents.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
+
+
 def make_dataset(config: LoaderConfig, process_index: int = 0,
                  process_count: int = 1) -> grain.IterDataset:
   """The pipeline of one process; iterate it, or `iter()` it for a checkpointable
@@ -242,18 +271,11 @@ def make_dataset(config: LoaderConfig, process_index: int = 0,
   if config.static:
     return _static_dataset(config, process_index, process_count)
   source = DocumentSource(config.data_dir)
-  if len(source) < process_count:
-    raise ValueError(f"{config.data_dir}: {len(source)} documents cannot be shared by "
-                     f"{process_count} processes")
   info = source.info
   tokenizer = tokenizer_from_settings(config.data_dir, info["tokenizer"])
   cls_id, sep_id = tokenizer.cls_id, tokenizer.sep_id
 
-  documents = document_order(len(source), process_index, process_count, config.seed,
-                             config.num_epochs)
-  documents = documents.map_with_index(
-      lambda stream_index, index: instances.DocumentRef(stream_index, index, source[index]))
-  stream = documents.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
+  stream = document_stream(source, config, process_index, process_count)
   if config.objective == "mlm_nsp":
     stream = grain.experimental.FlatMapIterDataset(
         stream, _NextSentenceInstances(source, config, cls_id, sep_id))
@@ -356,6 +378,7 @@ class DeviceIterator:
     self._start()
 
   def _start(self) -> None:
+    self._end: BaseException | None = None
     self._queue: queue.Queue = queue.Queue(maxsize=self._prefetch)
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._fill, daemon=True)
@@ -380,14 +403,18 @@ class DeviceIterator:
     except Exception as e:  # handed to the consumer
       self._queue.put(e)
       return
-    self._queue.put(StopIteration())
+    if not self._stop.is_set():
+      self._queue.put(StopIteration())
 
   def __iter__(self) -> Iterator[dict[str, Any]]:
     return self
 
   def __next__(self) -> dict[str, Any]:
+    if self._end is not None:
+      raise self._end
     item = self._queue.get()
     if isinstance(item, BaseException):
+      self._end = item  # the end of the data, or the loader's error, every time after
       raise item
     arrays, self._state = item
     return arrays
@@ -402,6 +429,7 @@ class DeviceIterator:
     self._start()
 
   def close(self) -> None:
+    """Stops the prefetch thread; `set_state` starts it again."""
     self._stop.set()
     while self._thread.is_alive():
       try:
@@ -409,3 +437,4 @@ class DeviceIterator:
       except queue.Empty:
         pass
       self._thread.join(timeout=0.1)
+    self._end = RuntimeError("DeviceIterator is closed; set_state() restarts it")

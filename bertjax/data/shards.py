@@ -63,7 +63,10 @@ def shard_writer(path: str) -> Iterator[Any]:
     writer.close()
     os.replace(staging, path)
   except BaseException:
-    writer.close()
+    try:
+      writer.close()
+    except Exception:  # the original error matters more than a failed close
+      pass
     if os.path.exists(staging):
       os.remove(staging)
     raise

@@ -19,20 +19,20 @@ SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
 def sentences(spec: str, file_format: str = "sentences",
-              stats: corpus.CorpusStats | None = None) -> Iterator[str]:
-  """Every sentence of a corpus, in order."""
+              stats: corpus.CorpusStats | None = None, tfds_data_dir: str | None = None,
+              max_line_chars: int = 100_000) -> Iterator[str]:
+  """Every sentence of a corpus (the builder's `--input` forms), in order."""
   stats = stats or corpus.CorpusStats()
   if spec == "demo:stdlib":
     documents = corpus.stdlib_documents()
   elif spec.startswith("tfds:"):
-    _, name, *split = spec.split(":")
-    source = corpus.tfds_source(name, split[0] if split else "train")
-    documents = corpus.tfds_documents(source, 0, len(source), stats)
+    source = corpus.tfds_source(*corpus.parse_tfds_spec(spec), tfds_data_dir)
+    documents = corpus.tfds_documents(source, 0, len(source), stats, max_line_chars)
   else:
     files = corpus.scan_files(corpus.expand_inputs(spec), stats)
     documents = (document for path, size in files
-                 for document in corpus.read_range(corpus.FileRange(path, 0, size),
-                                                   file_format, stats))
+                 for document in corpus.read_range(corpus.FileRange(path, 0, size, size),
+                                                   file_format, stats, max_line_chars))
   for document in documents:
     yield from document
 

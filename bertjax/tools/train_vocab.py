@@ -32,6 +32,7 @@ _FILE_FORMAT = flags.DEFINE_enum("file_format", "sentences", list(corpus.FILE_FO
                                  "Layout of file inputs.")
 _MAX_SENTENCES = flags.DEFINE_integer("max_sentences", 10_000_000,
                                       "Train on at most this many sentences.")
+_TFDS_DATA_DIR = flags.DEFINE_string("tfds_data_dir", None, "data_dir for tfds: inputs.")
 
 
 def main(argv):
@@ -39,8 +40,8 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   stats = corpus.CorpusStats()
   try:
-    texts = itertools.islice(vocabulary.sentences(_INPUT.value, _FILE_FORMAT.value, stats),
-                             _MAX_SENTENCES.value)
+    texts = itertools.islice(vocabulary.sentences(_INPUT.value, _FILE_FORMAT.value, stats,
+                                                  _TFDS_DATA_DIR.value), _MAX_SENTENCES.value)
     train = (vocabulary.train_wordpiece if _MODEL.value == "wordpiece"
              else vocabulary.train_sentencepiece)
     train(texts, _OUTPUT.value, _VOCAB_SIZE.value, _DO_LOWER_CASE.value)

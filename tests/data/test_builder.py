@@ -98,10 +98,27 @@ def test_resume_and_refusing_another_dataset(tmp_path, vocab):
   assert again.to_dict() == first.to_dict()
   after = {p: os.path.getmtime(out / p) for p in before}
   assert [p for p in before if before[p] != after[p]] == [victim.name]
+  saved_vocab = (out / "vocab.txt").read_bytes()
   with pytest.raises(ValueError, match="holds a different dataset"):
-    builder.prepare(str(corpus_path), str(out),
-                                     WordPieceTokenizer(vocab, do_lower_case=False),
-                                     num_shards=4, show_progress=False)
+    builder.prepare(str(corpus_path), str(out), WordPieceTokenizer(vocab, do_lower_case=False),
+                    num_shards=4, show_progress=False)
+  # A vocabulary of the same size but other tokens is another dataset too, and
+  # the refusal leaves the directory's own vocabulary in place.
+  tokens = (tmp_path / "vocab.txt").read_text().split("\n")[:-1]
+  swapped = tmp_path / "swapped" / "vocab.txt"
+  swapped.parent.mkdir()
+  swapped.write_text("\n".join(tokens[:-2] + [tokens[-1], tokens[-2]]) + "\n")
+  with pytest.raises(ValueError, match="holds a different dataset"):
+    builder.prepare(str(corpus_path), str(out), WordPieceTokenizer(str(swapped)), num_shards=4,
+                    show_progress=False)
+  assert (out / "vocab.txt").read_bytes() == saved_vocab
+  with pytest.raises(ValueError, match="overwrite with several hosts would race"):
+    builder.prepare(str(corpus_path), str(out), WordPieceTokenizer(str(swapped)), num_shards=4,
+                    num_hosts=2, overwrite=True, show_progress=False)
+  replaced = builder.prepare(str(corpus_path), str(out), WordPieceTokenizer(str(swapped)),
+                             num_shards=4, overwrite=True, show_progress=False)
+  assert replaced.documents_used == 40
+  assert (out / "vocab.txt").read_bytes() == swapped.read_bytes()
 
 
 def test_hosts_split_the_shards(tmp_path, vocab):
@@ -167,3 +184,30 @@ def test_tfds_source(tmp_path, vocab):
       "tfds:tiny_text", str(tmp_path / "out"), WordPieceTokenizer(vocab), num_shards=3,
       tfds_data_dir=str(tmp_path / "tfds"), show_progress=False)
   assert stats.documents_read == 12 and stats.documents_used == 12 and stats.sentences == 36
+
+
+def test_nothing_usable_is_an_error(tmp_path, vocab):
+  (tmp_path / "one.txt").write_text("just one sentence.\n\nand another lonely one.\n")
+  with pytest.raises(ValueError, match="no usable document"):
+    builder.prepare(str(tmp_path / "one.txt"), str(tmp_path / "out"), WordPieceTokenizer(vocab),
+                    num_shards=1, show_progress=False)
+  with pytest.raises(ValueError, match="min_sentences must be >= 1"):
+    builder.prepare(str(tmp_path / "one.txt"), str(tmp_path / "out2"),
+                    WordPieceTokenizer(vocab), min_sentences=0, show_progress=False)
+
+
+def test_static_instances_resume_and_tolerate_more_shards_than_documents(tmp_path, vocab):
+  from bertjax.data.masking import MaskingConfig
+
+  corpus_path = write_corpus(tmp_path / "c.txt", num_documents=3)
+  out = tmp_path / "out"
+  builder.prepare(str(corpus_path), str(out), WordPieceTokenizer(vocab), num_shards=5,
+                  show_progress=False)
+  settings = dict(objective="mlm_nsp", max_seq_length=64, masking=MaskingConfig(),
+                  dupe_factor=2, show_progress=False)
+  first = builder.prepare_static(str(out), **settings)
+  written = {p: os.path.getmtime(out / p) for p in os.listdir(out) if p.startswith("instances-")}
+  assert first > 0 and len(written) == 10  # 5 shards and their marks, two of them empty
+  again = builder.prepare_static(str(out), **settings)
+  assert again == first
+  assert {p: os.path.getmtime(out / p) for p in written} == written  # nothing rebuilt

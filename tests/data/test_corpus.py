@@ -56,10 +56,12 @@ def test_one_document_per_line_with_splits(tmp_path):
 
 def test_plan_ranges_covers_every_byte_once():
   files = [("a", 10), ("b", 0), ("c", 37), ("d", 5)]
+  sizes = dict(files)
   for parts in (1, 3, 8, 60):
     plan = corpus.plan_ranges([f for f in files if f[1]], parts)
     assert len(plan) == parts
     covered = {(r.path, b) for part in plan for r in part for b in range(r.start, r.end)}
+    assert all(r.size == sizes[r.path] for part in plan for r in part)
     assert covered == {(p, b) for p, size in files for b in range(size)}
 
 
@@ -112,3 +114,27 @@ def test_demo_corpus_is_english_prose():
   assert sum(len(s.split()) for s in sentences) > 150_000
   assert not any(s.lstrip().startswith(">>>") for s in sentences)
   assert list(corpus.stdlib_documents()) == documents  # deterministic
+
+
+def test_more_hostile_files(tmp_path):
+  # Old Mac line endings: one giant "line"; skipped and counted, not read as one sentence.
+  (tmp_path / "mac.txt").write_bytes(b"one.\rtwo.\r\rthree.\r")
+  stats = corpus.CorpusStats()
+  assert corpus.scan_files([str(tmp_path / "mac.txt")], stats) == []
+  assert list(stats.files_skipped) == ["CR-only line endings (convert them to \\n)"]
+  # A directory is named as such.
+  (tmp_path / "sub").mkdir()
+  with pytest.raises(IsADirectoryError, match="sub is a directory; name its files with a glob"):
+    corpus.expand_inputs(str(tmp_path / "sub"))
+  # Unicode whitespace lines separate documents, like blank ones.
+  path = tmp_path / "nbsp.txt"
+  path.write_text("a b.\nc d.\n\u00a0\u3000\ne f.\ng h.\n", encoding="utf-8")
+  size = path.stat().st_size
+  for parts in (1, 3, size):
+    documents, _ = _read_all(path, size, parts, "sentences")
+    assert documents == [["a b.", "c d."], ["e f.", "g h."]], parts
+  # A file that changes after planning is an error, not a silent loss.
+  plan = corpus.plan_ranges([(str(path), size)], 1)
+  path.write_text(path.read_text() + "\nmore.\n")
+  with pytest.raises(ValueError, match="nbsp.txt changed while being read"):
+    list(corpus.read_range(plan[0][0], "sentences", corpus.CorpusStats()))

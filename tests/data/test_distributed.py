@@ -32,6 +32,8 @@ def test_two_processes_share_the_data(prepared_dir, tmp_path):
   documents = [set(r["documents"]) for r in results]
   assert not documents[0] & documents[1]
   assert documents[0] | documents[1] == set(range(len(loader.DocumentSource(prepared_dir))))
+  assert sorted(results[0]["documents"]) != results[0]["documents"]  # shuffled
+  assert results[0]["masks"] != results[1]["masks"]  # hosts mask differently
   for result in results:
     assert result["global_shape"] == [8, 128]  # 2 processes x 4 rows
     assert result["local_rows_match"]

@@ -79,7 +79,7 @@ def test_truncation_is_random_at_both_ends():
   rng = np.random.default_rng(0)
   removed_front = []
   for _ in range(2000):
-    first, second = instances.truncate_pair(list(range(10)), list(range(100, 130)), 20, rng)
+    first, second = instances.truncate_pair_at_random_ends(list(range(10)), list(range(100, 130)), 20, rng)
     assert first == list(range(10)) and len(second) == 10  # the longer one is cut
     removed_front.append(second[0] - 100)
   assert abs(np.mean(removed_front) - 10) < 0.3  # 20 removals, each end half the time

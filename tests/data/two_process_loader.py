@@ -24,8 +24,11 @@ def main():
 
   config = loader.LoaderConfig(data_dir, objective="ltr", batch_size=4, shuffle_window=1,
                                num_epochs=1)
+  # The documents the pipeline itself reads.
   source = loader.DocumentSource(data_dir)
-  documents = [int(d) for d in loader.document_order(len(source), index, count, config.seed, 1)]
+  documents = [ref.index for ref in loader.document_stream(source, config, index, count)]
+  masked = loader.LoaderConfig(data_dir, batch_size=4, shuffle_window=1)
+  masks = next(iter(loader.make_dataset(masked, index, count)))["masked_positions"].tolist()
 
   mesh = jax.make_mesh((4,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
   sharding = jax.NamedSharding(mesh, jax.P("data"))
@@ -39,7 +42,8 @@ def main():
   with open(out, "w") as f:
     json.dump({"documents": documents, "global_shape": list(batch["input_ids"].shape),
                "local_rows_match": bool(np.array_equal(local_rows, local["input_ids"])),
-               "local_sum": float(local["lm_weights"].sum()), "global_sum": total}, f)
+               "local_sum": float(local["lm_weights"].sum()), "global_sum": total,
+               "masks": masks}, f)
   jax.distributed.shutdown()
 
 
