@@ -74,6 +74,26 @@ def layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
   )
 
 
+class EmbeddingTable(nn.Module):
+  """A [rows, embed] float32 table looked up by id.
+
+  The lookup reads the whole table (all-gathered where FSDP shards it), so the
+  gathered rows come out sharded like the batch.
+  """
+
+  config: BertConfig
+  rows: int
+  axes: tuple[str | None, str]
+
+  def setup(self):
+    self.embedding = self.param("embedding", kernel_init(self.config, self.axes),
+                                (self.rows, self.config.hidden_size), jnp.float32)
+
+  def __call__(self, ids: Array) -> Array:
+    table = nn.with_logical_constraint(self.embedding, (None, None))
+    return jnp.take(table, ids, axis=0)
+
+
 class Embeddings(nn.Module):
   """Word + position + token type embeddings, LayerNorm, dropout."""
 
@@ -82,10 +102,8 @@ class Embeddings(nn.Module):
   def setup(self):
     config = self.config
 
-    def table(rows: int, axes: tuple[str | None, str], name: str) -> nn.Embed:
-      return nn.Embed(rows, config.hidden_size, dtype=jnp.float32,
-                      param_dtype=jnp.float32,
-                      embedding_init=kernel_init(config, axes), name=name)
+    def table(rows: int, axes: tuple[str | None, str], name: str) -> EmbeddingTable:
+      return EmbeddingTable(config, rows, axes, name=name)
 
     self.word_embeddings = table(config.vocab_size, ("vocab", "embed"), "word_embeddings")
     self.position_embeddings = table(config.max_position_embeddings, (None, "embed"),
