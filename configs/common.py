@@ -1,8 +1,9 @@
-"""Blocks shared by the configs: model sizes and the logical-axis rules.
+"""Blocks shared by the configs: model sizes, the logical-axis rules, defaults.
 
-Model code names only logical axes; this table maps them onto the mesh axes
-`data` (batch replicas), `fsdp` (batch and parameter shards) and `tensor`
-(heads and feed-forward shards). An axis mapped to None is replicated.
+Model code names only logical axes; `LOGICAL_AXIS_RULES` maps them onto the
+mesh axes `data` (batch replicas), `fsdp` (batch and parameter shards) and
+`tensor` (heads and feed-forward shards). An axis mapped to None is replicated;
+a mesh axis already used by another dimension of the same array is skipped.
 """
 
 import ml_collections
@@ -32,4 +33,103 @@ def model_config(size: str, **overrides) -> ml_collections.ConfigDict:
   """
   if size not in PRESETS:
     raise ValueError(f"Unknown model size {size!r}; known: {', '.join(sorted(PRESETS))}")
-  return ml_collections.ConfigDict({**PRESETS[size], **overrides})
+  fields = dict(vocab_size=30522, hidden_act="gelu", max_position_embeddings=512,
+                type_vocab_size=2, hidden_dropout_prob=0.1, attention_dropout_prob=0.1,
+                dtype="bfloat16", scan_layers=True, remat_policy="none",
+                attention_impl="xla")
+  return ml_collections.ConfigDict({**fields, **PRESETS[size], **overrides})
+
+
+def parse_arg(arg: str | None) -> dict[str, str]:
+  """Config arguments: `name` or `name=value`, comma-separated (`no_nsp,size=bert_L4_H256`)."""
+  options = {}
+  for part in (arg or "").split(","):
+    if part.strip():
+      name, _, value = part.partition("=")
+      options[name.strip()] = value.strip() or "true"
+  return options
+
+
+def pretrain_config(size: str = "bert_base") -> ml_collections.ConfigDict:
+  """The paper's pre-training recipe (section A.2) for a model size."""
+  config = ml_collections.ConfigDict()
+  config.task = "pretrain"
+  config.seed = 0
+  # "mlm_nsp" (the paper), "mlm" (No NSP ablation), "ltr" (LTR & No NSP).
+  config.objective = "mlm_nsp"
+  config.model = model_config(size)
+
+  config.data = ml_collections.ConfigDict()
+  config.data.dir = ""            # prepared by bertjax.tools.prepare_pretraining_data
+  config.data.build_from = ""     # if set and `dir` is empty: build <workdir>/data from it
+  config.data.vocab_size = 30522  # of the vocabulary trained for `build_from`
+  config.data.masked_lm_prob = 0.15
+  config.data.whole_word_masking = False
+  config.data.short_seq_prob = 0.1
+  config.data.shuffle_window = 1000
+  config.data.worker_count = 0
+  config.data.eval_percent = 1.0  # documents held out for evaluation
+  config.data.host_sharding = "documents"  # or "rows": batches independent of host count
+
+  config.train = ml_collections.ConfigDict()
+  config.train.batch_size = 256           # sequences per step, all hosts together
+  config.train.accumulation_steps = 1     # micro-batches per step
+  config.train.total_steps = 1_000_000
+  config.train.max_seq_length = 128       # "90% of the steps"
+  config.train.max_predictions = 20
+  config.train.long_from_step = 900_000   # then 512 "for the remaining 10%"
+  config.train.long_seq_length = 512
+  config.train.long_max_predictions = 80
+
+  config.optimizer = ml_collections.ConfigDict()
+  config.optimizer.name = "adamw"         # or "lamb"
+  config.optimizer.learning_rate = 1e-4
+  config.optimizer.warmup_steps = 10_000
+  config.optimizer.weight_decay = 0.01    # not on LayerNorm and biases
+  config.optimizer.b1 = 0.9
+  config.optimizer.b2 = 0.999
+  config.optimizer.eps = 1e-6
+  config.optimizer.max_grad_norm = 1.0
+
+  config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  config.logical_axis_rules = LOGICAL_AXIS_RULES
+
+  config.checkpoint = ml_collections.ConfigDict(dict(every_steps=10_000, max_to_keep=3,
+                                                     async_save=True))
+  config.eval = ml_collections.ConfigDict(dict(every_steps=10_000, batches=50, batch_size=256))
+  config.log_every_steps = 100
+  config.max_consecutive_skips = 10  # non-finite steps in a row before the run stops
+  # Capture a profiler trace (<workdir>/profile) for num_steps from start_step.
+  config.profile = ml_collections.ConfigDict(dict(start_step=-1, num_steps=5))
+  return config
+
+
+def apply_options(config: ml_collections.ConfigDict, options: dict[str, str]) -> None:
+  """The ablations and variants every pre-training config accepts.
+
+  - `no_nsp`: the paper's "No NSP" (masked LM only, packed sequences);
+  - `ltr`: "LTR & No NSP" (a left-to-right LM, causal attention);
+  - `lamb`: large-batch LAMB (32k sequences; a starting point to tune);
+  - `size=<preset>`: another model size (Table 6 grid, small BERTs).
+  """
+  known = {"no_nsp", "ltr", "lamb", "size"}
+  unknown = sorted(set(options) - known)
+  if unknown:
+    raise ValueError(f"unknown config arguments {unknown}; known: {sorted(known)}")
+  if "size" in options:
+    config.model = model_config(options["size"], dtype=config.model.dtype,
+                                scan_layers=config.model.scan_layers)
+  if "no_nsp" in options:
+    config.objective = "mlm"
+  if "ltr" in options:
+    config.objective = "ltr"
+  if "lamb" in options:
+    config.optimizer.name = "lamb"
+    config.train.batch_size = 32768
+    config.train.total_steps = 7_813     # the same 256M sequences as 256 x 1M
+    config.train.long_from_step = 7_031  # 90%
+    config.optimizer.learning_rate = 4e-3
+    config.optimizer.warmup_steps = 1_563  # 20%
+    config.checkpoint.every_steps = 500
+    config.eval.every_steps = 500
+    config.log_every_steps = 10

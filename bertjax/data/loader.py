@@ -53,6 +53,13 @@ class LoaderConfig:
       `--static_dupe_factor` instead of masking on the fly; `objective`,
       `max_seq_length` and `masking` must match what was written.
     drop_remainder: Drop a last, incomplete batch (static shapes for training).
+    split: "all" documents, or "train" / "eval": a held-out `eval_percent` of
+      the documents (chosen by a hash of their index) for evaluation.
+    eval_percent: Size of the held-out split, in percent.
+    host_sharding: "documents" (each process reads its own documents: the
+      scalable default) or "rows" (every process runs the whole pipeline and
+      keeps its rows of each global batch: global batches independent of the
+      number of processes, for small runs and equivalence tests).
   """
 
   data_dir: str
@@ -67,6 +74,9 @@ class LoaderConfig:
   worker_count: int = 0
   static: bool = False
   drop_remainder: bool = True
+  split: str = "all"
+  eval_percent: float = 1.0
+  host_sharding: str = "documents"
 
   def __post_init__(self):
     if self.objective not in instances.OBJECTIVES:
@@ -80,6 +90,11 @@ class LoaderConfig:
       self.masking.check_length(self.max_seq_length)
     elif self.static:
       raise ValueError("static masking is for the masked-LM objectives, not 'ltr'")
+    if self.split not in ("all", "train", "eval"):
+      raise ValueError(f"split must be 'all', 'train' or 'eval', got {self.split!r}")
+    if self.host_sharding not in ("documents", "rows"):
+      raise ValueError(f"host_sharding must be 'documents' or 'rows', got "
+                       f"{self.host_sharding!r}")
 
 
 class DocumentSource:
@@ -228,15 +243,28 @@ class _Targets:
     return batch
 
 
-def document_order(num_documents: int, process_index: int, process_count: int, seed: int,
-                   num_epochs: int | None) -> grain.MapDataset:
+def split_documents(num_documents: int, split: str, eval_percent: float) -> np.ndarray:
+  """Indices of the documents of a split; "eval" holds out a fixed hash-chosen share."""
+  indices = np.arange(num_documents, dtype=np.uint64)
+  if split == "all":
+    return indices.astype(np.int64)
+  held_out = masking.uniform(indices, np.zeros(1, np.int64), 7)[:, 0] < eval_percent / 100
+  return np.flatnonzero(held_out if split == "eval" else ~held_out)
+
+
+def document_order(documents: int | np.ndarray, process_index: int, process_count: int,
+                   seed: int, num_epochs: int | None) -> grain.MapDataset:
   """The document indices one process reads, epoch after epoch.
 
-  Processes take every `process_count`-th document, so they read disjoint sets
-  that together cover the dataset; each epoch is shuffled anew.
+  Processes take every `process_count`-th document (of `range(documents)` or
+  of the given indices), so they read disjoint sets that together cover them;
+  each epoch is shuffled anew.
   """
-  return (grain.MapDataset.range(num_documents)[process_index::process_count]
-          .shuffle(seed=seed).repeat(num_epochs))
+  if isinstance(documents, int):
+    documents = np.arange(documents)
+  indices = documents[process_index::process_count]
+  return (grain.MapDataset.range(len(indices)).shuffle(seed=seed).repeat(num_epochs)
+          .map(lambda position: int(indices[position])))
 
 
 def document_stream(source: DocumentSource, config: LoaderConfig, process_index: int,
@@ -248,16 +276,18 @@ def document_stream(source: DocumentSource, config: LoaderConfig, process_index:
   seed, the epoch and the document, not on the number of hosts.
   """
   num_documents = len(source)
-  per_process = len(range(process_index, num_documents, process_count))
+  chosen = split_documents(num_documents, config.split, config.eval_percent)
+  per_process = len(chosen[process_index::process_count])
   if per_process == 0:
-    raise ValueError(f"{config.data_dir}: {num_documents} documents leave process "
-                     f"{process_index} of {process_count} none; use fewer processes or more data")
+    raise ValueError(f"{config.data_dir}: {len(chosen)} documents ({config.split} split) "
+                     f"leave process {process_index} of {process_count} none; use fewer "
+                     "processes or more data")
 
   def reference(position: int, index: int) -> instances.DocumentRef:
     epoch = position // per_process
     return instances.DocumentRef(epoch * num_documents + index, index, source[index])
 
-  documents = document_order(num_documents, process_index, process_count, config.seed,
+  documents = document_order(chosen, process_index, process_count, config.seed,
                              config.num_epochs).map_with_index(reference)
   return documents.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
 
@@ -268,6 +298,12 @@ def make_dataset(config: LoaderConfig, process_index: int = 0,
   iterator (`get_state()` / `set_state()`)."""
   if not 0 <= process_index < process_count:
     raise ValueError(f"process_index={process_index} not in [0, {process_count})")
+  if config.host_sharding == "rows" and process_count > 1:
+    # The whole pipeline at the global batch size; this process keeps its rows.
+    whole = dataclasses.replace(config, batch_size=config.batch_size * process_count,
+                                host_sharding="documents")
+    rows = slice(process_index * config.batch_size, (process_index + 1) * config.batch_size)
+    return make_dataset(whole).map(lambda batch: {k: v[rows] for k, v in batch.items()})
   if config.static:
     return _static_dataset(config, process_index, process_count)
   source = DocumentSource(config.data_dir)

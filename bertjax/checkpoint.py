@@ -1,0 +1,137 @@
+"""Training checkpoints with orbax: the state, each host's data position, metadata.
+
+A checkpoint `<workdir>/checkpoints/<step>/` holds
+- `state/`: the `TrainState` (params, optimizer state, step, RNG, skip counters),
+  saved asynchronously from its shards and restored into the same shardings;
+- `data/process_<i>-of-<n>.json`: each host's loader state (and training
+  phase), written by that host;
+- `meta/`: JSON metadata (the phase, the model config).
+
+Orbax writes a step under a temporary name and renames it when every host has
+finished, so a save killed half-way never becomes the latest step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+from etils import epath
+
+STATE, DATA, META = "state", "data", "meta"
+
+
+class PerProcessJsonHandler(ocp.CheckpointHandler):
+  """Saves one JSON document per JAX process (each host's data loader state)."""
+
+  def save(self, directory: epath.Path, args: PerProcessJsonSave) -> None:
+    path = epath.Path(directory) / f"process_{jax.process_index()}-of-{jax.process_count()}.json"
+    path.write_text(json.dumps(args.item))
+
+  def restore(self, directory: epath.Path, args: PerProcessJsonRestore | None = None) -> Any:
+    path = epath.Path(directory) / f"process_{jax.process_index()}-of-{jax.process_count()}.json"
+    if not path.exists():
+      found = sorted(p.name for p in epath.Path(directory).glob("process_*.json"))
+      raise ValueError(f"{path} is missing: the checkpoint was written by a different number "
+                       f"of processes ({found}); restart with as many hosts")
+    return json.loads(path.read_text())
+
+  def structure(self, directory: epath.Path) -> Any:
+    return None
+
+  def metadata(self, directory: epath.Path) -> Any:
+    return None
+
+  def finalize(self, directory: epath.Path) -> None:
+    pass
+
+  def close(self) -> None:
+    pass
+
+
+@ocp.args.register_with_handler(PerProcessJsonHandler, for_save=True)
+@dataclasses.dataclass
+class PerProcessJsonSave(ocp.args.CheckpointArgs):
+  item: Any
+
+
+@ocp.args.register_with_handler(PerProcessJsonHandler, for_restore=True)
+@dataclasses.dataclass
+class PerProcessJsonRestore(ocp.args.CheckpointArgs):
+  pass
+
+
+class Checkpointer:
+  """Periodic, asynchronous, atomic checkpoints of one training run.
+
+  Args:
+    directory: Where the steps go (`<workdir>/checkpoints`).
+    save_every: Save when the step is a multiple of this (and on request).
+    max_to_keep: Keep the newest this many steps.
+    async_save: Write in the background while training goes on.
+  """
+
+  def __init__(self, directory: str, *, save_every: int, max_to_keep: int = 3,
+               async_save: bool = True):
+    self.directory = os.fspath(directory)
+    options = ocp.CheckpointManagerOptions(
+        save_interval_steps=save_every, max_to_keep=max_to_keep,
+        enable_async_checkpointing=async_save, create=True,
+        cleanup_tmp_directories=True)
+    self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                          item_names=(STATE, DATA, META))
+
+  def latest_step(self) -> int | None:
+    return self._manager.latest_step()
+
+  def reached_preemption(self, step: int) -> bool:
+    """JAX's preemption sync point on pods (all hosts agree on the step)."""
+    return self._manager.reached_preemption(step)
+
+  def save(self, step: int, state: Any, data_state: dict[str, Any], meta: dict[str, Any],
+           force: bool = False) -> bool:
+    """Saves if the step is due (or `force`); returns whether it started a save."""
+    return self._manager.save(step, args=ocp.args.Composite(**{
+        STATE: ocp.args.StandardSave(state),
+        DATA: PerProcessJsonSave(data_state),
+        META: ocp.args.JsonSave(meta),
+    }), force=force)
+
+  def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """(state, this host's data state, metadata) of a step.
+
+    Args:
+      abstract_state: `jax.ShapeDtypeStruct`s with shardings: the state is read
+        straight into them.
+
+    Raises:
+      ValueError: the checkpoint's arrays do not fit the abstract state.
+    """
+    try:
+      restored = self._manager.restore(step, args=ocp.args.Composite(**{
+          STATE: ocp.args.StandardRestore(abstract_state),
+          DATA: PerProcessJsonRestore(),
+          META: ocp.args.JsonRestore(),
+      }))
+    except ValueError as e:
+      raise ValueError(f"{self.directory}/{step}: the checkpoint does not fit this run's "
+                       f"model and optimizer ({str(e).splitlines()[0]}); use another "
+                       "--workdir or the config the checkpoint was made with") from None
+    return restored[STATE], restored[DATA], restored[META]
+
+  def wait(self) -> None:
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    self._manager.wait_until_finished()
+    self._manager.close()
+
+
+def abstract_with_shardings(abstract: Any, shardings: Any) -> Any:
+  """ShapeDtypeStructs carrying the shardings to restore into."""
+  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                      abstract, shardings)

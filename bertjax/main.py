@@ -1,0 +1,49 @@
+r"""Runs a bertjax job: `python -m bertjax.main --config=CONFIG --workdir=DIR`.
+
+  python -m bertjax.main --config=configs/demo.py --workdir=/tmp/demo
+  python -m bertjax.main --config=configs/large_pretrain.py --workdir=gs://bucket/run \
+      --config.train.batch_size=512
+
+Run the same command on every host of a TPU pod slice; `jax.distributed` finds
+the others itself there (elsewhere pass --coordinator_address, --num_processes
+and --process_id). Rerunning a command resumes from the last checkpoint in its
+workdir.
+"""
+
+from absl import app, flags, logging
+import jax
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (get_config(arg)); "
+                                          "`path.py:arg` passes an argument.",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, metrics and the resolved "
+                               "config go here.")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None,
+                                   "host:port of process 0 (not needed on TPU pods).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the job.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  if _COORDINATOR.value or _NUM_PROCESSES.value:
+    jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+  elif jax.default_backend() == "tpu":
+    jax.distributed.initialize()  # every host of a pod slice
+  logging.info("Process %d of %d, %d local / %d global devices", jax.process_index(),
+               jax.process_count(), jax.local_device_count(), jax.device_count())
+
+  config = _CONFIG.value
+  if config.task == "pretrain":
+    from bertjax.tasks import pretrain
+    pretrain.save_config(config, _WORKDIR.value)
+    pretrain.train_and_evaluate(config, _WORKDIR.value)
+  else:
+    raise app.UsageError(f"Unknown config.task {config.task!r}; known: pretrain")
+
+
+if __name__ == "__main__":
+  app.run(main)

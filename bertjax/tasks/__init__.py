@@ -1,0 +1,1 @@
+"""What `python -m bertjax.main` runs, by `config.task`."""

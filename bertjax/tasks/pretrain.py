@@ -1,0 +1,373 @@
+"""Pre-training: the loop that runs `train_step` over the data, with checkpoints.
+
+The run is one or two phases: `train.max_seq_length` (128 in the paper) until
+`train.long_from_step`, then `train.long_seq_length` (512) to the end, as one
+run with one optimizer schedule. Everything a restart needs is checkpointed:
+the state, each host's loader position and the phase, so rerunning the same
+command continues exactly where the last checkpoint left off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import time
+from typing import Any
+
+from absl import logging
+import flax.linen as nn
+import jax
+import ml_collections
+
+from bertjax import checkpoint, flops, metrics, optim, sharding, train
+from bertjax.data import loader, shards
+from bertjax.data.masking import MaskingConfig
+from bertjax.models import BertConfig
+
+PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: "stopped, resume me"
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+  """Steps [start, end) at one sequence length."""
+
+  index: int
+  start: int
+  end: int
+  max_seq_length: int
+  max_predictions: int
+
+
+def phases(config: ml_collections.ConfigDict) -> list[Phase]:
+  """The run's phases from `config.train`."""
+  train_config = config.train
+  total = train_config.total_steps
+  long_from = train_config.long_from_step
+  if long_from is None or long_from < 0 or long_from >= total:
+    return [Phase(0, 0, total, train_config.max_seq_length, train_config.max_predictions)]
+  return [Phase(0, 0, long_from, train_config.max_seq_length, train_config.max_predictions),
+          Phase(1, long_from, total, train_config.long_seq_length,
+                train_config.long_max_predictions)]
+
+
+def model_config(config: ml_collections.ConfigDict) -> BertConfig:
+  values = config.model.to_dict()
+  return BertConfig(**values)
+
+
+def validate(config: ml_collections.ConfigDict, mesh_devices: int) -> tuple[int, ...]:
+  """Checks the config before anything is compiled; returns the mesh shape.
+
+  Raises:
+    ValueError: saying what to change.
+  """
+  bert = model_config(config)  # hidden size vs heads and the like
+  shape = sharding.mesh_shape([config.mesh.data, config.mesh.fsdp, config.mesh.tensor],
+                              mesh_devices)
+  batch, accumulation = config.train.batch_size, config.train.accumulation_steps
+  data_shards = shape[0] * shape[1]
+  processes = jax.process_count()
+  if accumulation < 1 or batch % accumulation:
+    raise ValueError(f"train.batch_size={batch} is not divisible by "
+                     f"train.accumulation_steps={accumulation}")
+  if (batch // accumulation) % data_shards:
+    raise ValueError(f"a micro-batch of {batch // accumulation} sequences (train.batch_size / "
+                     f"train.accumulation_steps) does not divide over the {data_shards} data "
+                     f"shards of the mesh (data x fsdp = {shape[0]} x {shape[1]}); make it a "
+                     "multiple")
+  if batch % processes or config.eval.batch_size % processes:
+    raise ValueError(f"train.batch_size={batch} and eval.batch_size="
+                     f"{config.eval.batch_size} must divide over the {processes} processes")
+  if config.eval.batch_size % data_shards:
+    raise ValueError(f"eval.batch_size={config.eval.batch_size} does not divide over the "
+                     f"{data_shards} data shards")
+  for phase in phases(config):
+    if phase.max_seq_length > bert.max_position_embeddings:
+      raise ValueError(f"sequence length {phase.max_seq_length} is above the model's "
+                       f"max_position_embeddings={bert.max_position_embeddings}; raise "
+                       "model.max_position_embeddings or shorten the sequences")
+    if config.objective != "ltr":
+      masking_config(config, phase.max_predictions).check_length(phase.max_seq_length)
+  if config.train.total_steps < 1:
+    raise ValueError(f"train.total_steps must be positive, got {config.train.total_steps}")
+  return shape
+
+
+def masking_config(config: ml_collections.ConfigDict, max_predictions: int) -> MaskingConfig:
+  return MaskingConfig(masked_lm_prob=config.data.masked_lm_prob,
+                       max_predictions=max_predictions,
+                       whole_word=config.data.whole_word_masking)
+
+
+def loader_config(config: ml_collections.ConfigDict, data_dir: str, phase: Phase,
+                  split: str, batch_size: int, seed_offset: int = 0) -> loader.LoaderConfig:
+  data = config.data
+  return loader.LoaderConfig(
+      data_dir, objective=config.objective, max_seq_length=phase.max_seq_length,
+      batch_size=batch_size // jax.process_count(),
+      masking=masking_config(config, phase.max_predictions),
+      short_seq_prob=data.short_seq_prob, seed=config.seed + 1000 * phase.index + seed_offset,
+      shuffle_window=data.shuffle_window, worker_count=data.worker_count, split=split,
+      eval_percent=data.eval_percent, host_sharding=data.host_sharding)
+
+
+def prepare_data(config: ml_collections.ConfigDict, workdir: str) -> str:
+  """The prepared data directory; built first when the config says how (the demo)."""
+  data_dir = config.data.dir or os.path.join(workdir, "data")
+  if os.path.isfile(os.path.join(data_dir, shards.INFO_FILE)) or not config.data.build_from:
+    shards.complete_shards(data_dir)  # a clear error if it is not there
+    return data_dir
+  if jax.process_index() == 0:
+    from bertjax.data import builder, vocabulary
+    from bertjax.data.tokenizers import WordPieceTokenizer
+
+    vocab = os.path.join(workdir, "vocab.txt")
+    if not os.path.isfile(vocab):
+      logging.info("Training a %d-token WordPiece vocabulary on %s", config.data.vocab_size,
+                   config.data.build_from)
+      vocabulary.train_wordpiece(vocabulary.sentences(config.data.build_from), vocab,
+                                 config.data.vocab_size, True)
+    logging.info("Preparing %s into %s", config.data.build_from, data_dir)
+    stats = builder.prepare(config.data.build_from, data_dir, WordPieceTokenizer(vocab),
+                            num_shards=4, num_workers=1, show_progress=False)
+    logging.info("Prepared data:\n%s", stats.summary())
+  _sync("prepared data")
+  return data_dir
+
+
+def _sync(name: str) -> None:
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices(name)
+
+
+class _Preemption:
+  """SIGTERM (a TPU VM's preemption notice) sets a flag the loop checks."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = None
+
+  def __enter__(self):
+    try:
+      self._previous = signal.signal(signal.SIGTERM, self._handle)
+    except ValueError:  # not the main thread: rely on JAX's sync point only
+      self._previous = None
+    return self
+
+  def _handle(self, signum, frame):
+    del signum, frame
+    logging.warning("SIGTERM: saving a checkpoint at the next step, then stopping")
+    self.requested = True
+
+  def __exit__(self, *exc):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+  """Pre-trains as `config` says, resuming from `workdir` if it holds a checkpoint.
+
+  Returns:
+    The last logged training metrics and the last evaluation.
+
+  Raises:
+    SystemExit(PREEMPTED_EXIT_CODE) after saving when preempted.
+  """
+  return _Trainer(config, workdir).run()
+
+
+class _Trainer:
+  """One run: the mesh, model, state, data, checkpoints and metrics."""
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str):
+    self.config, self.workdir = config, workdir
+    devices = jax.devices()
+    self.mesh = sharding.make_mesh(validate(config, len(devices)))
+    self.rules = tuple(tuple(rule) for rule in config.logical_axis_rules)
+    self.data_dir = prepare_data(config, workdir)
+    self.bert = model_config(config)
+    self.model = train.pretraining_model(self.bert, config.objective)
+    self.phases = phases(config)
+    self.total_steps = config.train.total_steps
+    opt = config.optimizer
+    self.learning_rate_fn = optim.learning_rate_schedule(opt.learning_rate, opt.warmup_steps,
+                                                         self.total_steps)
+    self.optimizer = optim.create_optimizer(
+        opt.name, self.learning_rate_fn, weight_decay=opt.weight_decay, b1=opt.b1, b2=opt.b2,
+        eps=opt.eps, max_grad_norm=opt.max_grad_norm)
+    self.writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0)
+    self.checkpointer = checkpoint.Checkpointer(
+        os.path.join(workdir, "checkpoints"), save_every=config.checkpoint.every_steps,
+        max_to_keep=config.checkpoint.max_to_keep, async_save=config.checkpoint.async_save)
+    self.batch_sharding = sharding.batch_sharding(self.mesh)
+    self.peak, peak_source = flops.peak_tflops(self.bert.dtype)
+    logging.info("Mesh %s over %d devices (%s); peak %.3f TFLOP/s per device (%s)",
+                 dict(self.mesh.shape), len(devices), devices[0].device_kind, self.peak,
+                 peak_source)
+
+  def run(self) -> dict[str, float]:
+    config = self.config
+    result: dict[str, float] = {}
+    with (jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules),
+          _Preemption() as self.preemption):
+      abstract = train.abstract_train_state(self.model, self.optimizer, config.seed)
+      shardings = train.state_shardings(abstract, self.mesh, self.rules)
+      restored_data = None
+      latest = self.checkpointer.latest_step()
+      if latest is None:
+        state = train.init_train_state(self.model, self.optimizer, config.seed, shardings)
+      else:
+        target = checkpoint.abstract_with_shardings(nn.meta.unbox(abstract), shardings)
+        state, restored_data, _ = self.checkpointer.restore(latest, target)
+        logging.info("Resumed from %s at step %d", self.checkpointer.directory, latest)
+      self.train_step, self.eval_step = train.jit_steps(
+          self.model, self.optimizer, self.learning_rate_fn, config.objective,
+          config.train.accumulation_steps, shardings, self.batch_sharding,
+          sharding.replicated(self.mesh))
+
+      for phase in self.phases:
+        if int(state.step) >= phase.end:
+          continue
+        logging.info("Phase %d: steps %d-%d at length %d", phase.index, phase.start,
+                     phase.end, phase.max_seq_length)
+        iterator = loader.DeviceIterator(iter(loader.make_dataset(
+            loader_config(config, self.data_dir, phase, "train", config.train.batch_size),
+            jax.process_index(), jax.process_count())), self.batch_sharding)
+        if restored_data is not None and restored_data["phase"] == phase.index:
+          iterator.set_state(restored_data["loader"])
+        try:
+          state, result = self._run_phase(phase, state, iterator, result)
+        finally:
+          iterator.close()
+      step = int(state.step)
+      if self.checkpointer.latest_step() != step:
+        self.checkpointer.save(step, state, {"phase": self.phases[-1].index, "loader": None},
+                               self._meta())
+      self.checkpointer.close()
+    self.writer.close()
+    return result
+
+  def _meta(self) -> dict[str, Any]:
+    return {"model": self.config.model.to_dict(), "objective": self.config.objective}
+
+  def _run_phase(self, phase: Phase, state, iterator, result):
+    """The steps of one phase; returns (state, last metrics)."""
+    config = self.config
+    length = phase.max_seq_length
+    self.per_token = flops.flops_per_token(self.bert, length, phase.max_predictions)
+    step = int(state.step)
+    batch = next(iterator)
+    start = time.perf_counter()
+    compiled = self.train_step.lower(state, batch).compile()
+    compile_s = time.perf_counter() - start
+    memory = _memory_numbers(compiled.memory_analysis())
+    logging.info("Compiled the step for length %d in %.1f s; memory: %s", length, compile_s,
+                 ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in memory.items()))
+    self.writer.write(step, {"compile_s": compile_s, **memory}, "setup/")
+
+    profile_dir = os.path.join(self.workdir, "profile")
+    pending = None  # (step, device metrics): fetched one step late
+    self.window = (time.perf_counter(), 0)
+    while step < phase.end:
+      if config.profile.start_step >= 0 and step == config.profile.start_step:
+        jax.profiler.start_trace(profile_dir)
+      state, step_metrics = compiled(state, batch)
+      step += 1
+      self.window = (self.window[0], self.window[1] + 1)
+      if pending is not None:
+        result = self._report(*pending, length) or result
+      pending = (step, step_metrics)
+      if config.profile.start_step >= 0 and step == (config.profile.start_step
+                                                     + config.profile.num_steps):
+        jax.profiler.stop_trace()
+
+      preempted = self.preemption.requested or self.checkpointer.reached_preemption(step)
+      if preempted or step % config.checkpoint.every_steps == 0:
+        self.checkpointer.save(step, state, {"phase": phase.index, "loader": iterator.get_state()},
+                               self._meta(), force=True)
+      if preempted:
+        self.checkpointer.close()
+        logging.warning("Preempted: checkpoint saved at step %d; rerun the same command to "
+                        "resume", step)
+        raise SystemExit(PREEMPTED_EXIT_CODE)
+      if config.eval.every_steps > 0 and step % config.eval.every_steps == 0:
+        result.update(self._evaluate(state, phase, step))
+      if step < phase.end:
+        batch = next(iterator)
+    if pending is not None:
+      result = self._report(*pending, length, force=True) or result
+    return state, result
+
+  def _report(self, step: int, device_metrics, length: int,
+              force: bool = False) -> dict[str, Any] | None:
+    """Fetches a step's metrics (the device is busy with the next); logs if due."""
+    config = self.config
+    values = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
+    if values["consecutive_skipped"] >= config.max_consecutive_skips:
+      raise FloatingPointError(
+          f"{int(values['consecutive_skipped'])} consecutive steps had a non-finite loss or "
+          f"gradients (up to step {step}); lower optimizer.learning_rate, check the data, or "
+          "raise max_consecutive_skips")
+    if not force and step % config.log_every_steps:
+      return None
+    started, steps = self.window
+    seconds_per_step = max(time.perf_counter() - started, 1e-9) / max(steps, 1)
+    self.window = (time.perf_counter(), 0)
+    batch_size = config.train.batch_size
+    values["sequences_per_s"] = batch_size / seconds_per_step
+    values["tokens_per_s"] = batch_size * length / seconds_per_step
+    values["tflops_per_s_per_device"] = (values["tokens_per_s"] * self.per_token
+                                         / jax.device_count() / 1e12)
+    values["mfu"] = values["tflops_per_s_per_device"] / self.peak
+    values["eta_s"] = seconds_per_step * (self.total_steps - step)
+    values["max_seq_length"] = length
+    if jax.process_index() == 0:
+      metrics.log(metrics.format_line(step, self.total_steps, values))
+    self.writer.write(step, values, "train/")
+    return values
+
+  def _evaluate(self, state, phase: Phase, step: int) -> dict[str, float]:
+    """MLM loss/perplexity/accuracy and NSP accuracy on the held-out documents."""
+    config = self.config
+    eval_config = dataclasses.replace(
+        loader_config(config, self.data_dir, phase, "eval", config.eval.batch_size,
+                      seed_offset=1), shuffle_window=1, worker_count=0)
+    iterator = loader.DeviceIterator(iter(loader.make_dataset(
+        eval_config, jax.process_index(), jax.process_count())), self.batch_sharding)
+    totals: dict[str, float] = {}
+    try:
+      for _ in range(config.eval.batches):
+        for name, value in jax.device_get(self.eval_step(state.params, next(iterator))).items():
+          totals[name] = totals.get(name, 0.0) + float(value)
+    finally:
+      iterator.close()
+    values = train.summarize_eval(totals)
+    if jax.process_index() == 0:
+      metrics.log(f"eval at step {step}: "
+                  + "  ".join(f"{k} {v:.4f}" for k, v in values.items()))
+    self.writer.write(step, values, "eval/")
+    return {f"eval_{k}": v for k, v in values.items()}
+
+
+def _memory_numbers(memory) -> dict[str, float]:
+  if memory is None:
+    return {}
+  names = ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes",
+           "generated_code_size_in_bytes")
+  return {name.replace("_in_bytes", ""): float(getattr(memory, name))
+          for name in names if hasattr(memory, name)}
+
+
+def save_config(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Writes the resolved config to `<workdir>/config.json` (process 0)."""
+  if jax.process_index() != 0:
+    return
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, "config.json")
+  with open(path + ".tmp", "w", encoding="utf-8") as f:
+    json.dump(config.to_dict(), f, indent=2, default=str)
+  os.replace(path + ".tmp", path)
+
