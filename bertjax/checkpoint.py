@@ -111,6 +111,7 @@ class Checkpointer:
     Raises:
       ValueError: the checkpoint's arrays do not fit the abstract state.
     """
+    self._check_shapes(step, abstract_state)
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(**{
           STATE: ocp.args.StandardRestore(abstract_state),
@@ -123,12 +124,38 @@ class Checkpointer:
                        "--workdir or the config the checkpoint was made with") from None
     return restored[STATE], restored[DATA], restored[META]
 
+  def _check_shapes(self, step: int, abstract_state: Any) -> None:
+    """Compares the stored array shapes with the state to restore into."""
+    stored = self._manager.item_metadata(step)[STATE]
+    if stored is None:
+      return
+    stored_shapes = {_name(path): tuple(leaf.shape)
+                     for path, leaf in jax.tree_util.tree_leaves_with_path(stored)
+                     if hasattr(leaf, "shape")}
+    wanted = {_name(path): tuple(leaf.shape)
+              for path, leaf in jax.tree_util.tree_leaves_with_path(abstract_state)}
+    problems = [f"{name}: stored {stored_shapes.get(name, 'nothing')}, this run needs "
+                f"{shape}" for name, shape in wanted.items()
+                if stored_shapes.get(name) != shape]
+    if problems:
+      raise ValueError(
+          f"{self.directory}/{step}: the checkpoint does not fit this run's model and "
+          f"optimizer ({len(problems)} arrays differ, e.g. {'; '.join(problems[:3])}); use "
+          "another --workdir or the config the checkpoint was made with")
+
   def wait(self) -> None:
     self._manager.wait_until_finished()
 
   def close(self) -> None:
     self._manager.wait_until_finished()
     self._manager.close()
+
+
+def _name(path) -> str:
+  """'params/bert/pooler/kernel' for a tree path (dict keys, attributes or indices)."""
+  parts = (getattr(p, "key", None) or getattr(p, "name", None) or getattr(p, "idx", None)
+           for p in path)
+  return "/".join(str(p) for p in parts)
 
 
 def abstract_with_shardings(abstract: Any, shardings: Any) -> Any:

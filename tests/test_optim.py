@@ -1,0 +1,58 @@
+"""The schedule and optimizers of the paper."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from bertjax import optim
+from bertjax.models import BertConfig, BertForPreTraining, init_params
+
+
+def test_schedule_is_the_original():
+  schedule = optim.learning_rate_schedule(1e-4, 10_000, 1_000_000)
+  for step in (0, 1, 5_000, 9_999, 10_000, 500_000, 999_999, 1_000_000, 1_200_000):
+    # optimization.py: polynomial (power 1) decay from step 0, linear warmup on top.
+    expected = 1e-4 * step / 10_000 if step < 10_000 else 1e-4 * max(0.0, 1 - step / 1_000_000)
+    # float32: 1 - step / total loses digits near the end (1e-12 absolute).
+    np.testing.assert_allclose(float(schedule(step)), expected, rtol=1e-6, atol=1e-11)
+  with pytest.raises(ValueError, match="warmup_steps"):
+    optim.learning_rate_schedule(1e-4, 20, 10)
+
+
+def test_weight_decay_skips_layer_norm_and_biases():
+  config = BertConfig(vocab_size=50, hidden_size=16, num_layers=1, num_heads=2,
+                      intermediate_size=32)
+  boxed = init_params(BertForPreTraining(config), jax.random.key(0))
+  for params in (boxed, nn.meta.unbox(boxed)):
+    mask = optim.decay_mask(params)
+    leaves = [([p.key for p in path if isinstance(p, jax.tree_util.DictKey)], decays)
+              for path, decays in jax.tree_util.tree_leaves_with_path(mask)]
+    assert all(decays == (keys[-1] in ("kernel", "embedding")) for keys, decays in leaves)
+    assert any("layer_norm" in keys[-2] and not decays for keys, decays in leaves)
+
+
+@pytest.mark.parametrize("name", ["adamw", "lamb"])
+def test_decay_applies_only_where_masked(name):
+  params = {"dense": {"kernel": jnp.ones((2, 2)), "bias": jnp.ones(2)},
+            "norm": {"scale": jnp.ones(2)}}
+  optimizer = optim.create_optimizer(name, 0.1, weight_decay=0.5, max_grad_norm=None)
+  zero = jax.tree.map(jnp.zeros_like, params)
+  updates, _ = optimizer.update(zero, optimizer.init(params), params)
+  assert float(jnp.abs(updates["dense"]["kernel"]).sum()) > 0  # decay alone moves it
+  assert float(jnp.abs(updates["dense"]["bias"]).sum()) == 0
+  assert float(jnp.abs(updates["norm"]["scale"]).sum()) == 0
+  with pytest.raises(ValueError, match="optimizer must be one of"):
+    optim.create_optimizer("sgd", 0.1)
+
+
+def test_clipping_by_global_norm():
+  optimizer = optim.create_optimizer("adamw", 1.0, weight_decay=0.0, max_grad_norm=1.0)
+  params = {"w": jnp.zeros(4)}
+  grads = {"w": jnp.full(4, 100.0)}
+  clipped = optax.clip_by_global_norm(1.0).update(grads, optax.EmptyState())[0]
+  np.testing.assert_allclose(optax.global_norm(clipped), 1.0, rtol=1e-6)
+  updates, _ = optimizer.update(grads, optimizer.init(params), params)
+  assert np.isfinite(np.asarray(updates["w"])).all()
