@@ -159,6 +159,15 @@ def _name(path) -> str:
 
 
 def abstract_with_shardings(abstract: Any, shardings: Any) -> Any:
-  """ShapeDtypeStructs carrying the shardings to restore into."""
+  """ShapeDtypeStructs carrying the shardings to restore into.
+
+  `abstract` may hold logically partitioned boxes (from `jax.eval_shape` of a
+  Flax init); they are stripped without applying sharding constraints.
+  """
+  import flax.linen as nn
+
+  plain = jax.tree.map(lambda x: x.unbox(apply_constraint=False)
+                       if isinstance(x, nn.meta.AxisMetadata) else x, abstract,
+                       is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
   return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                      abstract, shardings)
+                      plain, shardings)

@@ -7,7 +7,9 @@
   sharded index, or `pytorch_model.bin` through torch; `vocab.txt`,
   `tokenizer_config.json`);
 - Google's original TF checkpoint directory (`bert_config.json`,
-  `bert_model.ckpt.*`, `vocab.txt`), with the `[tf]` extra.
+  `bert_model.ckpt.*`, `vocab.txt`), with the `[tf]` extra;
+- a pre-training run's workdir (`python -m bertjax.main`): its latest
+  checkpoint, with the tokenizer of its data.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ from bertjax.models.bert import (LABELLED_TASKS, OPTIONAL_POOLER_TASKS, TASK_MOD
                                  abstract_params)
 
 BERTJAX_FILE = "bertjax.json"
+TRAINING_CHECKPOINTS = "checkpoints"  # in a `python -m bertjax.main` workdir
+# Pre-training objective -> the task model holding its weights.
+OBJECTIVE_TASKS = {"mlm_nsp": "pretraining", "mlm": "masked_lm", "ltr": "masked_lm"}
 FORMAT_VERSION = 1
 # `BertConfig` fields that change how the weights are computed, not which
 # weights there are: the ones `load_pretrained` lets you override.
@@ -106,6 +111,8 @@ def load_pretrained(path: str, *, task: str | None = None, labels: list[str] | N
                      "(e.g. gcloud storage cp -r)")
   if os.path.isfile(os.path.join(path, BERTJAX_FILE)):
     bundle = _load_bertjax(path, do_lower_case)
+  elif os.path.isdir(os.path.join(path, TRAINING_CHECKPOINTS)):
+    bundle = _load_training_run(path, do_lower_case)
   elif os.path.isfile(os.path.join(path, hf.CONFIG_FILE)):
     bundle = _load_reference(path, hf.CONFIG_FILE, do_lower_case)
   elif os.path.isfile(os.path.join(path, google_tf.CONFIG_FILE)) or os.path.isfile(
@@ -251,6 +258,39 @@ def _load_bertjax(path: str, do_lower_case: bool | None) -> Pretrained:
       settings["do_lower_case"] = do_lower_case
     tokenizer = tokenizer_from_settings(path, settings, meta_path)
   return Pretrained(config, jax.tree.map(np.asarray, params), tokenizer, task, labels)
+
+
+def _load_training_run(path: str, do_lower_case: bool | None) -> Pretrained:
+  """The latest checkpoint of a pre-training workdir (its parameters only)."""
+  import orbax.checkpoint as ocp
+
+  config_path = os.path.join(path, "config.json")
+  values = read_json(config_path)
+  if values.get("task") != "pretrain" or "model" not in values:
+    raise ValueError(f"{config_path}: not the config of a pre-training run")
+  config = BertConfig.from_dict(values["model"], config_path)
+  objective = values.get("objective", "mlm_nsp")
+  if objective == "ltr":
+    config = config.replace(causal=True)
+  directory = os.path.join(path, TRAINING_CHECKPOINTS)
+  with ocp.CheckpointManager(directory, item_names=("state",)) as manager:
+    step = manager.latest_step()
+    if step is None:
+      raise FileNotFoundError(f"{directory}: no finished checkpoint")
+    state = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+  params = jax.tree.map(lambda x: np.asarray(x, np.float32), state["state"]["params"])
+  logger.info("%s: parameters of step %d", directory, step)
+  data_dir = values.get("data", {}).get("dir") or os.path.join(path, "data")
+  tokenizer = None
+  try:
+    from bertjax.data import shards
+    settings = shards.read_info(data_dir)["tokenizer"]
+    if do_lower_case is not None:
+      settings = {**settings, "do_lower_case": do_lower_case}
+    tokenizer = tokenizer_from_settings(data_dir, settings)
+  except (OSError, ValueError) as e:
+    logger.warning("%s: no tokenizer (%s)", path, e)
+  return Pretrained(config, params, tokenizer, OBJECTIVE_TASKS[objective])
 
 
 def export_hf(bundle: Pretrained, out_dir: str, overwrite: bool = False) -> None:

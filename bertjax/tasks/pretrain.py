@@ -220,7 +220,7 @@ class _Trainer:
       if latest is None:
         state = train.init_train_state(self.model, self.optimizer, config.seed, shardings)
       else:
-        target = checkpoint.abstract_with_shardings(nn.meta.unbox(abstract), shardings)
+        target = checkpoint.abstract_with_shardings(abstract, shardings)
         state, restored_data, _ = self.checkpointer.restore(latest, target)
         logging.info("Resumed from %s at step %d", self.checkpointer.directory, latest)
       self.train_step, self.eval_step = train.jit_steps(

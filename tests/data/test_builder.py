@@ -12,7 +12,7 @@ from bertjax.data import corpus, shards
 from bertjax.data.tokenizers import WordPieceTokenizer
 from bertjax.data import builder
 from tests import reference
-from tests.data.conftest import write_corpus
+from tests.conftest import write_corpus
 
 
 @pytest.fixture()

@@ -5,7 +5,7 @@ import sys
 
 from bertjax.data.tokenizers import SentencePieceTokenizer, WordPieceTokenizer
 from bertjax.data import vocabulary
-from tests.data.conftest import write_corpus
+from tests.conftest import write_corpus
 
 
 def test_wordpiece_vocabulary(tmp_path):

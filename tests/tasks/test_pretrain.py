@@ -1,0 +1,184 @@
+"""`python -m bertjax.main` end to end: exact resume after kill -9 and SIGTERM,
+two processes against one, config errors, skips, fine-tuning from the run.
+
+The runs are tiny (L2/H32 on the test vocabulary, batches of 8) and long
+enough (400 steps, 128 -> 512 switch at 200, scaled down to lengths 32 and 64)
+that a kill lands mid-run.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TOTAL, SWITCH = 400, 200
+
+
+def _args(workdir, prepared_dir, **overrides):
+  settings = {
+      "data.dir": prepared_dir, "data.host_sharding": "rows", "data.eval_percent": 10.0,
+      "model.vocab_size": 210, "model.hidden_size": 32, "model.num_layers": 2,
+      "model.num_heads": 2, "model.intermediate_size": 64, "model.max_position_embeddings": 64,
+      "model.hidden_dropout_prob": 0.1, "model.attention_dropout_prob": 0.1,
+      "train.batch_size": 8, "train.total_steps": TOTAL, "train.max_seq_length": 32,
+      "train.max_predictions": 5, "train.long_from_step": SWITCH, "train.long_seq_length": 64,
+      "train.long_max_predictions": 10, "optimizer.warmup_steps": 20,
+      "checkpoint.every_steps": 23, "eval.every_steps": 100, "eval.batches": 2,
+      "eval.batch_size": 8, "log_every_steps": 1, **overrides}
+  return ([sys.executable, "-m", "bertjax.main", "--config=configs/demo.py",
+           f"--workdir={workdir}"] + [f"--config.{k}={v}" for k, v in settings.items()])
+
+
+def _env(devices=4):
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  return env
+
+
+def _losses(workdir):
+  """step -> every logged training loss of that step (reruns log a step again)."""
+  losses = {}
+  path = os.path.join(workdir, "metrics.jsonl")
+  for line in open(path, encoding="utf-8"):
+    record = json.loads(line)
+    if "train/loss" in record:
+      losses.setdefault(record["step"], []).append(record["train/loss"])
+  return losses
+
+
+def _run(args, env, timeout=600):
+  result = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+  assert result.returncode == 0, result.stderr[-4000:]
+  return result
+
+
+def _start_and_stop(args, env, workdir, at_step, sig):
+  """Starts a run and sends `sig` once it has logged `at_step`; returns (exit code, log)."""
+  log_path = os.path.join(workdir + ".log")
+  with open(log_path, "w") as log:  # a file, not a pipe nobody reads while polling
+    process = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                               stderr=log)
+    path = os.path.join(workdir, "metrics.jsonl")
+    deadline = time.time() + 600
+    while time.time() < deadline and process.poll() is None:
+      if os.path.exists(path) and any(
+          json.loads(line).get("step", 0) >= at_step and "train/loss" in line
+          for line in open(path, encoding="utf-8")):
+        process.send_signal(sig)
+        break
+      time.sleep(0.02)
+    process.wait(timeout=600)
+  return process.returncode, open(log_path).read()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(prepared_dir, tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp("uninterrupted"))
+  _run(_args(workdir, prepared_dir), _env())
+  return workdir
+
+
+def test_demo_config_trains_and_evaluates(uninterrupted):
+  losses = _losses(uninterrupted)
+  assert sorted(losses) == list(range(1, TOTAL + 1))
+  records = [json.loads(line) for line in open(os.path.join(uninterrupted, "metrics.jsonl"))]
+  evals = [r for r in records if "eval/mlm_accuracy" in r]
+  assert [r["step"] for r in evals] == [100, 200, 300, 400]
+  train = {r["step"]: r for r in records if "train/loss" in r}
+  assert train[SWITCH]["train/max_seq_length"] == 32 and train[SWITCH + 1][
+      "train/max_seq_length"] == 64
+  for name in ("train/mfu", "train/tokens_per_s", "train/learning_rate", "train/grad_norm",
+               "train/nsp_accuracy", "train/eta_s"):
+    assert name in train[50], name
+  # It learns: the masked LM beats its first steps clearly.
+  assert np.mean([train[s]["train/loss"] for s in range(1, 11)]) > np.mean(
+      [train[s]["train/loss"] for s in range(190, 201)]) + 0.5
+  assert evals[-1]["eval/mlm_accuracy"] > 0.1
+  setup = [r for r in records if "setup/compile_s" in r]
+  assert len(setup) == 2 and "setup/temp_size" in setup[0]
+  saved = json.load(open(os.path.join(uninterrupted, "config.json")))
+  assert saved["train"]["total_steps"] == TOTAL and saved["model"]["hidden_size"] == 32
+  assert os.listdir(os.path.join(uninterrupted, "tensorboard"))
+
+
+def test_kill_and_restart_reproduces_every_loss_exactly(uninterrupted, prepared_dir, tmp_path):
+  expected = {step: values[0] for step, values in _losses(uninterrupted).items()}
+  workdir = str(tmp_path)
+  args = _args(workdir, prepared_dir)
+  code, _ = _start_and_stop(args, _env(), workdir, 60, signal.SIGKILL)
+  assert code == -signal.SIGKILL
+  killed_at = max(_losses(workdir))
+  assert killed_at < TOTAL
+  _run(args, _env())
+  losses = _losses(workdir)
+  assert sorted(losses) == list(range(1, TOTAL + 1))
+  for step, values in losses.items():
+    assert values == [expected[step]] * len(values), step  # bit-identical, reruns included
+  assert any(len(v) > 1 for v in losses.values()) or killed_at % 23 == 0
+
+
+def test_sigterm_saves_exits_and_resumes(uninterrupted, prepared_dir, tmp_path):
+  expected = {step: values[0] for step, values in _losses(uninterrupted).items()}
+  workdir = str(tmp_path)
+  args = _args(workdir, prepared_dir)
+  code, stderr = _start_and_stop(args, _env(), workdir, SWITCH + 30, signal.SIGTERM)
+  assert code == 143, stderr[-3000:]
+  assert "Preempted: checkpoint saved at step" in stderr
+  stopped = max(_losses(workdir))
+  steps = sorted(int(s) for s in os.listdir(os.path.join(workdir, "checkpoints"))
+                 if s.isdigit())
+  assert steps[-1] >= stopped - 1  # saved at the step it stopped, not at the last period
+  _run(args, _env())
+  for step, values in _losses(workdir).items():
+    assert values == [expected[step]] * len(values), step
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def test_two_processes_match_one(uninterrupted, prepared_dir, tmp_path):
+  expected = {step: values[0] for step, values in _losses(uninterrupted).items()}
+  port = _free_port()
+  workdir = str(tmp_path)
+  processes = [subprocess.Popen(
+      _args(workdir, prepared_dir, **{"train.total_steps": 60, "train.long_from_step": 30})
+      + [f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
+      cwd=ROOT, env={**_env(devices=2), "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"},
+      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for i in range(2)]
+  outputs = [p.communicate(timeout=600)[1] for p in processes]
+  for process, output in zip(processes, outputs):
+    assert process.returncode == 0, output[-4000:]
+  losses = _losses(workdir)
+  assert sorted(losses) == list(range(1, 61))
+  # The same global batches over the same 4-device mesh; the all-reduces cross
+  # a process boundary, so float32 sums may round differently. (Past the
+  # 20 warmup steps the schedules differ: this run is shorter.)
+  np.testing.assert_allclose([losses[s][0] for s in range(1, 21)],
+                             [expected[s] for s in range(1, 21)], rtol=2e-5)
+
+
+def test_fine_tuning_takes_the_encoder_from_the_run(uninterrupted, caplog):
+  import bertjax
+
+  with caplog.at_level("WARNING"):
+    bundle = bertjax.load_pretrained(uninterrupted, task="sequence_classification",
+                                     labels=["a", "b"])
+  assert "initialised randomly: classifier/bias, classifier/kernel" in caplog.text
+  assert "cls.predictions" in caplog.text  # the pre-training heads it left out
+  pretrained = bertjax.load_pretrained(uninterrupted)
+  assert pretrained.task == "pretraining" and pretrained.tokenizer is not None
+  import jax
+  jax.tree.map(np.testing.assert_array_equal, bundle.params["bert"], pretrained.params["bert"])
+  features = bertjax.encode(pretrained, ["the quick brown fox"])
+  assert features["sequence_output"].shape[2] == 32
