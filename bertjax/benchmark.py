@@ -5,13 +5,13 @@ r"""Throughput of the pre-training step (MLM + NSP, AdamW) on random data.
 
 Prints one JSON line: tokens_per_s, sequences_per_s, step_s_median, compile_s,
 flops_per_token, tflops_per_s_per_device, peak_tflops_per_device, mfu, and the
-settings. The batch is split over all local devices (data parallel); figures
-"per device" divide by their number.
+settings. The step is the trainer's own (`bertjax.train.train_step`); the batch
+is split over all devices (data parallel); figures "per device" divide by
+their number.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import statistics
 import time
@@ -19,12 +19,10 @@ import time
 from absl import app, flags
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 
-from bertjax import flops, losses, optim
-from bertjax.models import BertConfig, BertForPreTraining, init_params
+from bertjax import flops, optim, sharding, train
+from bertjax.models import BertConfig
 
 _LAYERS = flags.DEFINE_integer("layers", 4, "Transformer layers.")
 _HIDDEN = flags.DEFINE_integer("hidden", 256, "Hidden size.")
@@ -46,6 +44,10 @@ _REMAT = flags.DEFINE_string("remat", "none", "Remat policy (see BertConfig).")
 _DROPOUT = flags.DEFINE_float("dropout", 0.1, "Hidden and attention dropout.")
 
 
+# Data parallelism: the batch split over every device, parameters replicated.
+_DATA_PARALLEL = (("batch", ("data", "fsdp")),)
+
+
 def make_batch(rng: np.random.Generator, batch: int, seq_len: int, max_predictions: int,
                vocab: int) -> dict[str, np.ndarray]:
   """A random pre-training batch with the shapes and dtypes of the real one."""
@@ -63,68 +65,38 @@ def make_batch(rng: np.random.Generator, batch: int, seq_len: int, max_predictio
   }
 
 
-def pretraining_step(state, batch, rng, model: nn.Module,
-                     optimizer: optax.GradientTransformation):
-  """One AdamW step on the MLM + NSP loss; returns (state, metrics)."""
-
-  def loss_fn(params):
-    out = model.apply({"params": params}, batch["input_ids"], batch["attention_mask"],
-                      batch["token_type_ids"], batch["masked_positions"],
-                      deterministic=False, rngs={"dropout": rng})
-    mlm_loss, mlm_accuracy = losses.masked_lm_loss(out["mlm_logits"], batch["masked_ids"],
-                                                   batch["masked_weights"])
-    nsp_loss, nsp_accuracy = losses.next_sentence_loss(out["nsp_logits"],
-                                                       batch["next_sentence_labels"])
-    return mlm_loss + nsp_loss, (mlm_accuracy, nsp_accuracy)
-
-  (loss, (mlm_accuracy, nsp_accuracy)), grads = jax.value_and_grad(
-      loss_fn, has_aux=True)(state["params"])
-  updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
-  params = optax.apply_updates(state["params"], updates)
-  metrics = {"loss": loss, "mlm_accuracy": mlm_accuracy, "nsp_accuracy": nsp_accuracy}
-  return {"params": params, "opt_state": opt_state}, metrics
-
-
 def run(config: BertConfig, seq_len: int, batch_size: int, max_predictions: int,
         steps: int, warmup: int) -> dict:
-  """Compiles and times the step; returns the figures."""
+  """Compiles and times `bertjax.train.train_step`; returns the figures."""
   devices = jax.devices()
   if batch_size % len(devices):
     raise ValueError(f"--batch={batch_size} is not divisible by the {len(devices)} devices")
-  mesh = jax.make_mesh((len(devices),), ("data",),
-                       axis_types=(jax.sharding.AxisType.Auto,))
-  replicated = jax.NamedSharding(mesh, jax.P())
-  data_sharding = jax.NamedSharding(mesh, jax.P("data"))
+  mesh = sharding.make_mesh((-1, 1, 1))
+  model = train.pretraining_model(config, "mlm_nsp")
+  schedule = optim.learning_rate_schedule(1e-4, 0, max(steps + warmup, 1))
+  optimizer = optim.create_optimizer("adamw", schedule)
+  data_sharding = sharding.batch_sharding(mesh)
 
-  model = BertForPreTraining(config)
-  optimizer = optim.adamw(1e-4)
-
-  @functools.partial(jax.jit, out_shardings=replicated)
-  def init(rng):
-    params = nn.meta.unbox(init_params(model, rng))
-    return {"params": params, "opt_state": optimizer.init(params)}
-
-  state = init(jax.random.key(0))
-  step = jax.jit(functools.partial(pretraining_step, model=model, optimizer=optimizer),
-                 in_shardings=(replicated, data_sharding, replicated),
-                 out_shardings=(replicated, replicated), donate_argnums=0)
-
-  rng = np.random.default_rng(0)
-  batches = [jax.device_put(make_batch(rng, batch_size, seq_len, max_predictions,
-                                       config.vocab_size), data_sharding) for _ in range(2)]
-  dropout_rng = jax.random.key(1)
-
-  start = time.perf_counter()
-  compiled = step.lower(state, batches[0], dropout_rng).compile()
-  compile_s = time.perf_counter() - start
-
-  times = []
-  for i in range(warmup + steps):
+  with jax.set_mesh(mesh), nn.logical_axis_rules(_DATA_PARALLEL):
+    abstract = train.abstract_train_state(model, optimizer, 0)
+    shardings = train.state_shardings(abstract, mesh, _DATA_PARALLEL)
+    state = train.init_train_state(model, optimizer, 0, shardings)
+    step, _ = train.jit_steps(model, optimizer, schedule, "mlm_nsp", 1, shardings,
+                              data_sharding, sharding.replicated(mesh))
+    rng = np.random.default_rng(0)
+    batches = [jax.device_put(make_batch(rng, batch_size, seq_len, max_predictions,
+                                         config.vocab_size), data_sharding) for _ in range(2)]
     start = time.perf_counter()
-    state, metrics = compiled(state, batches[i % 2], jax.random.fold_in(dropout_rng, i))
-    jax.block_until_ready(metrics)
-    if i >= warmup:
-      times.append(time.perf_counter() - start)
+    compiled = step.lower(state, batches[0]).compile()
+    compile_s = time.perf_counter() - start
+
+    times = []
+    for i in range(warmup + steps):
+      start = time.perf_counter()
+      state, metrics = compiled(state, batches[i % 2])
+      jax.block_until_ready(metrics)
+      if i >= warmup:
+        times.append(time.perf_counter() - start)
 
   step_s = statistics.median(times)
   tokens_per_s = batch_size * seq_len / step_s

@@ -92,6 +92,9 @@ def validate(config: ml_collections.ConfigDict, mesh_devices: int) -> tuple[int,
       masking_config(config, phase.max_predictions).check_length(phase.max_seq_length)
   if config.train.total_steps < 1:
     raise ValueError(f"train.total_steps must be positive, got {config.train.total_steps}")
+  if not 0 <= config.optimizer.warmup_steps <= config.train.total_steps:
+    raise ValueError(f"optimizer.warmup_steps={config.optimizer.warmup_steps} must be in "
+                     f"[0, train.total_steps={config.train.total_steps}]")
   return shape
 
 

@@ -182,3 +182,77 @@ def test_fine_tuning_takes_the_encoder_from_the_run(uninterrupted, caplog):
   jax.tree.map(np.testing.assert_array_equal, bundle.params["bert"], pretrained.params["bert"])
   features = bertjax.encode(pretrained, ["the quick brown fox"])
   assert features["sequence_output"].shape[2] == 32
+
+
+def _demo_config(prepared_dir, **changes):
+  from configs import demo
+
+  config = demo.get_config()
+  config.data.dir = prepared_dir
+  config.model.vocab_size = 210
+  config.model.hidden_size, config.model.num_heads = 32, 2
+  config.model.intermediate_size = 64
+  config.train.batch_size, config.eval.batch_size = 8, 8
+  config.train.max_seq_length, config.train.max_predictions = 32, 5
+  config.train.total_steps, config.optimizer.warmup_steps = 10, 2
+  for name, value in changes.items():
+    target = config
+    *parents, leaf = name.split(".")
+    for parent in parents:
+      target = target[parent]
+    target[leaf] = value
+  return config
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"train.batch_size": 12}, "micro-batch of 12 sequences .* does not divide over the 8 data "
+                               "shards"),
+    ({"train.accumulation_steps": 3}, "train.batch_size=8 is not divisible by "
+                                      "train.accumulation_steps=3"),
+    ({"mesh.data": 3, "mesh.fsdp": -1}, "mesh sizes .* do not divide the 8 devices"),
+    ({"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 1}, "cover 4 devices, but there are 8"),
+    ({"model.num_heads": 3}, "hidden_size=32 is not divisible by num_heads=3"),
+    ({"train.max_seq_length": 256}, "sequence length 256 is above the model's "
+                                    "max_position_embeddings=128"),
+    ({"train.max_predictions": 2}, "max_predictions=2 is too small for masked_lm_prob=0.15 at "
+                                   "max_seq_length=32"),
+    ({"optimizer.warmup_steps": 11}, "warmup_steps=11 must be in"),
+])
+def test_config_errors_before_compiling(prepared_dir, changes, message):
+  from bertjax.tasks import pretrain
+
+  with pytest.raises(ValueError, match=message):
+    pretrain.validate(_demo_config(prepared_dir, **changes), 8)
+
+
+def test_a_checkpoint_of_another_shape_is_refused(uninterrupted, prepared_dir, tmp_path):
+  result = subprocess.run(_args(uninterrupted, prepared_dir, **{"model.hidden_size": 64}),
+                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+  assert result.returncode != 0
+  assert "the checkpoint does not fit this run's model and optimizer" in result.stderr
+
+
+def test_consecutive_non_finite_steps_stop_the_run(prepared_dir, tmp_path, monkeypatch):
+  from bertjax.data import loader
+  from bertjax.tasks import pretrain
+
+  original = loader.make_dataset
+
+  def poisoned(config, *args, **kwargs):
+    def poison(batch):
+      return {**batch, "masked_weights": batch["masked_weights"] * np.nan}
+    return original(config, *args, **kwargs).map(poison)
+
+  monkeypatch.setattr(loader, "make_dataset", poisoned)
+  config = _demo_config(prepared_dir, max_consecutive_skips=3, log_every_steps=1)
+  with pytest.raises(FloatingPointError, match="3 consecutive steps had a non-finite loss"):
+    pretrain.train_and_evaluate(config, str(tmp_path))
+  records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+  assert [r["train/skipped_total"] for r in records if "train/skipped_total" in r] == [1, 2]
+
+
+def test_main_help_lists_the_flags():
+  result = subprocess.run([sys.executable, "-m", "bertjax.main", "--help"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+  assert "--config" in result.stdout and "--workdir" in result.stdout
+  assert "coordinator_address" in result.stdout
