@@ -273,13 +273,12 @@ class _Trainer:
 
     profile_dir = os.path.join(self.workdir, "profile")
     pending = None  # (step, device metrics): fetched one step late
-    self.window = (time.perf_counter(), 0)
+    self.window = (time.perf_counter(), step)  # throughput since (time, step)
     while step < phase.end:
       if config.profile.start_step >= 0 and step == config.profile.start_step:
         jax.profiler.start_trace(profile_dir)
       state, step_metrics = compiled(state, batch)
       step += 1
-      self.window = (self.window[0], self.window[1] + 1)
       if pending is not None:
         result = self._report(*pending, length) or result
       pending = (step, step_metrics)
@@ -316,9 +315,11 @@ class _Trainer:
           "raise max_consecutive_skips")
     if not force and step % config.log_every_steps:
       return None
-    started, steps = self.window
-    seconds_per_step = max(time.perf_counter() - started, 1e-9) / max(steps, 1)
-    self.window = (time.perf_counter(), 0)
+    # Steps up to `step` are done (its metrics arrived): time per finished step.
+    started, start_step = self.window
+    now = time.perf_counter()
+    seconds_per_step = max(now - started, 1e-9) / max(step - start_step, 1)
+    self.window = (now, step)
     batch_size = config.train.batch_size
     values["sequences_per_s"] = batch_size / seconds_per_step
     values["tokens_per_s"] = batch_size * length / seconds_per_step

@@ -60,6 +60,15 @@ def _run(args, env, timeout=600):
   return result
 
 
+def _logged_step(path):
+  """The last training step in a metrics file being written (a last line may be partial)."""
+  last = 0
+  for line in open(path, encoding="utf-8"):
+    if line.endswith("\n") and "train/loss" in line:
+      last = max(last, json.loads(line)["step"])
+  return last
+
+
 def _start_and_stop(args, env, workdir, at_step, sig):
   """Starts a run and sends `sig` once it has logged `at_step`; returns (exit code, log)."""
   log_path = os.path.join(workdir + ".log")
@@ -69,9 +78,7 @@ def _start_and_stop(args, env, workdir, at_step, sig):
     path = os.path.join(workdir, "metrics.jsonl")
     deadline = time.time() + 600
     while time.time() < deadline and process.poll() is None:
-      if os.path.exists(path) and any(
-          json.loads(line).get("step", 0) >= at_step and "train/loss" in line
-          for line in open(path, encoding="utf-8")):
+      if os.path.exists(path) and _logged_step(path) >= at_step:
         process.send_signal(sig)
         break
       time.sleep(0.02)
@@ -256,3 +263,13 @@ def test_main_help_lists_the_flags():
                           capture_output=True, text=True, timeout=300)
   assert "--config" in result.stdout and "--workdir" in result.stdout
   assert "coordinator_address" in result.stdout
+
+
+def test_profile_switch_writes_a_trace(prepared_dir, tmp_path):
+  from bertjax.tasks import pretrain
+
+  config = _demo_config(prepared_dir, **{"profile.start_step": 2, "profile.num_steps": 3,
+                                         "train.total_steps": 6, "eval.every_steps": 0})
+  pretrain.train_and_evaluate(config, str(tmp_path))
+  traces = [os.path.join(d, f) for d, _, files in os.walk(tmp_path / "profile") for f in files]
+  assert any(f.endswith(".xplane.pb") for f in traces), traces
