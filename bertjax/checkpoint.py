@@ -66,20 +66,19 @@ class PerProcessJsonRestore(ocp.args.CheckpointArgs):
 
 
 class Checkpointer:
-  """Periodic, asynchronous, atomic checkpoints of one training run.
+  """Asynchronous, atomic checkpoints of one training run; the trainer decides
+  when to save.
 
   Args:
     directory: Where the steps go (`<workdir>/checkpoints`).
-    save_every: Save when the step is a multiple of this (and on request).
     max_to_keep: Keep the newest this many steps.
     async_save: Write in the background while training goes on.
   """
 
-  def __init__(self, directory: str, *, save_every: int, max_to_keep: int = 3,
-               async_save: bool = True):
+  def __init__(self, directory: str, *, max_to_keep: int = 3, async_save: bool = True):
     self.directory = os.fspath(directory)
     options = ocp.CheckpointManagerOptions(
-        save_interval_steps=save_every, max_to_keep=max_to_keep,
+        save_interval_steps=1, max_to_keep=max_to_keep,
         enable_async_checkpointing=async_save, create=True,
         cleanup_tmp_directories=True)
     self._manager = ocp.CheckpointManager(self.directory, options=options,
@@ -92,14 +91,14 @@ class Checkpointer:
     """JAX's preemption sync point on pods (all hosts agree on the step)."""
     return self._manager.reached_preemption(step)
 
-  def save(self, step: int, state: Any, data_state: dict[str, Any], meta: dict[str, Any],
-           force: bool = False) -> bool:
-    """Saves if the step is due (or `force`); returns whether it started a save."""
+  def save(self, step: int, state: Any, data_state: dict[str, Any],
+           meta: dict[str, Any]) -> bool:
+    """Starts saving a step (unless it is saved already); returns whether it did."""
     return self._manager.save(step, args=ocp.args.Composite(**{
         STATE: ocp.args.StandardSave(state),
         DATA: PerProcessJsonSave(data_state),
         META: ocp.args.JsonSave(meta),
-    }), force=force)
+    }), force=True)
 
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     """(state, this host's data state, metadata) of a step.
@@ -123,6 +122,13 @@ class Checkpointer:
                        f"model and optimizer ({str(e).splitlines()[0]}); use another "
                        "--workdir or the config the checkpoint was made with") from None
     return restored[STATE], restored[DATA], restored[META]
+
+  def restore_state(self, step: int, abstract_state: Any) -> Any:
+    """Only the train state of a step (no data position), e.g. for fine-tuning."""
+    self._check_shapes(step, abstract_state)
+    restored = self._manager.restore(step, args=ocp.args.Composite(**{
+        STATE: ocp.args.StandardRestore(abstract_state)}))
+    return restored[STATE]
 
   def _check_shapes(self, step: int, abstract_state: Any) -> None:
     """Compares the stored array shapes with the state to restore into."""
@@ -158,16 +164,23 @@ def _name(path) -> str:
   return "/".join(str(p) for p in parts)
 
 
+def strip_boxes(tree: Any) -> Any:
+  """A tree without logical-partitioning boxes (no sharding constraints applied)."""
+  import flax.linen as nn
+
+  return jax.tree.map(lambda x: x.unbox(apply_constraint=False)
+                      if isinstance(x, nn.meta.AxisMetadata) else x, tree,
+                      is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
+
+
 def abstract_with_shardings(abstract: Any, shardings: Any) -> Any:
   """ShapeDtypeStructs carrying the shardings to restore into.
 
-  `abstract` may hold logically partitioned boxes (from `jax.eval_shape` of a
-  Flax init); they are stripped without applying sharding constraints.
+  `abstract` may hold logical-partitioning boxes (from `jax.eval_shape` of a
+  Flax init); `shardings` is a matching tree or one sharding for every leaf.
   """
-  import flax.linen as nn
-
-  plain = jax.tree.map(lambda x: x.unbox(apply_constraint=False)
-                       if isinstance(x, nn.meta.AxisMetadata) else x, abstract,
-                       is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
+  plain = strip_boxes(abstract)
+  if isinstance(shardings, jax.sharding.Sharding):
+    shardings = jax.tree.map(lambda _: shardings, plain)
   return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                       plain, shardings)

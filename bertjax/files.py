@@ -10,11 +10,40 @@ import tempfile
 from typing import Any, Iterator
 
 
+def is_remote(path: str) -> bool:
+  return "://" in os.fspath(path)
+
+
+def exists(path: str) -> bool:
+  """Whether a file exists, locally or at a `gs://`-style URL (through etils.epath)."""
+  if is_remote(path):
+    from etils import epath
+    return epath.Path(path).exists()
+  return os.path.exists(path)
+
+
+def write_text(path: str, text: str) -> None:
+  """Writes a whole file, locally (atomically) or at a URL."""
+  if is_remote(path):
+    from etils import epath
+    epath.Path(path).write_text(text)
+    return
+  with open(path + ".tmp", "w", encoding="utf-8") as f:
+    f.write(text)
+  os.replace(path + ".tmp", path)
+
+
 def read_json(path: str) -> dict[str, Any]:
-  """A JSON object from `path`; errors name the file."""
+  """A JSON object from `path` (local or a URL); errors name the file."""
   try:
-    with open(path, encoding="utf-8") as f:
-      data = json.load(f)
+    if is_remote(path):
+      from etils import epath
+      if not epath.Path(path).exists():
+        raise FileNotFoundError(path)
+      data = json.loads(epath.Path(path).read_text())
+    else:
+      with open(path, encoding="utf-8") as f:
+        data = json.load(f)
   except FileNotFoundError:
     raise FileNotFoundError(f"{path} not found") from None
   except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -10,6 +10,9 @@ and --process_id). Rerunning a command resumes from the last checkpoint in its
 workdir.
 """
 
+import glob
+import os
+
 from absl import app, flags, logging
 import jax
 from ml_collections import config_flags
@@ -23,7 +26,17 @@ _COORDINATOR = flags.DEFINE_string("coordinator_address", None,
                                    "host:port of process 0 (not needed on TPU pods).")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the job.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
+_DISTRIBUTED = flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() "
+                                 "with its cluster auto-detection (automatic on Cloud TPU VMs).")
 flags.mark_flags_as_required(["config", "workdir"])
+
+
+def _on_cloud_tpu() -> bool:
+  """Whether this is a Cloud TPU VM, judged without starting JAX's backend
+  (`jax.distributed.initialize` must come before that)."""
+  return (any(name in os.environ for name in ("TPU_WORKER_ID", "TPU_WORKER_HOSTNAMES",
+                                              "TPU_ACCELERATOR_TYPE"))
+          or bool(glob.glob("/dev/accel*")) or os.path.isdir("/dev/vfio/devices"))
 
 
 def main(argv):
@@ -31,8 +44,8 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   if _COORDINATOR.value or _NUM_PROCESSES.value:
     jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-  elif jax.default_backend() == "tpu":
-    jax.distributed.initialize()  # every host of a pod slice
+  elif _DISTRIBUTED.value or _on_cloud_tpu():
+    jax.distributed.initialize()  # finds the other hosts of a pod slice (or cluster) itself
   logging.info("Process %d of %d, %d local / %d global devices", jax.process_index(),
                jax.process_count(), jax.local_device_count(), jax.device_count())
 

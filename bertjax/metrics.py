@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import struct
+import tempfile
 import time
 from typing import Any, Mapping
 
@@ -93,6 +94,9 @@ class EventFileWriter:
 class MetricWriter:
   """Writes metrics to `<workdir>/metrics.jsonl` and TensorBoard events (process 0).
 
+  A remote workdir (`gs://...`) cannot be appended to: the files are written to
+  a local directory and copied whole to the workdir after each write.
+
   Args:
     workdir: The run's directory.
     enabled: Whether this process writes (process 0 does).
@@ -100,10 +104,14 @@ class MetricWriter:
 
   def __init__(self, workdir: str, enabled: bool = True):
     self.enabled = enabled
-    if enabled:
-      os.makedirs(workdir, exist_ok=True)
-      self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
-      self._events = EventFileWriter(os.path.join(workdir, "tensorboard"))
+    if not enabled:
+      return
+    self._remote = workdir if "://" in workdir else None
+    local = tempfile.mkdtemp(prefix="bertjax-metrics-") if self._remote else workdir
+    os.makedirs(local, exist_ok=True)
+    self._local = local
+    self._jsonl = open(os.path.join(local, "metrics.jsonl"), "a", encoding="utf-8")
+    self._events = EventFileWriter(os.path.join(local, "tensorboard"))
 
   def write(self, step: int, values: Mapping[str, Any], prefix: str = "") -> None:
     """Writes a step's scalars, named `prefix/name` in TensorBoard."""
@@ -115,6 +123,18 @@ class MetricWriter:
     numeric = {f"{prefix}{k}": v for k, v in values.items()
                if isinstance(v, (int, float)) and not isinstance(v, bool)}
     self._events.scalars(step, numeric)
+    if self._remote:
+      self._mirror()
+
+  def _mirror(self) -> None:
+    from etils import epath
+
+    for local in (self._jsonl.name, self._events.path):
+      relative = os.path.relpath(local, self._local)
+      target = epath.Path(self._remote) / relative
+      target.parent.mkdir(parents=True, exist_ok=True)
+      with open(local, "rb") as f:
+        target.write_bytes(f.read())
 
   def close(self) -> None:
     if self.enabled:

@@ -62,12 +62,14 @@ def create_optimizer(name: str, learning_rate: optax.ScalarOrSchedule, *,
   if name not in OPTIMIZERS:
     raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
   chain = [optax.clip_by_global_norm(max_grad_norm)] if max_grad_norm else []
-  make = optax.adamw if name == "adamw" else optax.lamb
-  chain.append(make(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
-                    mask=decay_mask))
+  if name == "adamw":
+    chain.append(optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps,
+                             weight_decay=weight_decay, mask=decay_mask))
+  else:
+    # LAMB as in BERT's reference implementations: the layer-wise trust ratio,
+    # like weight decay, leaves biases and LayerNorm out.
+    chain += [optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
+              optax.add_decayed_weights(weight_decay, mask=decay_mask),
+              optax.masked(optax.scale_by_trust_ratio(), decay_mask),
+              optax.scale_by_learning_rate(learning_rate)]
   return optax.chain(*chain)
-
-
-def adamw(learning_rate: optax.ScalarOrSchedule, **kwargs) -> optax.GradientTransformation:
-  """`create_optimizer("adamw", ...)`: the paper's optimizer."""
-  return create_optimizer("adamw", learning_rate, **kwargs)

@@ -261,36 +261,30 @@ def _load_bertjax(path: str, do_lower_case: bool | None) -> Pretrained:
 
 
 def _load_training_run(path: str, do_lower_case: bool | None) -> Pretrained:
-  """The latest checkpoint of a pre-training workdir (its parameters only)."""
-  import orbax.checkpoint as ocp
+  """The parameters of the latest checkpoint of a pre-training workdir."""
+  from bertjax.data import shards
+  from bertjax.tasks import pretrain
 
   config_path = os.path.join(path, "config.json")
   values = read_json(config_path)
   if values.get("task") != "pretrain" or "model" not in values:
     raise ValueError(f"{config_path}: not the config of a pre-training run")
-  config = BertConfig.from_dict(values["model"], config_path)
-  objective = values.get("objective", "mlm_nsp")
-  if objective == "ltr":
+  run_config, step, params = pretrain.params_from_run(path)
+  config = pretrain.bert_config(run_config)
+  if run_config.objective == "ltr":
     config = config.replace(causal=True)
-  directory = os.path.join(path, TRAINING_CHECKPOINTS)
-  with ocp.CheckpointManager(directory, item_names=("state",)) as manager:
-    step = manager.latest_step()
-    if step is None:
-      raise FileNotFoundError(f"{directory}: no finished checkpoint")
-    state = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
-  params = jax.tree.map(lambda x: np.asarray(x, np.float32), state["state"]["params"])
-  logger.info("%s: parameters of step %d", directory, step)
-  data_dir = values.get("data", {}).get("dir") or os.path.join(path, "data")
+  logger.info("%s: parameters of step %d", path, step)
+  data_dir = run_config.data.dir or os.path.join(path, "data")
   tokenizer = None
   try:
-    from bertjax.data import shards
     settings = shards.read_info(data_dir)["tokenizer"]
     if do_lower_case is not None:
       settings = {**settings, "do_lower_case": do_lower_case}
     tokenizer = tokenizer_from_settings(data_dir, settings)
   except (OSError, ValueError) as e:
     logger.warning("%s: no tokenizer (%s)", path, e)
-  return Pretrained(config, params, tokenizer, OBJECTIVE_TASKS[objective])
+  params = jax.tree.map(lambda x: np.asarray(x, np.float32), params)
+  return Pretrained(config, params, tokenizer, OBJECTIVE_TASKS[run_config.objective])
 
 
 def export_hf(bundle: Pretrained, out_dir: str, overwrite: bool = False) -> None:

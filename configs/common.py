@@ -109,16 +109,21 @@ def apply_options(config: ml_collections.ConfigDict, options: dict[str, str]) ->
 
   - `no_nsp`: the paper's "No NSP" (masked LM only, packed sequences);
   - `ltr`: "LTR & No NSP" (a left-to-right LM, causal attention);
-  - `lamb`: large-batch LAMB (32k sequences; a starting point to tune);
+  - `lamb`: large-batch LAMB: 32k sequences a step for the same 256M sequences
+    as the paper's recipe (a starting point; tune steps and learning rate);
   - `size=<preset>`: another model size (Table 6 grid, small BERTs).
   """
   known = {"no_nsp", "ltr", "lamb", "size"}
   unknown = sorted(set(options) - known)
   if unknown:
     raise ValueError(f"unknown config arguments {unknown}; known: {sorted(known)}")
+  if {"no_nsp", "ltr"} <= set(options):
+    raise ValueError("choose one of the ablations no_nsp and ltr")
   if "size" in options:
-    config.model = model_config(options["size"], dtype=config.model.dtype,
-                                scan_layers=config.model.scan_layers)
+    if options["size"] not in PRESETS:
+      raise ValueError(f"Unknown model size {options['size']!r}; known: "
+                       f"{', '.join(sorted(PRESETS))}")
+    config.model.update(PRESETS[options["size"]])  # layers and widths only
   if "no_nsp" in options:
     config.objective = "mlm"
   if "ltr" in options:

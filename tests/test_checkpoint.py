@@ -28,7 +28,7 @@ def _state(config, mesh):
 def test_round_trip_is_exact_and_keeps_shardings(tmp_path):
   mesh = sharding.make_mesh((2, 2, 2))
   state, target = _state(CONFIG, mesh)
-  manager = checkpoint.Checkpointer(str(tmp_path), save_every=5)
+  manager = checkpoint.Checkpointer(str(tmp_path))
   data_state = {"phase": 1, "loader": {"position": 17, "nested": [1, 2]}}
   assert manager.save(5, state, data_state, {"objective": "mlm_nsp"})
   manager.wait()
@@ -47,14 +47,14 @@ def test_round_trip_is_exact_and_keeps_shardings(tmp_path):
 def test_unfinished_save_is_never_latest(tmp_path):
   mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
   state, target = _state(CONFIG, mesh)
-  manager = checkpoint.Checkpointer(str(tmp_path), save_every=1, async_save=False)
+  manager = checkpoint.Checkpointer(str(tmp_path), async_save=False)
   manager.save(2, state, {"phase": 0, "loader": None}, {})
   manager.close()
   # What a save killed half-way leaves: orbax's temporary step directory.
   partial = tmp_path / "4.orbax-checkpoint-tmp-1795966215"
   (partial / "state").mkdir(parents=True)
   (partial / "state" / "garbage").write_bytes(b"\x00" * 10)
-  reopened = checkpoint.Checkpointer(str(tmp_path), save_every=1)
+  reopened = checkpoint.Checkpointer(str(tmp_path))
   assert reopened.latest_step() == 2
   restored, _, _ = reopened.restore(2, target)
   assert int(restored.step) == int(state.step)
@@ -64,7 +64,7 @@ def test_unfinished_save_is_never_latest(tmp_path):
 def test_a_checkpoint_of_another_model_is_a_clear_error(tmp_path):
   mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
   state, _ = _state(CONFIG, mesh)
-  manager = checkpoint.Checkpointer(str(tmp_path), save_every=1, async_save=False)
+  manager = checkpoint.Checkpointer(str(tmp_path), async_save=False)
   manager.save(1, state, {"phase": 0, "loader": None}, {})
   _, other_target = _state(CONFIG.replace(hidden_size=64, num_heads=4), mesh)
   with pytest.raises(ValueError, match="does not fit this run's model and optimizer"):

@@ -49,10 +49,27 @@ def test_decay_applies_only_where_masked(name):
 
 
 def test_clipping_by_global_norm():
-  optimizer = optim.create_optimizer("adamw", 1.0, weight_decay=0.0, max_grad_norm=1.0)
+  # With a huge epsilon Adam's update is proportional to the gradient, so the
+  # clipping shows in the update.
   params = {"w": jnp.zeros(4)}
-  grads = {"w": jnp.full(4, 100.0)}
-  clipped = optax.clip_by_global_norm(1.0).update(grads, optax.EmptyState())[0]
-  np.testing.assert_allclose(optax.global_norm(clipped), 1.0, rtol=1e-6)
+  grads = {"w": jnp.full(4, 100.0)}  # global norm 200
+  sizes = {}
+  for clip in (None, 1.0):
+    optimizer = optim.create_optimizer("adamw", 1.0, weight_decay=0.0, eps=1e6,
+                                       max_grad_norm=clip)
+    updates, _ = optimizer.update(grads, optimizer.init(params), params)
+    sizes[clip] = float(optax.global_norm(updates))
+  np.testing.assert_allclose(sizes[None] / sizes[1.0], 200.0, rtol=1e-3)
+
+
+def test_lamb_trust_ratio_leaves_biases_and_layer_norm_out():
+  params = {"dense": {"kernel": jnp.full((2, 2), 3.0), "bias": jnp.full(2, 3.0)},
+            "norm": {"scale": jnp.full(2, 3.0)}}
+  grads = jax.tree.map(lambda p: jnp.full_like(p, 0.5), params)
+  optimizer = optim.create_optimizer("lamb", 1.0, weight_decay=0.0, max_grad_norm=None)
   updates, _ = optimizer.update(grads, optimizer.init(params), params)
-  assert np.isfinite(np.asarray(updates["w"])).all()
+  adam_step = float(jnp.abs(updates["dense"]["bias"][0]))
+  np.testing.assert_allclose(adam_step, 1.0, rtol=1e-4)  # plain Adam's first step
+  np.testing.assert_allclose(float(jnp.abs(updates["norm"]["scale"][0])), 1.0, rtol=1e-4)
+  # The kernel's step is scaled by ||w|| / ||update|| = 6 / 2.
+  np.testing.assert_allclose(float(jnp.abs(updates["dense"]["kernel"][0, 0])), 3.0, rtol=1e-4)

@@ -144,13 +144,13 @@ def write_info(directory: str, info: dict[str, Any], name: str = INFO_FILE) -> N
 
 def read_info(directory: str) -> dict[str, Any]:
   """The `dataset_info.json` of a prepared directory, checked."""
-  from bertjax.files import read_json
+  from bertjax import files
 
   path = os.path.join(directory, INFO_FILE)
-  if not os.path.isfile(path):
+  if not files.exists(path):
     raise FileNotFoundError(f"{directory}: no {INFO_FILE}; not a prepared pre-training "
                             "directory (make one with bertjax.tools.prepare_pretraining_data)")
-  info = read_json(path)
+  info = files.read_json(path)
   if info.get("format") != FORMAT or info.get("format_version") != FORMAT_VERSION:
     raise ValueError(f"{path}: format {info.get('format')!r} version "
                      f"{info.get('format_version')!r} is not {FORMAT!r} version "
@@ -166,15 +166,17 @@ def complete_shards(directory: str, kind: str = "documents") -> list[str]:
   """
   info = read_info(directory)
   if kind == "instances":
-    from bertjax.files import read_json
+    from bertjax import files
     path = os.path.join(directory, STATIC_INFO_FILE)
-    if not os.path.isfile(path):
+    if not files.exists(path):
       raise FileNotFoundError(f"{directory}: no statically masked instances ({STATIC_INFO_FILE}); "
                               "build them with --static_dupe_factor")
-    info = read_json(path)
+    info = files.read_json(path)
   count = info["num_shards"]
   paths = [os.path.join(directory, shard_name(i, count, kind)) for i in range(count)]
-  missing = [os.path.basename(p) for p in paths if not os.path.isfile(stats_path(p))]
+  from bertjax import files
+
+  missing = [os.path.basename(p) for p in paths if not files.exists(stats_path(p))]
   if missing:
     raise ValueError(f"{directory}: {len(missing)} of {count} shards are missing or "
                      f"unfinished (e.g. {missing[0]}); rerun the builder to finish them")

@@ -21,7 +21,7 @@ import flax.linen as nn
 import jax
 import ml_collections
 
-from bertjax import checkpoint, flops, metrics, optim, sharding, train
+from bertjax import checkpoint, files, flops, metrics, optim, sharding, train
 from bertjax.data import loader, shards
 from bertjax.data.masking import MaskingConfig
 from bertjax.models import BertConfig
@@ -52,7 +52,7 @@ def phases(config: ml_collections.ConfigDict) -> list[Phase]:
                 train_config.long_max_predictions)]
 
 
-def model_config(config: ml_collections.ConfigDict) -> BertConfig:
+def bert_config(config: ml_collections.ConfigDict) -> BertConfig:
   values = config.model.to_dict()
   return BertConfig(**values)
 
@@ -63,7 +63,7 @@ def validate(config: ml_collections.ConfigDict, mesh_devices: int) -> tuple[int,
   Raises:
     ValueError: saying what to change.
   """
-  bert = model_config(config)  # hidden size vs heads and the like
+  bert = bert_config(config)  # hidden size vs heads and the like
   shape = sharding.mesh_shape([config.mesh.data, config.mesh.fsdp, config.mesh.tensor],
                               mesh_devices)
   batch, accumulation = config.train.batch_size, config.train.accumulation_steps
@@ -92,6 +92,11 @@ def validate(config: ml_collections.ConfigDict, mesh_devices: int) -> tuple[int,
       masking_config(config, phase.max_predictions).check_length(phase.max_seq_length)
   if config.train.total_steps < 1:
     raise ValueError(f"train.total_steps must be positive, got {config.train.total_steps}")
+  for name, value in (("checkpoint.every_steps", config.checkpoint.every_steps),
+                      ("log_every_steps", config.log_every_steps),
+                      ("max_consecutive_skips", config.max_consecutive_skips)):
+    if value < 1:
+      raise ValueError(f"{name} must be >= 1, got {value}")
   if not 0 <= config.optimizer.warmup_steps <= config.train.total_steps:
     raise ValueError(f"optimizer.warmup_steps={config.optimizer.warmup_steps} must be in "
                      f"[0, train.total_steps={config.train.total_steps}]")
@@ -119,7 +124,7 @@ def loader_config(config: ml_collections.ConfigDict, data_dir: str, phase: Phase
 def prepare_data(config: ml_collections.ConfigDict, workdir: str) -> str:
   """The prepared data directory; built first when the config says how (the demo)."""
   data_dir = config.data.dir or os.path.join(workdir, "data")
-  if os.path.isfile(os.path.join(data_dir, shards.INFO_FILE)) or not config.data.build_from:
+  if files.exists(os.path.join(data_dir, shards.INFO_FILE)) or not config.data.build_from:
     shards.complete_shards(data_dir)  # a clear error if it is not there
     return data_dir
   if jax.process_index() == 0:
@@ -147,17 +152,24 @@ def _sync(name: str) -> None:
 
 
 class _Preemption:
-  """SIGTERM (a TPU VM's preemption notice) sets a flag the loop checks."""
+  """SIGTERM (a TPU VM's preemption notice) sets a flag the loop checks.
 
-  def __init__(self):
+  Only in a single-process run: with several processes the hosts must agree
+  on the step to save at, which JAX's preemption sync point provides (its own
+  SIGTERM handler, installed by `jax.distributed`, must stay in place).
+  """
+
+  def __init__(self, install: bool):
     self.requested = False
+    self._install = install
     self._previous = None
 
   def __enter__(self):
-    try:
-      self._previous = signal.signal(signal.SIGTERM, self._handle)
-    except ValueError:  # not the main thread: rely on JAX's sync point only
-      self._previous = None
+    if self._install:
+      try:
+        self._previous = signal.signal(signal.SIGTERM, self._handle)
+      except ValueError:  # not the main thread: rely on JAX's sync point only
+        self._previous = None
     return self
 
   def _handle(self, signum, frame):
@@ -168,6 +180,43 @@ class _Preemption:
   def __exit__(self, *exc):
     if self._previous is not None:
       signal.signal(signal.SIGTERM, self._previous)
+
+
+def make_optimizer(config: ml_collections.ConfigDict):
+  """(optimizer, learning-rate schedule) of `config.optimizer`."""
+  opt = config.optimizer
+  schedule = optim.learning_rate_schedule(opt.learning_rate, opt.warmup_steps,
+                                          config.train.total_steps)
+  optimizer = optim.create_optimizer(opt.name, schedule, weight_decay=opt.weight_decay,
+                                     b1=opt.b1, b2=opt.b2, eps=opt.eps,
+                                     max_grad_norm=opt.max_grad_norm)
+  return optimizer, schedule
+
+
+def params_from_run(workdir: str) -> tuple[ml_collections.ConfigDict, int, Any]:
+  """(config, step, parameters) of the latest checkpoint of a run, on this host.
+
+  The state is restored into arrays on the first local device, whatever mesh
+  and number of hosts the run had.
+  """
+  from bertjax.files import read_json
+
+  config = ml_collections.ConfigDict(read_json(os.path.join(workdir, "config.json")))
+  model = train.pretraining_model(bert_config(config), config.objective)
+  optimizer, _ = make_optimizer(config)
+  abstract = train.abstract_train_state(model, optimizer, config.seed)
+  target = checkpoint.abstract_with_shardings(
+      abstract, jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))
+  checkpointer = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
+                                         async_save=False)
+  try:
+    step = checkpointer.latest_step()
+    if step is None:
+      raise FileNotFoundError(f"{workdir}/checkpoints: no finished checkpoint")
+    state = checkpointer.restore_state(step, target)
+  finally:
+    checkpointer.close()
+  return config, step, jax.device_get(state.params)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
@@ -191,22 +240,20 @@ class _Trainer:
     self.mesh = sharding.make_mesh(validate(config, len(devices)))
     self.rules = tuple(tuple(rule) for rule in config.logical_axis_rules)
     self.data_dir = prepare_data(config, workdir)
-    self.bert = model_config(config)
+    self.bert = bert_config(config)
     self.model = train.pretraining_model(self.bert, config.objective)
     self.phases = phases(config)
     self.total_steps = config.train.total_steps
-    opt = config.optimizer
-    self.learning_rate_fn = optim.learning_rate_schedule(opt.learning_rate, opt.warmup_steps,
-                                                         self.total_steps)
-    self.optimizer = optim.create_optimizer(
-        opt.name, self.learning_rate_fn, weight_decay=opt.weight_decay, b1=opt.b1, b2=opt.b2,
-        eps=opt.eps, max_grad_norm=opt.max_grad_norm)
+    self.optimizer, self.learning_rate_fn = make_optimizer(config)
     self.writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0)
     self.checkpointer = checkpoint.Checkpointer(
-        os.path.join(workdir, "checkpoints"), save_every=config.checkpoint.every_steps,
-        max_to_keep=config.checkpoint.max_to_keep, async_save=config.checkpoint.async_save)
+        os.path.join(workdir, "checkpoints"), max_to_keep=config.checkpoint.max_to_keep,
+        async_save=config.checkpoint.async_save)
     self.batch_sharding = sharding.batch_sharding(self.mesh)
     self.peak, peak_source = flops.peak_tflops(self.bert.dtype)
+    self.per_token = 0.0  # model FLOPs per token of the current phase
+    self.window = (time.perf_counter(), 0)  # throughput since (time, step)
+    self.preemption: _Preemption | None = None
     logging.info("Mesh %s over %d devices (%s); peak %.3f TFLOP/s per device (%s)",
                  dict(self.mesh.shape), len(devices), devices[0].device_kind, self.peak,
                  peak_source)
@@ -215,7 +262,7 @@ class _Trainer:
     config = self.config
     result: dict[str, float] = {}
     with (jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules),
-          _Preemption() as self.preemption):
+          _Preemption(install=jax.process_count() == 1) as self.preemption):
       abstract = train.abstract_train_state(self.model, self.optimizer, config.seed)
       shardings = train.state_shardings(abstract, self.mesh, self.rules)
       restored_data = None
@@ -240,13 +287,17 @@ class _Trainer:
             loader_config(config, self.data_dir, phase, "train", config.train.batch_size),
             jax.process_index(), jax.process_count())), self.batch_sharding)
         if restored_data is not None and restored_data["phase"] == phase.index:
-          iterator.set_state(restored_data["loader"])
+          if restored_data["loader"] is None:
+            logging.warning("The checkpoint ends its run; the data of the steps added after "
+                            "it starts from the beginning of phase %d", phase.index)
+          else:
+            iterator.set_state(restored_data["loader"])
         try:
           state, result = self._run_phase(phase, state, iterator, result)
         finally:
           iterator.close()
       step = int(state.step)
-      if self.checkpointer.latest_step() != step:
+      if self.checkpointer.latest_step() != step:  # the last step is always kept
         self.checkpointer.save(step, state, {"phase": self.phases[-1].index, "loader": None},
                                self._meta())
       self.checkpointer.close()
@@ -289,14 +340,16 @@ class _Trainer:
       preempted = self.preemption.requested or self.checkpointer.reached_preemption(step)
       if preempted or step % config.checkpoint.every_steps == 0:
         self.checkpointer.save(step, state, {"phase": phase.index, "loader": iterator.get_state()},
-                               self._meta(), force=True)
+                               self._meta())
       if preempted:
+        self._report(*pending, length, force=True)  # the step's metrics, before leaving
         self.checkpointer.close()
         logging.warning("Preempted: checkpoint saved at step %d; rerun the same command to "
                         "resume", step)
         raise SystemExit(PREEMPTED_EXIT_CODE)
       if config.eval.every_steps > 0 and step % config.eval.every_steps == 0:
         result.update(self._evaluate(state, phase, step))
+        self.window = (time.perf_counter(), step)  # throughput leaves evaluation out
       if step < phase.end:
         batch = next(iterator)
     if pending is not None:
@@ -369,9 +422,8 @@ def save_config(config: ml_collections.ConfigDict, workdir: str) -> None:
   """Writes the resolved config to `<workdir>/config.json` (process 0)."""
   if jax.process_index() != 0:
     return
-  os.makedirs(workdir, exist_ok=True)
-  path = os.path.join(workdir, "config.json")
-  with open(path + ".tmp", "w", encoding="utf-8") as f:
-    json.dump(config.to_dict(), f, indent=2, default=str)
-  os.replace(path + ".tmp", path)
+  if not files.is_remote(workdir):
+    os.makedirs(workdir, exist_ok=True)
+  files.write_text(os.path.join(workdir, "config.json"),
+                   json.dumps(config.to_dict(), indent=2, default=str))
 

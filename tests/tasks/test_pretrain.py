@@ -116,20 +116,33 @@ def test_demo_config_trains_and_evaluates(uninterrupted):
   assert os.listdir(os.path.join(uninterrupted, "tensorboard"))
 
 
-def test_kill_and_restart_reproduces_every_loss_exactly(uninterrupted, prepared_dir, tmp_path):
+def _saved_steps(workdir):
+  return sorted(int(s) for s in os.listdir(os.path.join(workdir, "checkpoints")) if s.isdigit())
+
+
+@pytest.mark.parametrize("every,kill_at", [
+    (23, 60),            # restores mid-way through the first phase
+    (SWITCH, SWITCH + 10),  # restores the checkpoint taken at the 32 -> 64 switch
+])
+def test_kill_and_restart_reproduces_every_loss_exactly(uninterrupted, prepared_dir, tmp_path,
+                                                        every, kill_at):
   expected = {step: values[0] for step, values in _losses(uninterrupted).items()}
   workdir = str(tmp_path)
-  args = _args(workdir, prepared_dir)
-  code, _ = _start_and_stop(args, _env(), workdir, 60, signal.SIGKILL)
+  args = _args(workdir, prepared_dir, **{"checkpoint.every_steps": every})
+  code, _ = _start_and_stop(args, _env(), workdir, kill_at, signal.SIGKILL)
   assert code == -signal.SIGKILL
   killed_at = max(_losses(workdir))
-  assert killed_at < TOTAL
+  assert kill_at <= killed_at < TOTAL
+  restart_from = _saved_steps(workdir)[-1]
+  if every == SWITCH and killed_at < 2 * SWITCH:
+    assert restart_from == SWITCH
   _run(args, _env())
   losses = _losses(workdir)
   assert sorted(losses) == list(range(1, TOTAL + 1))
   for step, values in losses.items():
     assert values == [expected[step]] * len(values), step  # bit-identical, reruns included
-  assert any(len(v) > 1 for v in losses.values()) or killed_at % 23 == 0
+  # The steps after the restored checkpoint ran twice, with the same losses.
+  assert all(len(losses[s]) == 2 for s in range(restart_from + 1, killed_at + 1))
 
 
 def test_sigterm_saves_exits_and_resumes(uninterrupted, prepared_dir, tmp_path):
@@ -140,12 +153,12 @@ def test_sigterm_saves_exits_and_resumes(uninterrupted, prepared_dir, tmp_path):
   assert code == 143, stderr[-3000:]
   assert "Preempted: checkpoint saved at step" in stderr
   stopped = max(_losses(workdir))
-  steps = sorted(int(s) for s in os.listdir(os.path.join(workdir, "checkpoints"))
-                 if s.isdigit())
-  assert steps[-1] >= stopped - 1  # saved at the step it stopped, not at the last period
+  assert _saved_steps(workdir)[-1] == stopped  # saved at the step it stopped at
   _run(args, _env())
-  for step, values in _losses(workdir).items():
-    assert values == [expected[step]] * len(values), step
+  losses = _losses(workdir)
+  assert sorted(losses) == list(range(1, TOTAL + 1))
+  for step, values in losses.items():
+    assert values == [expected[step]], step  # nothing ran twice
 
 
 def _free_port():
@@ -176,6 +189,8 @@ def test_two_processes_match_one(uninterrupted, prepared_dir, tmp_path):
 
 
 def test_fine_tuning_takes_the_encoder_from_the_run(uninterrupted, caplog):
+  import jax
+
   import bertjax
 
   with caplog.at_level("WARNING"):
@@ -184,8 +199,11 @@ def test_fine_tuning_takes_the_encoder_from_the_run(uninterrupted, caplog):
   assert "initialised randomly: classifier/bias, classifier/kernel" in caplog.text
   assert "cls.predictions" in caplog.text  # the pre-training heads it left out
   pretrained = bertjax.load_pretrained(uninterrupted)
+  from bertjax.tasks import pretrain
+  _, step, params = pretrain.params_from_run(uninterrupted)
+  assert step == TOTAL
+  jax.tree.map(np.testing.assert_array_equal, params["bert"], pretrained.params["bert"])
   assert pretrained.task == "pretraining" and pretrained.tokenizer is not None
-  import jax
   jax.tree.map(np.testing.assert_array_equal, bundle.params["bert"], pretrained.params["bert"])
   features = bertjax.encode(pretrained, ["the quick brown fox"])
   assert features["sequence_output"].shape[2] == 32
