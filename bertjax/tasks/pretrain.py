@@ -348,6 +348,8 @@ class _Trainer:
                         "resume", step)
         raise SystemExit(PREEMPTED_EXIT_CODE)
       if config.eval.every_steps > 0 and step % config.eval.every_steps == 0:
+        result = self._report(*pending, length) or result  # timed before evaluating
+        pending = None
         result.update(self._evaluate(state, phase, step))
         self.window = (time.perf_counter(), step)  # throughput leaves evaluation out
       if step < phase.end:

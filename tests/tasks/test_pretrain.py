@@ -105,6 +105,10 @@ def test_demo_config_trains_and_evaluates(uninterrupted):
   for name in ("train/mfu", "train/tokens_per_s", "train/learning_rate", "train/grad_norm",
                "train/nsp_accuracy", "train/eta_s"):
     assert name in train[50], name
+  # Evaluation is left out of the throughput of the steps around it.
+  rates = [train[s]["train/tokens_per_s"] for s in range(2, TOTAL + 1)]
+  for step in (100, 200, 300, 101, 201, 301):
+    assert train[step]["train/tokens_per_s"] < 5 * np.median(rates), step
   # It learns: the masked LM beats its first steps clearly.
   assert np.mean([train[s]["train/loss"] for s in range(1, 11)]) > np.mean(
       [train[s]["train/loss"] for s in range(190, 201)]) + 0.5

@@ -1,0 +1,1 @@
+"""Evaluation that matches the official tools: SQuAD, GLUE metrics, CoNLL NER."""

@@ -1,0 +1,83 @@
+r"""Scores SQuAD predictions as the official v1.1 and v2.0 scripts do.
+
+  python -m bertjax.tools.evaluate_squad dev-v1.1.json predictions.json
+  python -m bertjax.tools.evaluate_squad dev-v2.0.json predictions.json \
+      --na-prob-file null_odds.json [--na-prob-thresh 1.0] [--out-file eval.json]
+
+The data's "version" picks the rules ("1.1" and "1.0": v1.1's; anything else:
+v2.0's) unless --rules says. The printed JSON has the official keys and values
+(`bertjax.evaluation.squad` lists the differences between the two scripts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from bertjax.evaluation import squad
+
+
+def _load_json(path: str, what: str):
+  try:
+    with open(path, encoding="utf-8") as f:
+      return json.load(f)
+  except FileNotFoundError:
+    raise SystemExit(f"{what} {path} not found") from None
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise SystemExit(f"{what} {path} is not valid JSON: {e}") from None
+
+
+def _parse_args(argv: list[str]) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(
+      prog="python -m bertjax.tools.evaluate_squad",
+      description="Official SQuAD v1.1 / v2.0 evaluation.")
+  parser.add_argument("data_file", metavar="data.json", help="Input data JSON file.")
+  parser.add_argument("pred_file", metavar="pred.json", help="Model predictions.")
+  parser.add_argument("--out-file", "-o", metavar="eval.json",
+                      help="Write accuracy metrics to file (default is stdout).")
+  parser.add_argument("--na-prob-file", "-n", metavar="na_prob.json",
+                      help="Model estimates of probability of no answer.")
+  parser.add_argument("--na-prob-thresh", "-t", type=float, default=1.0,
+                      help='Predict "" if no-answer probability exceeds this (default = 1.0).')
+  parser.add_argument("--rules", choices=["auto", "v1.1", "v2.0"], default="auto",
+                      help="Which script's rules (default: from the data's version).")
+  return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+  args = _parse_args(sys.argv[1:] if argv is None else argv)
+  data = _load_json(args.data_file, "Data file")
+  if not isinstance(data, dict) or not isinstance(data.get("data"), list):
+    raise SystemExit(f"{args.data_file}: not SQuAD data (no top-level \"data\" list)")
+  predictions = _load_json(args.pred_file, "Prediction file")
+  if not isinstance(predictions, dict):
+    raise SystemExit(f"{args.pred_file}: predictions must be a JSON object id -> answer")
+  rules = args.rules
+  if rules == "auto":
+    rules = "v1.1" if str(data.get("version")) in ("1.1", "1.0") else "v2.0"
+  try:
+    if rules == "v1.1":
+      if str(data.get("version")) != "1.1":
+        print(f"Evaluation expects v-1.1, but got dataset with v-{data.get('version')}",
+              file=sys.stderr)
+      result = squad.evaluate_v1(data["data"], predictions)
+      print(json.dumps(result))
+      return
+    no_answer_probs = (_load_json(args.na_prob_file, "No-answer probability file")
+                       if args.na_prob_file else None)
+    result = squad.evaluate_v2(data["data"], predictions, no_answer_probs,
+                               args.na_prob_thresh)
+  except (KeyError, TypeError) as e:
+    raise SystemExit(f"{args.data_file}: malformed SQuAD data ({type(e).__name__}: {e})") from None
+  except ValueError as e:
+    raise SystemExit(f"{args.pred_file}: {e}") from None
+  if args.out_file:
+    with open(args.out_file, "w", encoding="utf-8") as f:
+      json.dump(result, f)
+  else:
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+  main()
