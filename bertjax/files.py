@@ -95,3 +95,15 @@ def atomic_directory(out_dir: str, overwrite: bool = False) -> Iterator[str]:
   except BaseException:
     shutil.rmtree(staging, ignore_errors=True)
     raise
+
+
+def save_config(config: Any, workdir: str) -> None:
+  """Writes a run's resolved config to `<workdir>/config.json` (process 0 only)."""
+  import jax
+
+  if jax.process_index() != 0:
+    return
+  if not is_remote(workdir):
+    os.makedirs(workdir, exist_ok=True)
+  write_text(os.path.join(workdir, "config.json"),
+             json.dumps(config.to_dict(), indent=2, default=str))

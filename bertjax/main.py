@@ -11,6 +11,7 @@ workdir.
 """
 
 import glob
+import importlib
 import os
 
 from absl import app, flags, logging
@@ -29,6 +30,9 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
 _DISTRIBUTED = flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() "
                                  "with its cluster auto-detection (automatic on Cloud TPU VMs).")
 flags.mark_flags_as_required(["config", "workdir"])
+
+# config.task -> the module of bertjax.tasks whose run(config, workdir) does it.
+TASKS = {"pretrain": "pretrain", "glue": "glue"}
 
 
 def _on_cloud_tpu() -> bool:
@@ -50,12 +54,11 @@ def main(argv):
                jax.process_count(), jax.local_device_count(), jax.device_count())
 
   config = _CONFIG.value
-  if config.task == "pretrain":
-    from bertjax.tasks import pretrain
-    pretrain.save_config(config, _WORKDIR.value)
-    pretrain.train_and_evaluate(config, _WORKDIR.value)
-  else:
-    raise app.UsageError(f"Unknown config.task {config.task!r}; known: pretrain")
+  if config.task not in TASKS:
+    raise app.UsageError(f"Unknown config.task {config.task!r}; known: {', '.join(TASKS)}")
+  task = importlib.import_module(f"bertjax.tasks.{TASKS[config.task]}")
+  # The task saves the resolved config to <workdir>/config.json first.
+  task.run(config, _WORKDIR.value)
 
 
 if __name__ == "__main__":

@@ -138,3 +138,44 @@ def apply_options(config: ml_collections.ConfigDict, options: dict[str, str]) ->
     config.checkpoint.every_steps = 500
     config.eval.every_steps = 500
     config.log_every_steps = 10
+
+
+def finetune_config(task: str) -> ml_collections.ConfigDict:
+  """The paper's fine-tuning protocol (section 4 and A.3), shared by the tasks.
+
+  Batch 32, 3 epochs, Adam with learning rate from {5e-5, 4e-5, 3e-5, 2e-5}
+  (`bertjax.tools.sweep` tries them), 10% warmup then linear decay, weight decay
+  0.01, dropout as pre-trained (0.1).
+  """
+  config = ml_collections.ConfigDict()
+  config.task = task
+  config.seed = 0  # the new output layer's initialisation and the data order
+  # A bertjax pre-training workdir or model directory, a Hugging Face directory
+  # or a Google TF checkpoint directory.
+  config.init_checkpoint = ""
+  config.max_seq_length = 128
+
+  config.data = ml_collections.ConfigDict()
+  config.data.source = "tsv"  # the official files in `dir`, or "tfds" (`dir`: TFDS data_dir)
+  config.data.dir = ""
+
+  config.model = ml_collections.ConfigDict()
+  config.model.dtype = "bfloat16"           # computation; parameters stay float32
+  config.model.hidden_dropout_prob = -1.0   # negative: the checkpoint's own
+  config.model.attention_dropout_prob = -1.0
+
+  config.train = ml_collections.ConfigDict()
+  config.train.learning_rate = 2e-5
+  config.train.batch_size = 32
+  config.train.epochs = 3.0
+  config.train.warmup_proportion = 0.1
+  config.train.weight_decay = 0.01
+  config.train.eps = 1e-6
+  config.train.max_grad_norm = 1.0
+  config.train.eval_batch_size = 64
+
+  config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  config.logical_axis_rules = LOGICAL_AXIS_RULES
+  config.log_every_steps = 50
+  config.max_consecutive_skips = 10
+  return config

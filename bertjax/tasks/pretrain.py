@@ -10,7 +10,6 @@ command continues exactly where the last checkpoint left off.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import signal
 import time
@@ -219,7 +218,7 @@ def params_from_run(workdir: str) -> tuple[ml_collections.ConfigDict, int, Any]:
   return config, step, jax.device_get(state.params)
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Pre-trains as `config` says, resuming from `workdir` if it holds a checkpoint.
 
   Returns:
@@ -228,6 +227,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   Raises:
     SystemExit(PREEMPTED_EXIT_CODE) after saving when preempted.
   """
+  files.save_config(config, workdir)  # what load_pretrained reads the run's model from
   return _Trainer(config, workdir).run()
 
 
@@ -418,14 +418,3 @@ def _memory_numbers(memory) -> dict[str, float]:
            "generated_code_size_in_bytes")
   return {name.replace("_in_bytes", ""): float(getattr(memory, name))
           for name in names if hasattr(memory, name)}
-
-
-def save_config(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """Writes the resolved config to `<workdir>/config.json` (process 0)."""
-  if jax.process_index() != 0:
-    return
-  if not files.is_remote(workdir):
-    os.makedirs(workdir, exist_ok=True)
-  files.write_text(os.path.join(workdir, "config.json"),
-                   json.dumps(config.to_dict(), indent=2, default=str))
-

@@ -1,14 +1,12 @@
 """The builder: shards that hold exactly the tokenised text, and full accounting."""
 
-import json
 import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
-from bertjax.data import corpus, shards
+from bertjax.data import shards
 from bertjax.data.tokenizers import WordPieceTokenizer
 from bertjax.data import builder
 from tests import reference

@@ -2,7 +2,6 @@
 
 import grain
 import numpy as np
-import pytest
 
 from bertjax.data import instances
 

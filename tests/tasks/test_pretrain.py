@@ -275,7 +275,7 @@ def test_consecutive_non_finite_steps_stop_the_run(prepared_dir, tmp_path, monke
   monkeypatch.setattr(loader, "make_dataset", poisoned)
   config = _demo_config(prepared_dir, max_consecutive_skips=3, log_every_steps=1)
   with pytest.raises(FloatingPointError, match="3 consecutive steps had a non-finite loss"):
-    pretrain.train_and_evaluate(config, str(tmp_path))
+    pretrain.run(config, str(tmp_path))
   records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
   assert [r["train/skipped_total"] for r in records if "train/skipped_total" in r] == [1, 2]
 
@@ -292,6 +292,6 @@ def test_profile_switch_writes_a_trace(prepared_dir, tmp_path):
 
   config = _demo_config(prepared_dir, **{"profile.start_step": 2, "profile.num_steps": 3,
                                          "train.total_steps": 6, "eval.every_steps": 0})
-  pretrain.train_and_evaluate(config, str(tmp_path))
+  pretrain.run(config, str(tmp_path))
   traces = [os.path.join(d, f) for d, _, files in os.walk(tmp_path / "profile") for f in files]
   assert any(f.endswith(".xplane.pb") for f in traces), traces

@@ -1,0 +1,273 @@
+"""GLUE: the official TSV files (or TFDS `glue/*`) as labelled text pairs.
+
+Each task reads its train, dev and test files in the layout of GLUE's
+`download_glue_data.py` (the files the original BERT code reads), with the
+original's columns and label sets; AX, the diagnostic set, is test-only and is
+predicted with the MNLI model. Rows that do not fit the layout (too few
+columns, a label outside the set, an unparsable score) are skipped, counted by
+reason and reported with the file and line of the first few; nothing is
+dropped silently. TSV fields are taken verbatim (`csv`'s QUOTE_NONE), as the
+original reader does.
+"""
+
+from __future__ import annotations
+
+import collections
+import csv
+import dataclasses
+import logging
+import os
+import sys
+from typing import Any, Sequence
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+  """One labelled text (pair).
+
+  Attributes:
+    guid: "<split>-<index>"; `index` is the submission file's row id.
+    text_a: First segment.
+    text_b: Second segment or None.
+    label: Label string (class tasks), float (STS-B) or None (test data).
+    index: The row id for the submission file.
+  """
+
+  guid: str
+  text_a: str
+  text_b: str | None
+  label: str | float | None
+  index: int
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+  """How a GLUE task's files are laid out.
+
+  Attributes:
+    name: bertjax's task name.
+    labels: Label strings in id order; None for regression (STS-B).
+    files: split -> file name in the task directory.
+    header: Whether train/dev files have a header row (test files always do).
+    columns: (text_a, text_b or None, label) column indices of train/dev rows;
+      negative counts from the end.
+    test_columns: (text_a, text_b or None) of test rows.
+    tfds_name: The TFDS dataset, and its text features.
+    submission: The file name of the GLUE server's predictions.
+  """
+
+  name: str
+  labels: tuple[str, ...] | None
+  files: dict[str, str]
+  header: bool
+  columns: tuple[int, int | None, int]
+  test_columns: tuple[int, int | None]
+  tfds_name: str
+  tfds_features: tuple[str, str | None]
+  submission: dict[str, str]
+
+  @property
+  def is_regression(self) -> bool:
+    return self.labels is None
+
+
+_BINARY = ("0", "1")
+_NLI = ("contradiction", "entailment", "neutral")
+_ENTAILMENT = ("entailment", "not_entailment")
+_STANDARD = {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv"}
+
+TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in (
+    TaskSpec("cola", _BINARY, _STANDARD, header=False, columns=(3, None, 1),
+             test_columns=(1, None), tfds_name="glue/cola", tfds_features=("sentence", None),
+             submission={"test": "CoLA.tsv"}),
+    TaskSpec("sst2", _BINARY, _STANDARD, header=True, columns=(0, None, 1),
+             test_columns=(1, None), tfds_name="glue/sst2", tfds_features=("sentence", None),
+             submission={"test": "SST-2.tsv"}),
+    TaskSpec("mrpc", _BINARY, _STANDARD, header=True, columns=(3, 4, 0),
+             test_columns=(3, 4), tfds_name="glue/mrpc",
+             tfds_features=("sentence1", "sentence2"), submission={"test": "MRPC.tsv"}),
+    TaskSpec("stsb", None, _STANDARD, header=True, columns=(7, 8, -1),
+             test_columns=(7, 8), tfds_name="glue/stsb",
+             tfds_features=("sentence1", "sentence2"), submission={"test": "STS-B.tsv"}),
+    TaskSpec("qqp", _BINARY, _STANDARD, header=True, columns=(3, 4, 5),
+             test_columns=(1, 2), tfds_name="glue/qqp",
+             tfds_features=("question1", "question2"), submission={"test": "QQP.tsv"}),
+    TaskSpec("mnli", _NLI, {"train": "train.tsv", "dev": "dev_matched.tsv",
+                            "dev_mismatched": "dev_mismatched.tsv",
+                            "test": "test_matched.tsv", "test_mismatched": "test_mismatched.tsv",
+                            "ax": "diagnostic.tsv"},
+             header=True, columns=(8, 9, -1), test_columns=(8, 9), tfds_name="glue/mnli",
+             tfds_features=("premise", "hypothesis"),
+             submission={"test": "MNLI-m.tsv", "test_mismatched": "MNLI-mm.tsv",
+                         "ax": "AX.tsv"}),
+    TaskSpec("qnli", _ENTAILMENT, _STANDARD, header=True, columns=(1, 2, -1),
+             test_columns=(1, 2), tfds_name="glue/qnli",
+             tfds_features=("question", "sentence"), submission={"test": "QNLI.tsv"}),
+    TaskSpec("rte", _ENTAILMENT, _STANDARD, header=True, columns=(1, 2, -1),
+             test_columns=(1, 2), tfds_name="glue/rte",
+             tfds_features=("sentence1", "sentence2"), submission={"test": "RTE.tsv"}),
+    TaskSpec("wnli", _BINARY, _STANDARD, header=True, columns=(1, 2, -1),
+             test_columns=(1, 2), tfds_name="glue/wnli",
+             tfds_features=("sentence1", "sentence2"), submission={"test": "WNLI.tsv"}),
+)}
+# The diagnostic set's columns (index, sentence1, sentence2), read by the MNLI task.
+_AX_COLUMNS = (1, 2)
+# TFDS split names of bertjax's splits.
+_TFDS_SPLITS = {"train": "train", "dev": "validation", "test": "test",
+                "dev_mismatched": "validation_mismatched", "test_mismatched": "test_mismatched"}
+_TFDS_MNLI_SPLITS = {"dev": "validation_matched", "test": "test_matched"}
+
+
+def task_spec(name: str) -> TaskSpec:
+  if name not in TASKS:
+    raise ValueError(f"unknown GLUE task {name!r}; known: {', '.join(TASKS)}")
+  return TASKS[name]
+
+
+@dataclasses.dataclass
+class SkipReport:
+  """Rows skipped while reading, by reason, with where the first few were."""
+
+  counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+  examples: list[str] = dataclasses.field(default_factory=list)
+
+  def skip(self, where: str, reason: str) -> None:
+    self.counts[reason] += 1
+    if len(self.examples) < 5:
+      self.examples.append(f"{where}: {reason}")
+
+  def log(self, source: str, kept: int) -> None:
+    if self.counts:
+      logger.warning("%s: kept %d rows, skipped %d (%s); first: %s", source, kept,
+                     sum(self.counts.values()),
+                     ", ".join(f"{n} {reason}" for reason, n in self.counts.items()),
+                     "; ".join(self.examples))
+
+
+def _read_tsv(path: str) -> list[list[str]]:
+  csv.field_size_limit(sys.maxsize)
+  try:
+    with open(path, encoding="utf-8-sig", newline="") as f:
+      return list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+  except FileNotFoundError:
+    raise FileNotFoundError(f"{path} not found (a GLUE task directory as written by "
+                            "download_glue_data.py?)") from None
+  except UnicodeDecodeError as e:
+    raise ValueError(f"{path}: not UTF-8 text ({e})") from None
+
+
+def _row_index(row: Sequence[str], line: int, has_index_column: bool) -> int:
+  if has_index_column:
+    try:
+      return int(row[0])
+    except ValueError:
+      pass
+  return line
+
+
+def read_tsv(spec: TaskSpec, task_dir: str, split: str,
+             report: SkipReport | None = None) -> list[Example]:
+  """The examples of one split of a GLUE task directory.
+
+  Args:
+    spec: The task.
+    task_dir: Directory holding the task's TSV files.
+    split: "train", "dev", "test" (MNLI also "dev_mismatched",
+      "test_mismatched" and "ax").
+    report: Collects skipped rows (a fresh one is logged otherwise).
+  """
+  if split not in spec.files:
+    raise ValueError(f"{spec.name} has no split {split!r}; it has {', '.join(spec.files)}")
+  path = os.path.join(task_dir, spec.files[split])
+  rows = _read_tsv(path)
+  own_report = report is None
+  report = report or SkipReport()
+  labelled = not (split.startswith("test") or split == "ax")
+  if labelled:
+    header = spec.header
+    text_a, text_b, label_column = spec.columns
+  else:
+    header = True
+    text_a, text_b = _AX_COLUMNS if split == "ax" else spec.test_columns
+    label_column = None
+  examples = []
+  for line, row in enumerate(rows[1:] if header else rows, start=2 if header else 1):
+    where = f"{path}:{line}"
+    if not row or (len(row) == 1 and not row[0].strip()):
+      report.skip(where, "empty line")
+      continue
+    needed = max(c if c >= 0 else -c - 1 for c in (text_a, text_b, label_column)
+                 if c is not None) + 1
+    if len(row) < needed:
+      report.skip(where, f"fewer than {needed} columns")
+      continue
+    label: str | float | None = None
+    if label_column is not None:
+      raw = row[label_column].strip()
+      if spec.is_regression:
+        try:
+          label = float(raw)
+        except ValueError:
+          report.skip(where, "a score that is not a number")
+          continue
+      elif raw not in spec.labels:
+        report.skip(where, "a label outside " + "/".join(spec.labels))
+        continue
+      else:
+        label = raw
+    index = _row_index(row, len(examples), has_index_column=not labelled)
+    examples.append(Example(f"{split}-{index}", row[text_a],
+                            None if text_b is None else row[text_b], label, index))
+  if own_report:
+    report.log(path, len(examples))
+  if not examples:
+    raise ValueError(f"{path}: no usable rows")
+  return examples
+
+
+def read_tfds(spec: TaskSpec, split: str, data_dir: str | None = None) -> list[Example]:
+  """The examples of a split of TFDS `glue/<task>` (prepared beforehand with
+  `tfds build`; read with `tfds.data_source`, without TensorFlow)."""
+  import tensorflow_datasets as tfds
+
+  name = "glue/ax" if split == "ax" else spec.tfds_name
+  splits = {**_TFDS_SPLITS, **(_TFDS_MNLI_SPLITS if spec.name == "mnli" else {})}
+  tfds_split = "test" if split == "ax" else splits.get(split)
+  if tfds_split is None:
+    raise ValueError(f"{spec.name} has no split {split!r} in TFDS")
+  source = tfds.data_source(name, split=tfds_split, data_dir=data_dir)
+  return examples_from_tfds(spec, split, source)
+
+
+def examples_from_tfds(spec: TaskSpec, split: str, source: Any) -> list[Example]:
+  """Examples from a TFDS GLUE data source (test labels are -1: none).
+
+  TFDS labels are class ids; the TSV label strings are "0"/"1" for the binary
+  tasks (the same ids) and the class names for the NLI tasks.
+  """
+  feature_a, feature_b = spec.tfds_features
+  names = None
+  if spec.labels is not None and spec.labels != _BINARY:
+    names = source.dataset_info.features["label"].names
+  examples = []
+  for position in range(len(source)):
+    record = source[position]
+    label: str | float | None = None
+    raw = record.get("label")
+    if raw is not None and float(raw) != -1.0:
+      if spec.is_regression:
+        label = float(raw)
+      else:
+        label = names[int(raw)] if names is not None else str(int(raw))
+    index = int(record.get("idx", position))
+    decode = lambda value: value.decode("utf-8") if isinstance(value, bytes) else str(value)
+    examples.append(Example(f"{split}-{index}", decode(record[feature_a]),
+                            None if feature_b is None else decode(record[feature_b]),
+                            label, index))
+  return examples
+
+
+def label_ids(spec: TaskSpec) -> dict[str, int]:
+  return {label: i for i, label in enumerate(spec.labels or ())}

@@ -1,0 +1,289 @@
+"""Fine-tuning: a pretrained encoder and one output layer, trained end to end.
+
+The task modules (`glue`, and the span, choice and token tasks) turn their data
+into fixed-shape numpy features and read the predictions back; this module
+holds what they share: the loss of each kind of output layer, the pure jitted
+train and predict steps, the sharded state, and epoch batching.
+
+The recipe is the original `run_classifier.py`'s: AdamW (weight decay 0.01,
+not on LayerNorm and biases, epsilon 1e-6), linear warmup over
+`warmup_proportion` of the steps then linear decay to 0, global-norm clipping
+at 1, dropout as pre-trained. Training batches are reshuffled every epoch from
+the seed and the last partial batch is dropped (as on TPUs); prediction pads
+the last batch with rows of weight 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Any, Callable, Iterator, Mapping
+
+from absl import logging
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from bertjax import metrics, optim, sharding, train
+from bertjax.pretrained import Pretrained
+
+Array = jax.Array
+Features = dict[str, np.ndarray]  # name -> [examples, ...]
+
+# How the output layer is trained; each names the labels its features carry.
+KINDS = ("classification", "regression", "multiple_choice", "span", "token")
+_MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def _cross_entropy(logits: Array, labels: Array) -> Array:
+  return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels)
+
+
+def loss_sums(kind: str, outputs: Mapping[str, Array], batch: Mapping[str, Array]
+              ) -> dict[str, Array]:
+  """Loss sum, correct predictions and the weight they are averaged over.
+
+  `batch["weights"]` [batch] is 1 for real examples and 0 for padding rows.
+  """
+  weights = batch["weights"].astype(jnp.float32)
+  if kind in ("classification", "multiple_choice"):
+    logits, labels = outputs["logits"], batch["labels"]  # [b, classes|choices], [b]
+    losses = _cross_entropy(logits, labels)
+    correct = (logits.argmax(-1) == labels).astype(jnp.float32)
+  elif kind == "regression":
+    predictions = outputs["logits"][:, 0].astype(jnp.float32)  # [b]
+    losses = jnp.square(predictions - batch["labels"])
+    correct = jnp.zeros_like(losses)
+  elif kind == "span":
+    starts, ends = batch["start_positions"], batch["end_positions"]  # [b]
+    losses = (_cross_entropy(outputs["start_logits"], starts)
+              + _cross_entropy(outputs["end_logits"], ends)) / 2
+    correct = ((outputs["start_logits"].argmax(-1) == starts)
+               & (outputs["end_logits"].argmax(-1) == ends)).astype(jnp.float32)
+  elif kind == "token":
+    logits, labels = outputs["logits"], batch["labels"]  # [b, t, n], [b, t]
+    token_weights = batch["label_weights"].astype(jnp.float32) * weights[:, None]
+    token_losses = _cross_entropy(logits, labels)
+    return {"loss": (token_losses * token_weights).sum(), "count": token_weights.sum(),
+            "correct": ((logits.argmax(-1) == labels) * token_weights).sum()}
+  else:
+    raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+  return {"loss": (losses * weights).sum(), "count": weights.sum(),
+          "correct": (correct * weights).sum()}
+
+
+def finetune_step(state: train.TrainState, batch: dict[str, Array], *, model: nn.Module,
+                  optimizer: optax.GradientTransformation, learning_rate_fn: Callable,
+                  kind: str) -> tuple[train.TrainState, dict[str, Array]]:
+  """One optimizer step on a batch: the mean loss over its real examples."""
+  step_rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+
+  def loss_fn(params):
+    outputs = model.apply({"params": params}, **{k: batch[k] for k in _MODEL_INPUTS},
+                          deterministic=False, rngs={"dropout": step_rng})
+    sums = loss_sums(kind, outputs, batch)
+    return sums["loss"] / jnp.maximum(sums["count"], 1.0), sums
+
+  (loss, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+  grad_norm = optax.global_norm(grads)
+  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+  new_state = state.replace(
+      step=state.step + 1, params=keep(params, state.params),
+      opt_state=keep(opt_state, state.opt_state),
+      skipped=state.skipped + (~finite).astype(jnp.int32),
+      consecutive_skipped=jnp.where(finite, 0, state.consecutive_skipped + 1))
+  step_metrics = {"loss": loss, "learning_rate": learning_rate_fn(state.step),
+                  "grad_norm": grad_norm, "skipped_total": new_state.skipped,
+                  "consecutive_skipped": new_state.consecutive_skipped}
+  if kind != "regression":
+    step_metrics["accuracy"] = sums["correct"] / jnp.maximum(sums["count"], 1.0)
+  return new_state, step_metrics
+
+
+def predict_step(params: Any, batch: dict[str, Array], *, model: nn.Module
+                 ) -> dict[str, Array]:
+  """The model's outputs (float32) for a batch, without dropout."""
+  outputs = model.apply({"params": params}, **{k: batch[k] for k in _MODEL_INPUTS},
+                        deterministic=True)
+  return jax.tree.map(lambda x: x.astype(jnp.float32), outputs)
+
+
+def num_train_steps(num_examples: int, batch_size: int, epochs: float) -> int:
+  return int(num_examples // batch_size * epochs)
+
+
+def epoch_batches(features: Features, batch_size: int, seed: int, epoch: int
+                  ) -> Iterator[Features]:
+  """An epoch's training batches: a fresh permutation, the last partial batch dropped."""
+  count = len(features["input_ids"])
+  order = np.random.default_rng([seed, epoch]).permutation(count)
+  for start in range(0, count - batch_size + 1, batch_size):
+    rows = order[start:start + batch_size]
+    yield {name: value[rows] for name, value in features.items()}
+
+
+def prediction_batches(features: Features, batch_size: int) -> Iterator[Features]:
+  """Batches in order; the last one is padded with copies of row 0 of weight 0."""
+  count = len(features["input_ids"])
+  for start in range(0, count, batch_size):
+    rows = np.arange(start, start + batch_size)
+    real = rows < count
+    rows = np.where(real, rows, 0)
+    batch = {name: value[rows] for name, value in features.items()}
+    batch["weights"] = batch["weights"] * real
+    yield batch
+
+
+@dataclasses.dataclass
+class Recipe:
+  """The optimisation settings of a fine-tuning run (`config.train`)."""
+
+  learning_rate: float
+  batch_size: int
+  epochs: float
+  warmup_proportion: float = 0.1
+  weight_decay: float = 0.01
+  eps: float = 1e-6
+  max_grad_norm: float = 1.0
+  eval_batch_size: int = 64
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict) -> Recipe:
+    return cls(**{f.name: config.train[f.name] for f in dataclasses.fields(cls)})
+
+
+class FineTuner:
+  """A pretrained bundle's task model, sharded on the mesh, with its optimizer.
+
+  Args:
+    bundle: From `bertjax.load_pretrained(..., task=...)`.
+    kind: How its output layer is trained (see `KINDS`).
+    recipe: The optimisation settings.
+    total_steps: Optimizer steps of the whole run (sets the schedule).
+    config: The run's config (mesh, logical axis rules, seed, logging).
+    writer: Where metrics go.
+  """
+
+  def __init__(self, bundle: Pretrained, kind: str, recipe: Recipe, total_steps: int,
+               config: ml_collections.ConfigDict, writer: metrics.MetricWriter):
+    if kind not in KINDS:
+      raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    self.kind, self.recipe, self.config, self.writer = kind, recipe, config, writer
+    self.total_steps = max(total_steps, 1)
+    self.mesh = sharding.make_mesh([config.mesh.data, config.mesh.fsdp, config.mesh.tensor])
+    shards = sharding.batch_shards(self.mesh)
+    for name, size in (("train.batch_size", recipe.batch_size),
+                       ("train.eval_batch_size", recipe.eval_batch_size)):
+      if size % shards or size % jax.process_count():
+        raise ValueError(f"{name}={size} does not divide over the {shards} data shards "
+                         f"and {jax.process_count()} processes")
+    self.rules = tuple(tuple(rule) for rule in config.logical_axis_rules)
+    self.model = bundle.model()
+    self.learning_rate_fn = optim.learning_rate_schedule(
+        recipe.learning_rate, int(recipe.warmup_proportion * self.total_steps),
+        self.total_steps)
+    self.optimizer = optim.create_optimizer(
+        "adamw", self.learning_rate_fn, weight_decay=recipe.weight_decay, b1=0.9, b2=0.999,
+        eps=recipe.eps, max_grad_norm=recipe.max_grad_norm)
+    self.batch_sharding = sharding.batch_sharding(self.mesh)
+    replicated = sharding.replicated(self.mesh)
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+      abstract = train.abstract_train_state(self.model, self.optimizer, config.seed)
+      self.shardings = train.state_shardings(abstract, self.mesh, self.rules)
+      self.state = self._initial_state(bundle.params, config.seed)
+    self._train_step = jax.jit(
+        functools.partial(finetune_step, model=self.model, optimizer=self.optimizer,
+                          learning_rate_fn=self.learning_rate_fn, kind=kind),
+        in_shardings=(self.shardings, self.batch_sharding),
+        out_shardings=(self.shardings, replicated), donate_argnums=0)
+    self._predict_step = jax.jit(functools.partial(predict_step, model=self.model),
+                                 in_shardings=(self.shardings.params, self.batch_sharding),
+                                 out_shardings=replicated)
+
+  def _initial_state(self, params: Any, seed: int) -> train.TrainState:
+    """The bundle's parameters placed in their shardings, a fresh optimizer state."""
+    placed = jax.tree.map(
+        lambda value, target: jax.make_array_from_callback(
+            np.shape(value), target, lambda index, value=value: np.asarray(value)[index]),
+        params, self.shardings.params)
+    dropout_rng = jax.random.key_data(jax.random.split(jax.random.key(seed))[1])
+
+    def create(params):
+      zero = jnp.zeros((), jnp.int32)
+      return train.TrainState(step=zero, params=params,
+                              opt_state=self.optimizer.init(params), rng=dropout_rng,
+                              skipped=zero, consecutive_skipped=zero)
+
+    return jax.jit(create, in_shardings=(self.shardings.params,),
+                   out_shardings=self.shardings)(placed)
+
+  def _global(self, batch: Features) -> dict[str, Array]:
+    """This process's rows of a global batch, assembled into global arrays."""
+    rows = len(batch["input_ids"]) // jax.process_count()
+    start = jax.process_index() * rows
+    return {name: jax.make_array_from_process_local_data(
+        self.batch_sharding, value[start:start + rows]) for name, value in batch.items()}
+
+  def train_epoch(self, features: Features, epoch: int) -> None:
+    """One pass over the training features, logging every `log_every_steps`."""
+    log_every = self.config.log_every_steps
+    window = (time.perf_counter(), int(self.state.step))
+    pending = None
+    for batch in epoch_batches(features, self.recipe.batch_size, self.config.seed, epoch):
+      if int(self.state.step) >= self.total_steps:
+        break
+      self.state, step_metrics = self._train_step(self.state, self._global(batch))
+      if pending is not None:
+        window = self._report(*pending, window, log_every)
+      pending = (int(self.state.step), step_metrics)
+    if pending is not None:
+      self._report(*pending, window, 1)
+
+  def _report(self, step: int, device_metrics, window, log_every: int):
+    values = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
+    if values["consecutive_skipped"] >= self.config.max_consecutive_skips:
+      raise FloatingPointError(
+          f"{int(values['consecutive_skipped'])} consecutive steps had a non-finite loss or "
+          f"gradients (up to step {step}); lower train.learning_rate or check the data")
+    if step % log_every and step != self.total_steps:
+      return window
+    now = time.perf_counter()
+    values["examples_per_s"] = (self.recipe.batch_size * max(step - window[1], 1)
+                                / max(now - window[0], 1e-9))
+    if jax.process_index() == 0:
+      logging.info("step %d/%d  loss %.4f%s  learning_rate %.2e  grad_norm %.3f  "
+                   "examples/s %.1f", step, self.total_steps, values["loss"],
+                   f"  accuracy {values['accuracy']:.3f}" if "accuracy" in values else "",
+                   values["learning_rate"], values["grad_norm"], values["examples_per_s"])
+    self.writer.write(step, values, "train/")
+    return now, step
+
+  def predict(self, features: Features, description: str = "predict") -> dict[str, np.ndarray]:
+    """The model's outputs for every feature row, in order (float32 numpy)."""
+    count = len(features["input_ids"])
+    batch_size = self.recipe.eval_batch_size
+    outputs: dict[str, list[np.ndarray]] = {}
+    total_batches = -(-count // batch_size)
+    started = time.perf_counter()
+    for index, batch in enumerate(prediction_batches(features, batch_size)):
+      result = jax.device_get(self._predict_step(self.state.params, self._global(batch)))
+      for name, value in result.items():
+        outputs.setdefault(name, []).append(np.asarray(value))
+      if jax.process_index() == 0 and (index + 1) % 50 == 0:
+        logging.info("%s: %d/%d batches, %.0f s", description, index + 1, total_batches,
+                     time.perf_counter() - started)
+    return {name: np.concatenate(parts)[:count] for name, parts in outputs.items()}
+
+  def params(self) -> Any:
+    """The current parameters as host numpy arrays (every process)."""
+    from jax.experimental import multihost_utils
+
+    gathered = multihost_utils.process_allgather(self.state.params, tiled=True)
+    return jax.tree.map(np.asarray, gathered)

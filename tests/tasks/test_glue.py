@@ -1,0 +1,158 @@
+"""GLUE fine-tuning end to end: a tiny pre-training run and a Hugging Face
+checkpoint, fine-tuned on small learnable tasks written in GLUE's formats."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FILLER = "the quick brown fox jump over lazy world test".split()
+
+
+def _sentence(rng, keyword):
+  words = list(rng.choice(FILLER, rng.integers(3, 8)))
+  words.insert(rng.integers(0, len(words) + 1), keyword)
+  return " ".join(words)
+
+
+def write_sst2(directory, seed=0, train=512, dev=128, test=40):
+  """SST-2's layout; the label says whether "hello" (1) or "dog" (0) is in the sentence."""
+  rng = np.random.default_rng(seed)
+  os.makedirs(directory, exist_ok=True)
+  for name, count in (("train.tsv", train), ("dev.tsv", dev)):
+    labels = rng.integers(0, 2, count)
+    lines = ["sentence\tlabel"] + [f"{_sentence(rng, 'hello' if y else 'dog')}\t{y}"
+                                   for y in labels]
+    open(os.path.join(directory, name), "w").write("\n".join(lines) + "\n")
+  lines = ["index\tsentence"] + [f"{i}\t{_sentence(rng, 'hello')}" for i in range(test)]
+  open(os.path.join(directory, "test.tsv"), "w").write("\n".join(lines) + "\n")
+
+
+def write_rte(directory, seed=0, train=512, dev=128):
+  """RTE's layout; "entailment" when the second sentence holds "hello"."""
+  rng = np.random.default_rng(seed)
+  os.makedirs(directory, exist_ok=True)
+  for name, count in (("train.tsv", train), ("dev.tsv", dev)):
+    labels = rng.integers(0, 2, count)
+    lines = ["index\tsentence1\tsentence2\tlabel"] + [
+        f"{i}\t{_sentence(rng, 'world')}\t{_sentence(rng, 'hello' if y else 'dog')}\t"
+        f"{'entailment' if y else 'not_entailment'}" for i, y in enumerate(labels)]
+    open(os.path.join(directory, name), "w").write("\n".join(lines) + "\n")
+
+
+def _glue_config(task, init_checkpoint, data_dir, **changes):
+  from configs import glue as glue_config
+
+  config = glue_config.get_config(task)
+  config.init_checkpoint = init_checkpoint
+  config.data.dir = data_dir
+  config.model.dtype = "float32"
+  config.max_seq_length = 16
+  config.train.learning_rate = 2e-3
+  config.train.epochs = 4.0
+  config.train.eval_batch_size = 32
+  config.log_every_steps = 10
+  for name, value in changes.items():
+    *parents, leaf = name.split(".")
+    target = config
+    for parent in parents:
+      target = target[parent]
+    target[leaf] = value
+  return config
+
+
+@pytest.fixture(scope="module")
+def pretrained_run(prepared_dir, tmp_path_factory):
+  """A short bertjax pre-training run (L2/H32 on the test vocabulary)."""
+  from configs import demo
+  from bertjax.tasks import pretrain
+
+  config = demo.get_config()
+  config.data.dir = prepared_dir
+  config.model.vocab_size = 210
+  config.model.hidden_size, config.model.num_heads, config.model.intermediate_size = 32, 2, 64
+  config.train.batch_size, config.eval.batch_size = 8, 8
+  config.train.max_seq_length, config.train.max_predictions = 32, 5
+  config.train.total_steps, config.optimizer.warmup_steps = 20, 2
+  config.eval.every_steps = 0
+  workdir = str(tmp_path_factory.mktemp("pretrained"))
+  pretrain.run(config, workdir)
+  return workdir
+
+
+def test_fine_tunes_from_a_pretraining_run(pretrained_run, tmp_path, caplog):
+  from bertjax.tasks import glue
+
+  data = str(tmp_path / "SST-2")
+  write_sst2(data)
+  workdir = str(tmp_path / "run")
+  with caplog.at_level("WARNING"):
+    result = glue.run(_glue_config("sst2", pretrained_run, data), workdir)
+  assert "initialised randomly: classifier/bias, classifier/kernel" in caplog.text
+  assert result["dev"]["accuracy"] > 95.0, result
+  assert [h["step"] for h in result["epochs"]] == [16, 32, 48, 64]
+  saved = json.load(open(os.path.join(workdir, "results.json")))
+  assert saved["dev"] == result["dev"]
+  submission = open(os.path.join(workdir, "submission", "SST-2.tsv")).read().splitlines()
+  assert submission[0] == "index\tprediction" and len(submission) == 41
+  assert submission[1].startswith("0\t")
+  assert sum(line.endswith("\t1") for line in submission[1:]) >= 38  # every test row has "hello"
+  dev_rows = open(os.path.join(workdir, "dev_predictions.tsv")).read().splitlines()
+  assert len(dev_rows) == 129
+
+  # The fine-tuned model loads back with its labels and predicts the same.
+  import bertjax
+  tuned = bertjax.load_pretrained(os.path.join(workdir, "model"))
+  assert tuned.task == "sequence_classification" and tuned.labels == ["0", "1"]
+
+
+def test_fine_tunes_an_imported_hugging_face_checkpoint_with_main(tmp_path):
+  import transformers
+  from tests import reference
+
+  hf_dir = str(tmp_path / "hf")
+  model = transformers.BertForPreTraining(transformers.BertConfig(
+      vocab_size=210, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+      intermediate_size=64, max_position_embeddings=64))
+  model.save_pretrained(hf_dir)
+  reference.write_vocab(os.path.join(hf_dir, "vocab.txt"))
+  data = str(tmp_path / "RTE")
+  write_rte(data)
+  workdir = str(tmp_path / "run")
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+  result = subprocess.run(
+      [sys.executable, "-m", "bertjax.main", "--config=configs/glue.py:rte",
+       f"--workdir={workdir}", f"--config.init_checkpoint={hf_dir}",
+       f"--config.data.dir={data}", "--config.model.dtype=float32",
+       "--config.max_seq_length=32", "--config.train.learning_rate=2e-3",
+       "--config.train.epochs=6"], cwd=ROOT, env=env, capture_output=True, text=True,
+      timeout=600)
+  assert result.returncode == 0, result.stderr[-4000:]
+  results = json.load(open(os.path.join(workdir, "results.json")))
+  assert results["dev"]["accuracy"] > 90.0, results
+  assert json.load(open(os.path.join(workdir, "config.json")))["data"]["task"] == "rte"
+  assert not os.path.exists(os.path.join(workdir, "submission", "RTE.tsv"))  # no test.tsv
+
+
+def test_config_needs_a_task_and_a_sound_setup(tmp_path, pretrained_run):
+  from configs import glue as glue_config
+  from bertjax.tasks import glue
+
+  with pytest.raises(ValueError, match="needs a task argument"):
+    glue_config.get_config(None)
+  data = str(tmp_path / "SST-2")
+  write_sst2(data, train=20)
+  with pytest.raises(ValueError, match="20 training examples make no full batch"):
+    glue.run(_glue_config("sst2", pretrained_run, data), str(tmp_path / "a"))
+  with pytest.raises(ValueError, match="max_seq_length=512 is above"):
+    glue.run(_glue_config("sst2", pretrained_run, data, max_seq_length=512),
+             str(tmp_path / "b"))
+  with pytest.raises(ValueError, match="SST-2/train.tsv: no usable rows"):  # SST-2 files
+    glue.run(_glue_config("rte", pretrained_run, data), str(tmp_path / "c"))
+  with pytest.raises(FileNotFoundError, match="config.data.dir must hold the rte TSVs"):
+    glue.run(_glue_config("rte", pretrained_run, str(tmp_path)), str(tmp_path / "d"))
