@@ -50,6 +50,14 @@ def parse_arg(arg: str | None) -> dict[str, str]:
   return options
 
 
+def choose(arg: str | None, choices, config_file: str, what: str) -> str:
+  """The config argument, which must be one of `choices` (a clear error otherwise)."""
+  if arg not in choices:
+    raise ValueError(f"{config_file} needs {what} as its argument, one of "
+                     f"{', '.join(choices)} (--config={config_file}:{next(iter(choices))})")
+  return arg
+
+
 def pretrain_config(size: str = "bert_base") -> ml_collections.ConfigDict:
   """The paper's pre-training recipe (section A.2) for a model size."""
   config = ml_collections.ConfigDict()

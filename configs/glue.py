@@ -16,9 +16,6 @@ from configs import common
 
 
 def get_config(arg: str | None = None):
-  if arg not in TASKS:
-    raise ValueError(f"configs/glue.py needs a task argument, one of {', '.join(TASKS)} "
-                     "(--config=configs/glue.py:mrpc)")
   config = common.finetune_config("glue")
-  config.data.task = arg
+  config.data.task = common.choose(arg, TASKS, "configs/glue.py", "a GLUE task")
   return config

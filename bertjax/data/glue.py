@@ -12,15 +12,13 @@ original reader does.
 
 from __future__ import annotations
 
-import collections
 import csv
 import dataclasses
-import logging
 import os
 import sys
 from typing import Any, Sequence
 
-logger = logging.getLogger(__name__)
+from bertjax.data.skips import SkipReport
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,26 +122,6 @@ def task_spec(name: str) -> TaskSpec:
   if name not in TASKS:
     raise ValueError(f"unknown GLUE task {name!r}; known: {', '.join(TASKS)}")
   return TASKS[name]
-
-
-@dataclasses.dataclass
-class SkipReport:
-  """Rows skipped while reading, by reason, with where the first few were."""
-
-  counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
-  examples: list[str] = dataclasses.field(default_factory=list)
-
-  def skip(self, where: str, reason: str) -> None:
-    self.counts[reason] += 1
-    if len(self.examples) < 5:
-      self.examples.append(f"{where}: {reason}")
-
-  def log(self, source: str, kept: int) -> None:
-    if self.counts:
-      logger.warning("%s: kept %d rows, skipped %d (%s); first: %s", source, kept,
-                     sum(self.counts.values()),
-                     ", ".join(f"{n} {reason}" for reason, n in self.counts.items()),
-                     "; ".join(self.examples))
 
 
 def _read_tsv(path: str) -> list[list[str]]:

@@ -91,6 +91,15 @@ class Tokenizer(abc.ABC):
   def save(self, directory: str) -> dict[str, Any]:
     """Writes the vocabulary files to `directory`; returns the settings to restore."""
 
+  def basic_tokenize(self, text: str) -> list[str]:
+    """The words of `text` as the model sees them before splitting into pieces
+    (normalised; for SQuAD's mapping of answers back onto the original text)."""
+    return (text.lower() if getattr(self, "do_lower_case", False) else text).split()
+
+  def pieces_to_text(self, pieces: Sequence[str]) -> str:
+    """The text of consecutive pieces, words separated by single spaces."""
+    return " ".join("".join(pieces).replace("\u2581", " ").split())
+
   def convert_tokens_to_ids(self, tokens: Sequence[str]) -> list[int]:
     unk = self.unk_id
     return [unk if (i := self.token_to_id(t)) is None else i for t in tokens]
@@ -246,6 +255,14 @@ class WordPieceTokenizer(Tokenizer):
 
   def tokenize(self, text: str) -> list[str]:
     return self._backend.encode(text, add_special_tokens=False).tokens
+
+  def basic_tokenize(self, text: str) -> list[str]:
+    normalized = self._backend.normalizer.normalize_str(text)
+    return [word for word, _ in self._backend.pre_tokenizer.pre_tokenize_str(normalized)]
+
+  def pieces_to_text(self, pieces: Sequence[str]) -> str:
+    text = " ".join(pieces).replace(" ##", "").replace("##", "")
+    return " ".join(text.split())
 
   def token_to_id(self, token: str) -> int | None:
     return self._ids.get(token)

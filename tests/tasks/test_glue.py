@@ -143,7 +143,7 @@ def test_config_needs_a_task_and_a_sound_setup(tmp_path, pretrained_run):
   from configs import glue as glue_config
   from bertjax.tasks import glue
 
-  with pytest.raises(ValueError, match="needs a task argument"):
+  with pytest.raises(ValueError, match="needs a GLUE task as its argument, one of cola"):
     glue_config.get_config(None)
   data = str(tmp_path / "SST-2")
   write_sst2(data, train=20)

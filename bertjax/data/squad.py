@@ -1,0 +1,285 @@
+"""SQuAD v1.1 and v2.0: examples from the official JSON, and the original
+`run_squad.py`'s features (question as segment A, passage windows as B).
+
+Passages are split on whitespace into words, each word into pieces. A passage
+longer than fits beside the question is cut into windows of at most
+`max_seq_length - len(question) - 3` pieces, each starting `doc_stride` pieces
+after the last; a piece is scored in the window where it has the most context
+on both sides. Training answers are mapped from characters to words to pieces
+and tightened to the pieces of the answer text; a window that does not hold the
+whole answer, and an unanswerable question, point at [CLS] (position 0).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from bertjax.data.skips import SkipReport
+from bertjax.data.tokenizers import Tokenizer
+from bertjax.files import read_json
+
+
+
+@dataclasses.dataclass
+class Example:
+  """One question on one passage.
+
+  Attributes:
+    qas_id: The question's id.
+    question_text: The question.
+    doc_tokens: The passage split on whitespace.
+    answers: Every gold answer text (for evaluation).
+    orig_answer_text: The first answer (for training); "" if none.
+    start_position: Index in `doc_tokens` of its first word (-1 if none).
+    end_position: Index of its last word (-1 if none).
+    is_impossible: SQuAD v2.0's unanswerable question.
+  """
+
+  qas_id: str
+  question_text: str
+  doc_tokens: list[str]
+  answers: list[str]
+  orig_answer_text: str = ""
+  start_position: int = -1
+  end_position: int = -1
+  is_impossible: bool = False
+
+
+@dataclasses.dataclass
+class Feature:
+  """One window of one example, as the model sees it.
+
+  Attributes:
+    example_index: Index of its example in the list features were built from.
+    tokens: The pieces ([CLS] question [SEP] window [SEP]).
+    token_to_orig_map: Position in `tokens` -> index in the example's doc_tokens.
+    token_is_max_context: Position -> whether this window is the piece's best.
+    input_ids, segment_ids: int lists of length `len(tokens)`.
+    start_position, end_position: Training targets (0 for no answer here).
+  """
+
+  example_index: int
+  tokens: list[str]
+  token_to_orig_map: dict[int, int]
+  token_is_max_context: dict[int, bool]
+  input_ids: list[int]
+  segment_ids: list[int]
+  start_position: int = 0
+  end_position: int = 0
+
+
+def _is_whitespace(c: str) -> bool:
+  return c in " \t\r\n" or ord(c) == 0x202F
+
+
+def split_passage(text: str) -> tuple[list[str], list[int]]:
+  """(words, the word index of every character), splitting on whitespace."""
+  words: list[str] = []
+  char_to_word: list[int] = []
+  previous_is_space = True
+  for c in text:
+    if _is_whitespace(c):
+      previous_is_space = True
+    else:
+      if previous_is_space:
+        words.append(c)
+      else:
+        words[-1] += c
+      previous_is_space = False
+    char_to_word.append(len(words) - 1)
+  return words, char_to_word
+
+
+def read_examples(path: str, is_training: bool,
+                  report: SkipReport | None = None) -> list[Example]:
+  """The examples of a SQuAD JSON file (v1.1 or v2.0).
+
+  Training needs one answer per answerable question whose offsets point at its
+  text; questions whose answer cannot be found there are skipped and counted,
+  as the original did. Evaluation keeps every question with all its answers.
+
+  Raises:
+    ValueError: naming the file and the article, paragraph and question of a
+      record without the fields SQuAD has.
+  """
+  data = read_json(path)
+  if not isinstance(data, dict) or not isinstance(data.get("data"), list):
+    raise ValueError(f"{path}: not SQuAD data (no top-level \"data\" list)")
+  own_report = report is None
+  report = report or SkipReport()
+  examples = []
+  for a, article in enumerate(data["data"]):
+    for p, paragraph in enumerate(_field(article, "paragraphs", path, f"data[{a}]")):
+      where = f"{path}: data[{a}].paragraphs[{p}]"
+      context = _field(paragraph, "context", path, where)
+      words, char_to_word = split_passage(context)
+      for q, qa in enumerate(_field(paragraph, "qas", path, where)):
+        qwhere = f"{where}.qas[{q}]"
+        qas_id = str(_field(qa, "id", path, qwhere))
+        question = _field(qa, "question", path, qwhere)
+        answers = _field(qa, "answers", path, qwhere)
+        is_impossible = bool(qa.get("is_impossible", False))
+        example = Example(qas_id, question, words,
+                          [str(_field(x, "text", path, qwhere)) for x in answers],
+                          is_impossible=is_impossible)
+        if is_training and not is_impossible:
+          if not answers:
+            report.skip(qwhere, "no answer to train on (and not marked is_impossible)")
+            continue
+          answer = answers[0]
+          text = str(_field(answer, "text", path, qwhere))
+          start = _field(answer, "answer_start", path, qwhere)
+          if not isinstance(start, int) or not 0 <= start < len(context) or not text:
+            report.skip(qwhere, "answer_start outside the context")
+            continue
+          end_char = start + len(text) - 1
+          if end_char >= len(char_to_word):
+            report.skip(qwhere, "answer runs past the context")
+            continue
+          first, last = char_to_word[start], char_to_word[end_char]
+          actual = " ".join(words[first:last + 1])
+          if actual.find(" ".join(text.split())) == -1:
+            report.skip(qwhere, "answer text not found at its answer_start")
+            continue
+          example.orig_answer_text = text
+          example.start_position, example.end_position = first, last
+        examples.append(example)
+  if own_report:
+    report.log(path, len(examples), "questions")
+  return examples
+
+
+def _field(record: Any, key: str, path: str, where: str) -> Any:
+  if not isinstance(record, dict) or key not in record:
+    raise ValueError(f"{where if where.startswith(path) else path + ': ' + where}: "
+                     f"missing {key!r}")
+  return record[key]
+
+
+def _improve_answer_span(doc_pieces: Sequence[int], start: int, end: int,
+                         answer_pieces: Sequence[int]) -> tuple[int, int]:
+  """The tightest span within [start, end] whose pieces are the answer's own
+  ("(1895-1943)." holds "1895" as pieces of a longer word)."""
+  answer = list(answer_pieces)
+  for new_start in range(start, end + 1):
+    for new_end in range(end, new_start - 1, -1):
+      if list(doc_pieces[new_start:new_end + 1]) == answer:
+        return new_start, new_end
+  return start, end
+
+
+def _is_max_context(windows: Sequence[tuple[int, int]], window_index: int,
+                    position: int) -> bool:
+  """Whether `position` has the most context (min of left and right, plus a
+  small bonus for longer windows) in window `window_index`."""
+  best_score, best_index = None, None
+  for index, (start, length) in enumerate(windows):
+    end = start + length - 1
+    if position < start or position > end:
+      continue
+    score = min(position - start, end - position) + 0.01 * length
+    if best_score is None or score > best_score:
+      best_score, best_index = score, index
+  return best_index == window_index
+
+
+def convert_examples_to_features(examples: Sequence[Example], tokenizer: Tokenizer,
+                                 max_seq_length: int, doc_stride: int, max_query_length: int,
+                                 is_training: bool) -> list[Feature]:
+  """Every window of every example (see the module docstring)."""
+  if max_seq_length - max_query_length - 3 < 1:
+    raise ValueError(f"max_seq_length={max_seq_length} leaves no room for the passage "
+                     f"after max_query_length={max_query_length}")
+  if doc_stride < 1:
+    raise ValueError(f"doc_stride must be positive, got {doc_stride}")
+  features = []
+  passage_cache: dict[int, tuple[list[int], list[int], list[int]]] = {}
+  for example_index, example in enumerate(examples):
+    query = tokenizer.encode_pieces([example.question_text])[0][:max_query_length]
+    # Examples of one paragraph share their word list: tokenise it once.
+    key = id(example.doc_tokens)
+    if key not in passage_cache:
+      word_pieces = tokenizer.encode_pieces(example.doc_tokens) if example.doc_tokens else []
+      piece_to_word, word_to_piece, doc_pieces = [], [], []
+      for word_index, pieces in enumerate(word_pieces):
+        word_to_piece.append(len(doc_pieces))
+        piece_to_word += [word_index] * len(pieces)
+        doc_pieces += pieces
+      passage_cache = {key: (doc_pieces, piece_to_word, word_to_piece)}
+    doc_pieces, piece_to_word, word_to_piece = passage_cache[key]
+
+    piece_start = piece_end = None
+    if is_training and not example.is_impossible:
+      piece_start = word_to_piece[example.start_position]
+      piece_end = (word_to_piece[example.end_position + 1] - 1
+                   if example.end_position < len(example.doc_tokens) - 1
+                   else len(doc_pieces) - 1)
+      piece_start, piece_end = _improve_answer_span(
+          doc_pieces, piece_start, piece_end,
+          tokenizer.encode_pieces([example.orig_answer_text])[0])
+
+    max_window = max_seq_length - len(query) - 3
+    windows: list[tuple[int, int]] = []
+    start = 0
+    while start < len(doc_pieces) or not windows:
+      length = min(len(doc_pieces) - start, max_window)
+      windows.append((start, length))
+      if start + length >= len(doc_pieces):
+        break
+      start += min(length, doc_stride)
+
+    cls_tokens = [tokenizer.special_tokens["cls"]]
+    sep = tokenizer.special_tokens["sep"]
+    query_tokens = tokenizer.convert_ids_to_tokens(query)
+    for window_index, (start, length) in enumerate(windows):
+      tokens = cls_tokens + query_tokens + [sep]
+      ids = [tokenizer.cls_id, *query, tokenizer.sep_id]
+      segments = [0] * len(ids)
+      to_orig, max_context = {}, {}
+      for offset in range(length):
+        piece = start + offset
+        to_orig[len(tokens)] = piece_to_word[piece]
+        max_context[len(tokens)] = _is_max_context(windows, window_index, piece)
+        tokens.append(tokenizer.id_to_token(doc_pieces[piece]))
+        ids.append(doc_pieces[piece])
+      tokens.append(sep)
+      ids.append(tokenizer.sep_id)
+      segments += [1] * (length + 1)
+      feature = Feature(example_index, tokens, to_orig, max_context, ids, segments)
+      if is_training and not example.is_impossible:
+        if start <= piece_start and piece_end <= start + length - 1:
+          offset = len(query) + 2 - start
+          feature.start_position, feature.end_position = piece_start + offset, piece_end + offset
+      features.append(feature)
+  return features
+
+
+def feature_arrays(features: Sequence[Feature], max_seq_length: int,
+                   pad_id: int) -> dict[str, np.ndarray]:
+  """Model inputs [features, max_seq_length], span targets and weights."""
+  count = len(features)
+  input_ids = np.full((count, max_seq_length), pad_id, np.int32)
+  token_type_ids = np.zeros((count, max_seq_length), np.int32)
+  attention_mask = np.zeros((count, max_seq_length), np.int32)
+  for row, feature in enumerate(features):
+    length = len(feature.input_ids)
+    input_ids[row, :length] = feature.input_ids
+    token_type_ids[row, :length] = feature.segment_ids
+    attention_mask[row, :length] = 1
+  return {"input_ids": input_ids, "token_type_ids": token_type_ids,
+          "attention_mask": attention_mask,
+          "start_positions": np.array([f.start_position for f in features], np.int32),
+          "end_positions": np.array([f.end_position for f in features], np.int32),
+          "weights": np.ones(count, np.float32)}
+
+
+def features_by_example(features: Sequence[Feature]) -> Iterator[tuple[int, list[int]]]:
+  """(example index, the indices of its features), in example order."""
+  grouped: dict[int, list[int]] = collections.defaultdict(list)
+  for index, feature in enumerate(features):
+    grouped[feature.example_index].append(index)
+  yield from sorted(grouped.items())
