@@ -110,16 +110,8 @@ def test_fine_tunes_from_a_pretraining_run(pretrained_run, tmp_path, caplog):
   assert tuned.task == "sequence_classification" and tuned.labels == ["0", "1"]
 
 
-def test_fine_tunes_an_imported_hugging_face_checkpoint_with_main(tmp_path):
-  import transformers
-  from tests import reference
-
-  hf_dir = str(tmp_path / "hf")
-  model = transformers.BertForPreTraining(transformers.BertConfig(
-      vocab_size=210, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-      intermediate_size=64, max_position_embeddings=64))
-  model.save_pretrained(hf_dir)
-  reference.write_vocab(os.path.join(hf_dir, "vocab.txt"))
+def test_fine_tunes_an_imported_hugging_face_checkpoint_with_main(tiny_hf_checkpoint, tmp_path):
+  hf_dir = tiny_hf_checkpoint
   data = str(tmp_path / "RTE")
   write_rte(data)
   workdir = str(tmp_path / "run")

@@ -106,18 +106,6 @@ def write_squad(path, count, seed, version):
   return str(path)
 
 
-@pytest.fixture(scope="module")
-def hf_checkpoint(tmp_path_factory):
-  import transformers
-
-  directory = tmp_path_factory.mktemp("hf")
-  transformers.BertForPreTraining(transformers.BertConfig(
-      vocab_size=210, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-      intermediate_size=64, max_position_embeddings=64)).save_pretrained(directory)
-  reference.write_vocab(str(directory / "vocab.txt"))
-  return str(directory)
-
-
 def _config(version, checkpoint, **files):
   from configs import squad as squad_config
 
@@ -133,13 +121,13 @@ def _config(version, checkpoint, **files):
   return config
 
 
-def test_squad_v1_fine_tunes_and_scores_like_the_official_script(hf_checkpoint, tmp_path):
+def test_squad_v1_fine_tunes_and_scores_like_the_official_script(tiny_hf_checkpoint, tmp_path):
   from bertjax.evaluation import squad as squad_eval
 
   train = write_squad(tmp_path / "train.json", 400, 0, "1.1")
   dev = write_squad(tmp_path / "dev.json", 100, 1, "1.1")
   workdir = str(tmp_path / "run")
-  results = squad.run(_config("v1.1", hf_checkpoint, train_file=train, predict_file=dev),
+  results = squad.run(_config("v1.1", tiny_hf_checkpoint, train_file=train, predict_file=dev),
                       workdir)
   assert results["dev"]["exact_match"] > 90.0, results
   predictions = json.load(open(os.path.join(workdir, "predictions.json")))
@@ -150,14 +138,14 @@ def test_squad_v1_fine_tunes_and_scores_like_the_official_script(hf_checkpoint, 
   assert nbest["q0"][0]["text"] == predictions["q0"]
 
 
-def test_squad_v2_tunes_stores_and_reuses_the_null_threshold(hf_checkpoint, tmp_path, capsys):
+def test_squad_v2_tunes_stores_and_reuses_the_null_threshold(tiny_hf_checkpoint, tmp_path, capsys):
   from bertjax.tools import evaluate_squad
 
   train = write_squad(tmp_path / "train.json", 500, 0, "v2.0")
   dev = write_squad(tmp_path / "dev.json", 100, 1, "v2.0")
   test = write_squad(tmp_path / "test.json", 60, 2, "v2.0")
   workdir = str(tmp_path / "run")
-  results = squad.run(_config("v2.0", hf_checkpoint, train_file=train, predict_file=dev,
+  results = squad.run(_config("v2.0", tiny_hf_checkpoint, train_file=train, predict_file=dev,
                               test_file=test), workdir)
   assert results["dev"]["f1"] > 85.0, results
   assert results["dev"]["HasAns_total"] + results["dev"]["NoAns_total"] == 100

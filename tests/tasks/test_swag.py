@@ -1,0 +1,47 @@
+"""SWAG fine-tuning end to end on a small learnable file in SWAG's format."""
+
+import json
+import os
+
+import numpy as np
+
+FILLER = "the quick brown fox jump over lazy world test".split()
+HEADER = "video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3"
+
+
+def write_swag(path, count, seed, labelled=True):
+  """The right ending holds "hello", the others "dog"."""
+  rng = np.random.default_rng(seed)
+  lines = [HEADER + (",label" if labelled else "")]
+  for i in range(count):
+    label = int(rng.integers(0, 4))
+    endings = [" ".join(list(rng.choice(FILLER, 3)) + ["hello" if j == label else "dog"])
+               for j in range(4)]
+    context = " ".join(rng.choice(FILLER, 5))
+    row = [f"v{i}", str(i), context, context, "it", "gold", *endings]
+    lines.append(",".join(row + ([str(label)] if labelled else [])))
+  path.write_text("\n".join(lines) + "\n")
+
+
+def test_swag_fine_tunes_to_high_accuracy(tiny_hf_checkpoint, tmp_path):
+  from configs import swag as swag_config
+  from bertjax.tasks import swag
+
+  data = tmp_path / "swag"
+  data.mkdir()
+  write_swag(data / "train.csv", 320, 0)
+  write_swag(data / "val.csv", 80, 1)
+  write_swag(data / "test.csv", 12, 2, labelled=False)
+  config = swag_config.get_config()
+  config.init_checkpoint = tiny_hf_checkpoint
+  config.data.dir = str(data)
+  config.model.dtype = "float32"
+  config.max_seq_length = 24
+  config.train.learning_rate, config.train.epochs = 2e-3, 6.0
+  workdir = str(tmp_path / "run")
+  results = swag.run(config, workdir)
+  assert results["dev"]["accuracy"] > 90.0, results
+  assert len(results["epochs"]) == 6
+  rows = open(os.path.join(workdir, "test_predictions.csv")).read().splitlines()
+  assert rows[0] == "index,prediction" and len(rows) == 13
+  assert json.load(open(os.path.join(workdir, "results.json")))["dev"] == results["dev"]
