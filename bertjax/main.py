@@ -32,7 +32,8 @@ _DISTRIBUTED = flags.DEFINE_bool("distributed", False, "Call jax.distributed.ini
 flags.mark_flags_as_required(["config", "workdir"])
 
 # config.task -> the module of bertjax.tasks whose run(config, workdir) does it.
-TASKS = {"pretrain": "pretrain", "glue": "glue", "squad": "squad", "swag": "swag"}
+TASKS = {"pretrain": "pretrain", "glue": "glue", "squad": "squad", "swag": "swag",
+         "ner": "ner"}
 
 
 def _on_cloud_tpu() -> bool:

@@ -29,7 +29,7 @@ import numpy as np
 import optax
 
 from bertjax import metrics, optim, sharding, train
-from bertjax.pretrained import Pretrained
+from bertjax.pretrained import Pretrained, load_pretrained
 
 Array = jax.Array
 Features = dict[str, np.ndarray]  # name -> [examples, ...]
@@ -113,6 +113,32 @@ def predict_step(params: Any, batch: dict[str, Array], *, model: nn.Module
   outputs = model.apply({"params": params}, **{k: batch[k] for k in _MODEL_INPUTS},
                         deterministic=True)
   return jax.tree.map(lambda x: x.astype(jnp.float32), outputs)
+
+
+def load_model(config: ml_collections.ConfigDict, task: str,
+               labels: list[str] | None = None) -> Pretrained:
+  """The pretrained bundle of `config.init_checkpoint` in a task model.
+
+  The computation dtype and any dropout given in `config.model` (negative:
+  the checkpoint's) apply; the bundle must bring its tokenizer, and the
+  checkpoint's position table must cover `config.max_seq_length`.
+  """
+  if not config.init_checkpoint:
+    raise ValueError("config.init_checkpoint is empty: give the pre-trained model to "
+                     "fine-tune (a pre-training workdir, a bertjax, Hugging Face or Google "
+                     "TF directory)")
+  dropout = {name: config.model[name] for name in ("hidden_dropout_prob",
+                                                   "attention_dropout_prob")
+             if config.model[name] >= 0}
+  bundle = load_pretrained(config.init_checkpoint, task=task, labels=labels, seed=config.seed,
+                           dtype=config.model.dtype, **dropout)
+  if bundle.tokenizer is None:
+    raise ValueError(f"{config.init_checkpoint}: no tokenizer (vocab.txt) beside the "
+                     "weights; fine-tuning needs the one the model was pre-trained with")
+  if config.max_seq_length > bundle.config.max_position_embeddings:
+    raise ValueError(f"max_seq_length={config.max_seq_length} is above the checkpoint's "
+                     f"max_position_embeddings={bundle.config.max_position_embeddings}")
+  return bundle
 
 
 def num_train_steps(num_examples: int, batch_size: int, epochs: float) -> int:

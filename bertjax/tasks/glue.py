@@ -25,7 +25,7 @@ import numpy as np
 from bertjax import files, metrics
 from bertjax.data import glue as glue_data
 from bertjax.evaluation import classification
-from bertjax.pretrained import Pretrained, load_pretrained, save_pretrained
+from bertjax.pretrained import Pretrained, save_pretrained
 from bertjax.tasks import finetune
 
 
@@ -107,16 +107,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                  if (examples := read_split(config, spec, split))}
 
   labels = list(spec.labels) if spec.labels else ["score"]
-  bundle = load_pretrained(config.init_checkpoint, task="sequence_classification",
-                           labels=labels, seed=config.seed, dtype=config.model.dtype,
-                           **_dropout(config))
-  if bundle.tokenizer is None:
-    raise ValueError(f"{config.init_checkpoint}: no tokenizer (vocab.txt) beside the "
-                     "weights; fine-tuning needs the one the model was pre-trained with")
+  bundle = finetune.load_model(config, "sequence_classification", labels)
   max_length = config.max_seq_length
-  if max_length > bundle.config.max_position_embeddings:
-    raise ValueError(f"max_seq_length={max_length} is above the checkpoint's "
-                     f"max_position_embeddings={bundle.config.max_position_embeddings}")
   featurize_split = lambda examples: featurize(examples, spec, bundle.tokenizer, max_length)
   train_features = featurize_split(train_examples)
   recipe = finetune.Recipe.from_config(config)
@@ -164,10 +156,3 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     files.write_text(os.path.join(workdir, "results.json"), json.dumps(final, indent=2))
     save_pretrained(tuned, os.path.join(workdir, "model"), overwrite=True)
   return final
-
-
-def _dropout(config: ml_collections.ConfigDict) -> dict[str, float]:
-  """Dropout overrides from the config (negative: keep the checkpoint's)."""
-  return {name: config.model[name] for name in ("hidden_dropout_prob",
-                                                "attention_dropout_prob")
-          if config.model[name] >= 0}

@@ -34,7 +34,7 @@ import numpy as np
 from bertjax import files, metrics
 from bertjax.data import squad as squad_data
 from bertjax.evaluation import squad as squad_eval
-from bertjax.pretrained import Pretrained, load_pretrained, save_pretrained
+from bertjax.pretrained import Pretrained, save_pretrained
 from bertjax.tasks import finetune
 
 THRESHOLD_FILE = "squad.json"
@@ -220,17 +220,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     raise ValueError(f"config.data.version must be 'v1.1' or 'v2.0', got "
                      f"{config.data.version!r}")
   version_2 = config.data.version == "v2.0"
-  bundle = load_pretrained(config.init_checkpoint, task="question_answering", seed=config.seed,
-                           dtype=config.model.dtype,
-                           **{k: config.model[k] for k in ("hidden_dropout_prob",
-                                                           "attention_dropout_prob")
-                              if config.model[k] >= 0})
+  bundle = finetune.load_model(config, "question_answering")
   tokenizer = bundle.tokenizer
-  if tokenizer is None:
-    raise ValueError(f"{config.init_checkpoint}: no tokenizer beside the weights")
-  if config.max_seq_length > bundle.config.max_position_embeddings:
-    raise ValueError(f"max_seq_length={config.max_seq_length} is above the checkpoint's "
-                     f"max_position_embeddings={bundle.config.max_position_embeddings}")
   threshold = config.null_score_diff_threshold
   stored = os.path.join(config.init_checkpoint, THRESHOLD_FILE)
   if version_2 and not config.data.train_file and os.path.isfile(stored):

@@ -23,7 +23,7 @@ import numpy as np
 
 from bertjax import files, metrics
 from bertjax.data import swag as swag_data
-from bertjax.pretrained import Pretrained, load_pretrained, save_pretrained
+from bertjax.pretrained import Pretrained, save_pretrained
 from bertjax.tasks import finetune
 
 
@@ -40,13 +40,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   dev_examples = swag_data.read_csv(path("val.csv"))
   test_examples = swag_data.read_csv(path("test.csv")) if os.path.isfile(
       path("test.csv")) else None
-  bundle = load_pretrained(config.init_checkpoint, task="multiple_choice", seed=config.seed,
-                           dtype=config.model.dtype,
-                           **{k: config.model[k] for k in ("hidden_dropout_prob",
-                                                           "attention_dropout_prob")
-                              if config.model[k] >= 0})
-  if bundle.tokenizer is None:
-    raise ValueError(f"{config.init_checkpoint}: no tokenizer beside the weights")
+  bundle = finetune.load_model(config, "multiple_choice")
   featurize = lambda examples: swag_data.featurize(examples, bundle.tokenizer,
                                                    config.max_seq_length)
   train_features, dev_features = featurize(train_examples), featurize(dev_examples)

@@ -9,6 +9,8 @@ import sys
 import numpy as np
 import pytest
 
+from tests.tasks.finetuning import tiny_config
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FILLER = "the quick brown fox jump over lazy world test".split()
 
@@ -47,22 +49,9 @@ def write_rte(directory, seed=0, train=512, dev=128):
 def _glue_config(task, init_checkpoint, data_dir, **changes):
   from configs import glue as glue_config
 
-  config = glue_config.get_config(task)
-  config.init_checkpoint = init_checkpoint
-  config.data.dir = data_dir
-  config.model.dtype = "float32"
-  config.max_seq_length = 16
-  config.train.learning_rate = 2e-3
-  config.train.epochs = 4.0
-  config.train.eval_batch_size = 32
-  config.log_every_steps = 10
-  for name, value in changes.items():
-    *parents, leaf = name.split(".")
-    target = config
-    for parent in parents:
-      target = target[parent]
-    target[leaf] = value
-  return config
+  changes = {"data.dir": data_dir, "train.epochs": 4.0, **changes}
+  return tiny_config(glue_config.get_config(task), init_checkpoint,
+                     changes.pop("max_seq_length", 16), **changes)
 
 
 @pytest.fixture(scope="module")

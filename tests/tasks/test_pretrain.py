@@ -17,6 +17,8 @@ import time
 import numpy as np
 import pytest
 
+from tests.tasks.finetuning import set_fields
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOTAL, SWITCH = 400, 200
 
@@ -224,13 +226,7 @@ def _demo_config(prepared_dir, **changes):
   config.train.batch_size, config.eval.batch_size = 8, 8
   config.train.max_seq_length, config.train.max_predictions = 32, 5
   config.train.total_steps, config.optimizer.warmup_steps = 10, 2
-  for name, value in changes.items():
-    target = config
-    *parents, leaf = name.split(".")
-    for parent in parents:
-      target = target[parent]
-    target[leaf] = value
-  return config
+  return set_fields(config, changes)
 
 
 @pytest.mark.parametrize("changes,message", [

@@ -11,6 +11,7 @@ from bertjax.data import squad as squad_data
 from bertjax.data.tokenizers import WordPieceTokenizer
 from bertjax.tasks import squad
 from tests import reference
+from tests.tasks.finetuning import tiny_config
 
 FILLER = "the quick brown fox jump over lazy world test".split()
 
@@ -109,16 +110,9 @@ def write_squad(path, count, seed, version):
 def _config(version, checkpoint, **files):
   from configs import squad as squad_config
 
-  config = squad_config.get_config(version)
-  config.init_checkpoint = checkpoint
-  config.model.dtype = "float32"
-  config.max_seq_length, config.doc_stride, config.max_query_length = 32, 16, 8
-  config.train.learning_rate, config.train.epochs = 2e-3, 6.0
-  config.train.batch_size, config.train.eval_batch_size = 32, 32
-  config.log_every_steps = 20
-  for name, value in files.items():
-    config.data[name] = value
-  return config
+  return tiny_config(squad_config.get_config(version), checkpoint, 32,
+                     **{"doc_stride": 16, "max_query_length": 8},
+                     **{f"data.{name}": value for name, value in files.items()})
 
 
 def test_squad_v1_fine_tunes_and_scores_like_the_official_script(tiny_hf_checkpoint, tmp_path):

@@ -5,6 +5,8 @@ import os
 
 import numpy as np
 
+from tests.tasks.finetuning import tiny_config
+
 FILLER = "the quick brown fox jump over lazy world test".split()
 HEADER = "video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3"
 
@@ -32,12 +34,8 @@ def test_swag_fine_tunes_to_high_accuracy(tiny_hf_checkpoint, tmp_path):
   write_swag(data / "train.csv", 320, 0)
   write_swag(data / "val.csv", 80, 1)
   write_swag(data / "test.csv", 12, 2, labelled=False)
-  config = swag_config.get_config()
-  config.init_checkpoint = tiny_hf_checkpoint
-  config.data.dir = str(data)
-  config.model.dtype = "float32"
-  config.max_seq_length = 24
-  config.train.learning_rate, config.train.epochs = 2e-3, 6.0
+  config = tiny_config(swag_config.get_config(), tiny_hf_checkpoint, 24,
+                       **{"data.dir": str(data), "train.batch_size": 16})
   workdir = str(tmp_path / "run")
   results = swag.run(config, workdir)
   assert results["dev"]["accuracy"] > 90.0, results

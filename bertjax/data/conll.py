@@ -1,0 +1,193 @@
+"""CoNLL-2003 NER: the shared task's column files and BERT's token features.
+
+A file (`eng.train`, `eng.testa`, `eng.testb`, or `train.txt`/`valid.txt`/
+`test.txt` of the common copies) has a word per line with its columns
+(`word POS chunk NER`), blank lines between sentences and `-DOCSTART-` lines
+between documents. The last column is the tag, in IOB1 as distributed or IOB2.
+
+Features follow the paper (section 5.3): a cased WordPiece model, the label on
+the first piece of each word (the other pieces carry weight 0), and "the
+maximal document context provided by the data": the sentence is placed among
+the pieces of its neighbours in the same document, which are not scored. A
+sentence longer than fits is split into several features, each word scored in
+exactly one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+from bertjax.data.skips import SkipReport
+
+DOCSTART = "-DOCSTART-"
+
+
+@dataclasses.dataclass
+class Sentence:
+  words: list[str]
+  tags: list[str] | None  # None where the file has no tag column
+  document: int            # index of its document in the file
+  line: int                # line of its first word, 1-based
+
+
+def read_conll(path: str, report: SkipReport | None = None) -> list[Sentence]:
+  """Every sentence of a CoNLL-2003 file, with its document index."""
+  own_report = report is None
+  report = report or SkipReport()
+  sentences: list[Sentence] = []
+  words: list[str] = []
+  tags: list[str] = []
+  document, start_line, has_tags = 0, 0, None
+
+  def flush():
+    if words:
+      sentences.append(Sentence(list(words), list(tags) if has_tags else None, document,
+                                start_line))
+      words.clear()
+      tags.clear()
+
+  try:
+    with open(path, encoding="utf-8") as f:
+      for number, line in enumerate(f, start=1):
+        columns = line.split()
+        if not columns:
+          flush()
+          continue
+        if columns[0] == DOCSTART:
+          flush()
+          if sentences and sentences[-1].document == document:
+            document += 1
+          continue
+        if has_tags is None:
+          has_tags = len(columns) > 1
+        if has_tags and len(columns) < 2:
+          report.skip(f"{path}:{number}", "a word without a tag")
+          continue
+        if not words:
+          start_line = number
+        words.append(columns[0])
+        if has_tags:
+          tags.append(columns[-1])
+      flush()
+  except FileNotFoundError:
+    raise FileNotFoundError(f"{path} not found") from None
+  except UnicodeDecodeError as e:
+    raise ValueError(f"{path}: not UTF-8 text ({e})") from None
+  if own_report:
+    report.log(path, sum(len(s.words) for s in sentences), "words")
+  if not sentences:
+    raise ValueError(f"{path}: no sentences")
+  return sentences
+
+
+def label_list(sentences: Sequence[Sentence]) -> list[str]:
+  """The tags of a (training) file: "O" first, then entity tags sorted."""
+  tags = {tag for s in sentences for tag in (s.tags or [])}
+  return ["O"] * ("O" in tags) + sorted(tags - {"O"})
+
+
+def check_tags(sentences: Sequence[Sentence], labels: Sequence[str], path: str) -> None:
+  """A clear error for a tag outside the model's label set."""
+  known = set(labels)
+  for sentence in sentences:
+    for offset, tag in enumerate(sentence.tags or []):
+      if tag not in known:
+        raise ValueError(f"{path}:{sentence.line + offset}: tag {tag!r} is not one of the "
+                         f"model's labels {list(labels)}")
+
+
+@dataclasses.dataclass
+class Features:
+  """Model inputs and, per feature, which (sentence, word) each scored piece is."""
+
+  arrays: dict[str, np.ndarray]
+  # For each feature row: [(sentence index, word index, position in the row)].
+  scored: list[list[tuple[int, int, int]]]
+
+
+def featurize(sentences: Sequence[Sentence], tokenizer, labels: Sequence[str],
+              max_seq_length: int, document_context: bool = True) -> Features:
+  """BERT's NER features (see the module docstring)."""
+  if max_seq_length < 3:
+    raise ValueError(f"max_seq_length={max_seq_length} leaves no room for a word")
+  label_ids = {label: i for i, label in enumerate(labels)}
+  word_pieces = [tokenizer.encode_pieces(s.words) if s.words else [] for s in sentences]
+  # A word that becomes no piece (a lone control character) still gets a
+  # position: [UNK], so that every word is scored.
+  word_pieces = [[pieces or [tokenizer.unk_id] for pieces in sentence]
+                 for sentence in word_pieces]
+  budget = max_seq_length - 2
+  rows: list[tuple[list[int], list[int], list[int], list[tuple[int, int, int]]]] = []
+  for index, sentence in enumerate(sentences):
+    pieces_of = word_pieces[index]
+    word = 0
+    while word < len(pieces_of):
+      # The sentence's own pieces: as many whole words as fit.
+      ids, piece_labels, weights, scored = [], [], [], []
+      while word < len(pieces_of) and (not ids or len(ids) + len(pieces_of[word]) <= budget):
+        pieces = pieces_of[word][:budget - len(ids)] if not ids else pieces_of[word]
+        scored.append((index, word, len(ids)))
+        tag = sentence.tags[word] if sentence.tags else None
+        piece_labels += [label_ids.get(tag, 0)] + [0] * (len(pieces) - 1)
+        weights += [1 if sentence.tags else 0] + [0] * (len(pieces) - 1)
+        ids += pieces
+        word += 1
+      left: list[int] = []
+      right: list[int] = []
+      if document_context:
+        left, right = _context(sentences, word_pieces, index, budget - len(ids))
+      offset = 1 + len(left)
+      scored = [(s, w, offset + p) for s, w, p in scored]
+      row_ids = [tokenizer.cls_id, *left, *ids, *right, tokenizer.sep_id]
+      row_labels = [0] * offset + piece_labels + [0] * (len(right) + 1)
+      row_weights = [0] * offset + weights + [0] * (len(right) + 1)
+      rows.append((row_ids, row_labels, row_weights, scored))
+
+  count = len(rows)
+  arrays = {"input_ids": np.full((count, max_seq_length), tokenizer.pad_id, np.int32),
+            "attention_mask": np.zeros((count, max_seq_length), np.int32),
+            "token_type_ids": np.zeros((count, max_seq_length), np.int32),
+            "labels": np.zeros((count, max_seq_length), np.int32),
+            "label_weights": np.zeros((count, max_seq_length), np.float32),
+            "weights": np.ones(count, np.float32)}
+  for row, (ids, row_labels, row_weights, _) in enumerate(rows):
+    arrays["input_ids"][row, :len(ids)] = ids
+    arrays["attention_mask"][row, :len(ids)] = 1
+    arrays["labels"][row, :len(ids)] = row_labels
+    arrays["label_weights"][row, :len(ids)] = row_weights
+  return Features(arrays, [r[3] for r in rows])
+
+
+def _context(sentences, word_pieces, index: int, room: int) -> tuple[list[int], list[int]]:
+  """Pieces of the neighbouring sentences of the same document: up to `room`,
+  split evenly left and right (the rest to one side when the other runs out)."""
+  document = sentences[index].document
+
+  def side(step: int) -> list[int]:
+    pieces: list[int] = []
+    other = index + step
+    while 0 <= other < len(sentences) and sentences[other].document == document:
+      flat = [p for word in word_pieces[other] for p in word]
+      pieces = pieces + flat if step > 0 else flat + pieces
+      if len(pieces) >= room:
+        break
+      other += step
+    return pieces
+
+  before, after = side(-1), side(1)
+  left_room = min(len(before), max(room // 2, room - len(after)))
+  right_room = min(len(after), room - left_room)
+  return before[len(before) - left_room:], after[:right_room]
+
+
+def word_predictions(features: Features, logits: np.ndarray, sentences: Sequence[Sentence],
+                     labels: Sequence[str]) -> list[list[str]]:
+  """Each sentence's predicted tags, from the first piece of every word."""
+  predicted = [[""] * len(s.words) for s in sentences]
+  for row, scored in enumerate(features.scored):
+    for sentence, word, position in scored:
+      predicted[sentence][word] = labels[int(logits[row, position].argmax())]
+  return predicted

@@ -1,0 +1,108 @@
+"""CoNLL-2003 files and BERT's NER features."""
+
+import numpy as np
+import pytest
+
+from bertjax.data import conll
+from bertjax.data.tokenizers import WordPieceTokenizer
+from tests import reference
+
+FILE = """-DOCSTART- -X- -X- O
+
+EU NNP I-NP I-ORG
+rejects VBZ I-VP O
+German JJ I-NP I-MISC
+call NN I-NP O
+. . O O
+
+Peter NNP I-NP I-PER
+Blackburn NNP I-NP I-PER
+
+-DOCSTART- -X- -X- O
+
+BRUSSELS NNP I-NP I-LOC
+1996-08-22 CD I-NP O
+"""
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+  path = tmp_path_factory.mktemp("vocab") / "vocab.txt"
+  reference.write_vocab(str(path))
+  return WordPieceTokenizer(str(path), do_lower_case=False)
+
+
+def test_reads_sentences_tags_and_documents(tmp_path):
+  path = tmp_path / "eng.train"
+  path.write_text(FILE)
+  sentences = conll.read_conll(str(path))
+  assert [s.words for s in sentences] == [["EU", "rejects", "German", "call", "."],
+                                          ["Peter", "Blackburn"], ["BRUSSELS", "1996-08-22"]]
+  assert sentences[0].tags == ["I-ORG", "O", "I-MISC", "O", "O"]
+  assert [s.document for s in sentences] == [0, 0, 1]
+  assert [s.line for s in sentences] == [3, 9, 14]
+  assert conll.label_list(sentences) == ["O", "I-LOC", "I-MISC", "I-ORG", "I-PER"]
+  with pytest.raises(ValueError, match=r"eng.train:4: tag 'O' is not one of"):
+    conll.check_tags(sentences, ["I-ORG"], str(path))
+
+
+def test_a_word_without_its_tag_is_counted(tmp_path, caplog):
+  path = tmp_path / "bad.txt"
+  path.write_text("EU NNP I-NP I-ORG\nrejects\n\n")
+  with caplog.at_level("WARNING"):
+    sentences = conll.read_conll(str(path))
+  assert sentences[0].words == ["EU"]
+  assert f"{path}:2: a word without a tag" in caplog.text
+
+
+@pytest.mark.parametrize("max_seq_length,context", [(64, True), (64, False), (8, True), (5, False)])
+def test_every_word_is_scored_once_at_its_first_piece(tmp_path, tokenizer, max_seq_length,
+                                                      context):
+  rng = np.random.default_rng(0)
+  words = "the quick brown fox jumped over lazy dogs Hello World tokenizer".split()
+  tags = ["O", "B-PER", "I-PER", "B-LOC"]
+  lines = []
+  for document in range(3):
+    lines.append("-DOCSTART- -X- -X- O\n")
+    for _ in range(4):
+      for _ in range(rng.integers(1, 9)):
+        lines.append(f"{rng.choice(words)} X X {rng.choice(tags)}")
+      lines.append("")
+  path = tmp_path / "f.txt"
+  path.write_text("\n".join(lines) + "\n")
+  sentences = conll.read_conll(str(path))
+  labels = conll.label_list(sentences)
+  features = conll.featurize(sentences, tokenizer, labels, max_seq_length, context)
+  arrays = features.arrays
+  assert arrays["input_ids"].shape[1] == max_seq_length
+  scored = [(s, w) for row in features.scored for s, w, _ in row]
+  assert sorted(scored) == [(s, w) for s, sentence in enumerate(sentences)
+                            for w in range(len(sentence.words))]
+  # The scored positions are exactly the weighted ones, each a word's first piece.
+  for row, items in enumerate(features.scored):
+    weighted = np.flatnonzero(arrays["label_weights"][row])
+    assert sorted(p for _, _, p in items) == weighted.tolist()
+    for sentence, word, position in items:
+      first = tokenizer.encode_pieces([sentences[sentence].words[word]])[0][0]
+      assert arrays["input_ids"][row, position] == first
+      assert labels[arrays["labels"][row, position]] == sentences[sentence].tags[word]
+  # Logits that put the gold label first decode to the gold tags.
+  logits = np.eye(len(labels))[arrays["labels"]]
+  assert conll.word_predictions(features, logits, sentences, labels) == [
+      s.tags for s in sentences]
+  if context and max_seq_length == 64:
+    # Context fills the rows with the document's other sentences.
+    assert arrays["attention_mask"].sum() > sum(len(s.words) + 2 for s in sentences)
+
+
+def test_context_stays_inside_the_document(tmp_path, tokenizer):
+  path = tmp_path / "eng.train"
+  path.write_text(FILE)
+  sentences = conll.read_conll(str(path))
+  features = conll.featurize(sentences, tokenizer, conll.label_list(sentences), 64)
+  # BRUSSELS ...: alone in its document, so its row holds nothing else.
+  assert features.arrays["attention_mask"][2].sum() == 2 + len(
+      [p for w in tokenizer.encode_pieces(sentences[2].words) for p in w])
+  first_row = tokenizer.convert_ids_to_tokens(
+      features.arrays["input_ids"][0][:features.arrays["attention_mask"][0].sum()])
+  assert "P" in "".join(first_row) and "BR" not in "".join(first_row)
