@@ -33,7 +33,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 # config.task -> the module of bertjax.tasks whose run(config, workdir) does it.
 TASKS = {"pretrain": "pretrain", "glue": "glue", "squad": "squad", "swag": "swag",
-         "ner": "ner"}
+         "ner": "ner", "ner_features": "features"}
 
 
 def _on_cloud_tpu() -> bool:

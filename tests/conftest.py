@@ -57,12 +57,6 @@ def prepared_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_hf_checkpoint(tmp_path_factory):
   """A Hugging Face BERT directory (L2/H32, random weights, the test vocabulary)."""
-  import transformers
   from tests import reference
 
-  directory = tmp_path_factory.mktemp("tiny_hf")
-  transformers.BertForPreTraining(transformers.BertConfig(
-      vocab_size=210, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-      intermediate_size=64, max_position_embeddings=64)).save_pretrained(directory)
-  reference.write_vocab(str(directory / "vocab.txt"))
-  return str(directory)
+  return reference.write_tiny_checkpoint(tmp_path_factory.mktemp("tiny_hf"))

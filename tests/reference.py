@@ -62,3 +62,14 @@ def example_batch(vocab_size: int, batch: int = 3, length: int = 11, seed: int =
     input_ids[row, real:] = 0
     token_type_ids[row, real // 2:real] = 1
   return input_ids, attention_mask, token_type_ids
+
+
+def write_tiny_checkpoint(directory, num_layers: int = 2) -> str:
+  """A Hugging Face BERT directory: L`num_layers`/H32, random weights, the test vocabulary."""
+  import transformers
+
+  transformers.BertForPreTraining(transformers.BertConfig(
+      vocab_size=210, hidden_size=32, num_hidden_layers=num_layers, num_attention_heads=2,
+      intermediate_size=64, max_position_embeddings=64)).save_pretrained(directory)
+  write_vocab(str(directory / "vocab.txt"))
+  return str(directory)
