@@ -11,12 +11,13 @@ workdir.
 """
 
 import glob
-import importlib
 import os
 
 from absl import app, flags, logging
 import jax
 from ml_collections import config_flags
+
+from bertjax import tasks
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (get_config(arg)); "
                                           "`path.py:arg` passes an argument.",
@@ -30,10 +31,6 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
 _DISTRIBUTED = flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() "
                                  "with its cluster auto-detection (automatic on Cloud TPU VMs).")
 flags.mark_flags_as_required(["config", "workdir"])
-
-# config.task -> the module of bertjax.tasks whose run(config, workdir) does it.
-TASKS = {"pretrain": "pretrain", "glue": "glue", "squad": "squad", "swag": "swag",
-         "ner": "ner", "ner_features": "features"}
 
 
 def _on_cloud_tpu() -> bool:
@@ -55,9 +52,10 @@ def main(argv):
                jax.process_count(), jax.local_device_count(), jax.device_count())
 
   config = _CONFIG.value
-  if config.task not in TASKS:
-    raise app.UsageError(f"Unknown config.task {config.task!r}; known: {', '.join(TASKS)}")
-  task = importlib.import_module(f"bertjax.tasks.{TASKS[config.task]}")
+  try:
+    task = tasks.task_module(config.task)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
   # The task saves the resolved config to <workdir>/config.json first.
   task.run(config, _WORKDIR.value)
 

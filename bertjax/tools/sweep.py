@@ -1,0 +1,129 @@
+r"""The paper's fine-tuning protocol: learning rates x random restarts, best on dev.
+
+  python -m bertjax.tools.sweep --config=configs/glue.py:rte --workdir=/tmp/rte_sweep \
+      --config.init_checkpoint=uncased_L-24_H-1024_A-16 --config.data.dir=glue_data/RTE \
+      --learning_rates=5e-5,4e-5,3e-5,2e-5 --seeds=0,1,2,3,4
+
+Every (learning rate, seed) pair fine-tunes from the same checkpoint into
+`<workdir>/lr<rate>_seed<seed>/`; the seed sets the new output layer and the
+data order ("random restarts", section 4.1). Pairs whose `results.json`
+exists are not run again, so an interrupted sweep continues. The run with the
+best dev score (the task's first metric: Matthews correlation for CoLA, F1 for
+MRPC/QQP/SQuAD/NER, Spearman for STS-B, accuracy elsewhere) is selected;
+`sweep.json` and `sweep.md` hold every run and the mean, spread and best per
+learning rate.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from bertjax import files
+from bertjax import tasks
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Fine-tuning config file.",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Where the runs and the tables go.")
+_LEARNING_RATES = flags.DEFINE_list("learning_rates", ["5e-5", "4e-5", "3e-5", "2e-5"],
+                                    "Learning rates to try (the paper's four by default).")
+_SEEDS = flags.DEFINE_list("seeds", ["0"], "Random restarts: one run per seed and rate.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def dev_score(task: str, results: dict[str, Any]) -> tuple[str, float]:
+  """(name, value) of the dev metric a task's runs are selected by."""
+  dev = results["dev"]
+  if task == "glue":
+    name = next(iter(dev))
+  elif task == "squad":
+    name = "f1"
+  elif task == "swag":
+    name = "accuracy"
+  elif task in ("ner", "ner_features"):
+    name = "f1"
+  else:
+    raise ValueError(f"no dev metric known for config.task {task!r}")
+  return name, float(dev[name])
+
+
+def run_name(learning_rate: float, seed: int) -> str:
+  return f"lr{learning_rate:g}_seed{seed}"
+
+
+def sweep(config, workdir: str, learning_rates: list[float], seeds: list[int]) -> dict[str, Any]:
+  """Runs (or reuses) every pair and returns the summary written to sweep.json."""
+  if config.task == "pretrain":
+    raise ValueError("the sweep fine-tunes; config.task 'pretrain' is not a fine-tuning task")
+  task = tasks.task_module(config.task)
+  if not files.is_remote(workdir):
+    os.makedirs(workdir, exist_ok=True)
+  runs = []
+  for learning_rate in learning_rates:
+    for seed in seeds:
+      run_dir = os.path.join(workdir, run_name(learning_rate, seed))
+      results_path = os.path.join(run_dir, "results.json")
+      if os.path.isfile(results_path):
+        logging.info("%s: done before, reading its results", run_dir)
+        results = files.read_json(results_path)
+      else:
+        run_config = config.copy_and_resolve_references()
+        with run_config.unlocked():
+          run_config.train.learning_rate = learning_rate
+          run_config.seed = seed
+        logging.info("Fine-tuning %s", run_dir)
+        results = task.run(run_config, run_dir)
+      metric, score = dev_score(config.task, results)
+      runs.append({"learning_rate": learning_rate, "seed": seed, "metric": metric,
+                   "dev": score, "workdir": run_dir})
+  best = max(runs, key=lambda r: r["dev"])
+  by_rate = []
+  for learning_rate in learning_rates:
+    scores = [r["dev"] for r in runs if r["learning_rate"] == learning_rate]
+    mean = sum(scores) / len(scores)
+    spread = math.sqrt(sum((s - mean) ** 2 for s in scores) / len(scores))
+    by_rate.append({"learning_rate": learning_rate, "runs": len(scores), "mean": mean,
+                    "std": spread, "max": max(scores)})
+  summary = {"task": config.task, "metric": best["metric"], "best": best, "runs": runs,
+             "by_learning_rate": by_rate}
+  files.write_text(os.path.join(workdir, "sweep.json"), json.dumps(summary, indent=2))
+  files.write_text(os.path.join(workdir, "sweep.md"), markdown_table(summary))
+  return summary
+
+
+def markdown_table(summary: dict[str, Any]) -> str:
+  metric = summary["metric"]
+  best = summary["best"]
+  lines = [f"# {summary['task']} sweep: dev {metric}", "",
+           f"Best: learning rate {best['learning_rate']:g}, seed {best['seed']}: "
+           f"{best['dev']:.2f} (`{best['workdir']}`)", "",
+           f"| learning rate | seed | dev {metric} |", "|---:|---:|---:|"]
+  for run in summary["runs"]:
+    mark = " (best)" if run is best else ""
+    lines.append(f"| {run['learning_rate']:g} | {run['seed']} | {run['dev']:.2f}{mark} |")
+  lines += ["", "| learning rate | runs | mean | std | max |", "|---:|---:|---:|---:|---:|"]
+  for row in summary["by_learning_rate"]:
+    lines.append(f"| {row['learning_rate']:g} | {row['runs']} | {row['mean']:.2f} | "
+                 f"{row['std']:.2f} | {row['max']:.2f} |")
+  return "\n".join(lines) + "\n"
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  try:
+    learning_rates = [float(v) for v in _LEARNING_RATES.value]
+    seeds = [int(v) for v in _SEEDS.value]
+  except ValueError as e:
+    raise app.UsageError(f"--learning_rates takes numbers and --seeds integers: {e}")
+  summary = sweep(_CONFIG.value, _WORKDIR.value, learning_rates, seeds)
+  print(markdown_table(summary))
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,50 @@
+"""The learning-rate x seed sweep: every pair runs once, the best dev run wins."""
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.tasks.test_glue import write_sst2
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_sweep_runs_each_pair_selects_on_dev_and_resumes(tiny_hf_checkpoint, tmp_path):
+  data = str(tmp_path / "SST-2")
+  write_sst2(data, train=128, dev=64, test=4)
+  workdir = str(tmp_path / "sweep")
+  command = [sys.executable, "-m", "bertjax.tools.sweep", "--config=configs/glue.py:sst2",
+             f"--workdir={workdir}", f"--config.init_checkpoint={tiny_hf_checkpoint}",
+             f"--config.data.dir={data}", "--config.model.dtype=float32",
+             "--config.max_seq_length=16", "--config.train.epochs=2",
+             "--learning_rates=3e-3,1e-6", "--seeds=0,1"]
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+  result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+  assert result.returncode == 0, result.stderr[-3000:]
+  summary = json.load(open(os.path.join(workdir, "sweep.json")))
+  runs = summary["runs"]
+  assert [(r["learning_rate"], r["seed"]) for r in runs] == [
+      (3e-3, 0), (3e-3, 1), (1e-6, 0), (1e-6, 1)]
+  for run in runs:
+    results = json.load(open(os.path.join(run["workdir"], "results.json")))
+    assert run["dev"] == results["dev"]["accuracy"] and run["metric"] == "accuracy"
+    config = json.load(open(os.path.join(run["workdir"], "config.json")))
+    assert (config["train"]["learning_rate"], config["seed"]) == (run["learning_rate"],
+                                                                 run["seed"])
+  assert summary["best"]["dev"] == max(r["dev"] for r in runs)
+  # Different seeds are different restarts (output layer, data order, dropout).
+  def losses(run):
+    lines = open(os.path.join(run["workdir"], "metrics.jsonl")).read().splitlines()
+    return [json.loads(line)["train/loss"] for line in lines if "train/loss" in line]
+  assert losses(runs[0]) != losses(runs[1])
+  table = open(os.path.join(workdir, "sweep.md")).read()
+  assert "| learning rate | seed | dev accuracy |" in table and "(best)" in table
+  assert "| 0.003 | 2 |" in table  # the per-rate summary
+
+  # A rerun reads the finished runs instead of training again.
+  again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=600)
+  assert again.returncode == 0 and again.stderr.count("done before") == 4
