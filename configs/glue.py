@@ -18,4 +18,5 @@ from configs import common
 def get_config(arg: str | None = None):
   config = common.finetune_config("glue")
   config.data.task = common.choose(arg, TASKS, "configs/glue.py", "a GLUE task")
+  config.data.tfds_name = ""  # with data.source="tfds": default glue/<task>
   return config

@@ -16,6 +16,8 @@ from configs import common
 def get_config(arg: str | None = None):
   del arg  # no variants
   config = common.finetune_config("ner")
+  config.data.source = "files"     # or "tfds": the *_file fields are then TFDS splits
+  config.data.tfds_name = "conll2003"
   config.data.train_file = "eng.train"
   config.data.dev_file = "eng.testa"
   config.data.test_file = "eng.testb"

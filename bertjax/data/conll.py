@@ -83,6 +83,26 @@ def read_conll(path: str, report: SkipReport | None = None) -> list[Sentence]:
   return sentences
 
 
+def read_tfds(name: str, split: str, data_dir: str | None = None) -> list[Sentence]:
+  """The sentences of a TFDS split with CoNLL-2003's features (`conll2003`:
+  `tokens` and `ner` tags). TFDS keeps no document boundaries, so each
+  sentence is its own document (no context from its neighbours)."""
+  import tensorflow_datasets as tfds
+
+  source = tfds.data_source(name, split=split, data_dir=data_dir)
+  names = source.dataset_info.features["ner"].feature.names
+  decode = lambda v: v.decode("utf-8") if isinstance(v, bytes) else str(v)
+  sentences = []
+  for position in range(len(source)):
+    record = source[position]
+    words = [decode(w) for w in record["tokens"]]
+    if words:
+      sentences.append(Sentence(words, [names[int(t)] for t in record["ner"]], position, 0))
+  if not sentences:
+    raise ValueError(f"TFDS {name}:{split} has no sentences")
+  return sentences
+
+
 def label_list(sentences: Sequence[Sentence]) -> list[str]:
   """The tags of a (training) file: "O" first, then entity tags sorted."""
   tags = {tag for s in sentences for tag in (s.tags or [])}

@@ -205,12 +205,21 @@ def read_tsv(spec: TaskSpec, task_dir: str, split: str,
   return examples
 
 
-def read_tfds(spec: TaskSpec, split: str, data_dir: str | None = None) -> list[Example]:
+def read_tfds(spec: TaskSpec, split: str, data_dir: str | None = None,
+              name: str | None = None) -> list[Example]:
   """The examples of a split of TFDS `glue/<task>` (prepared beforehand with
-  `tfds build`; read with `tfds.data_source`, without TensorFlow)."""
+  `tfds build`; read with `tfds.data_source`, without TensorFlow).
+
+  Args:
+    spec: The task.
+    split: bertjax's split name ("train", "dev", "test", MNLI's others, "ax").
+    data_dir: The TFDS data directory (None: TFDS's default).
+    name: Another TFDS dataset with the same features (default: the task's).
+  """
   import tensorflow_datasets as tfds
 
-  name = "glue/ax" if split == "ax" else spec.tfds_name
+  if name is None:
+    name = "glue/ax" if split == "ax" else spec.tfds_name
   splits = {**_TFDS_SPLITS, **(_TFDS_MNLI_SPLITS if spec.name == "mnli" else {})}
   tfds_split = "test" if split == "ax" else splits.get(split)
   if tfds_split is None:

@@ -94,21 +94,28 @@ def split_passage(text: str) -> tuple[list[str], list[int]]:
   return words, char_to_word
 
 
-def read_examples(path: str, is_training: bool,
-                  report: SkipReport | None = None) -> list[Example]:
-  """The examples of a SQuAD JSON file (v1.1 or v2.0).
+def read_examples(source: str | dict[str, Any], is_training: bool,
+                  report: SkipReport | None = None, name: str | None = None) -> list[Example]:
+  """The examples of SQuAD data: a JSON file (v1.1 or v2.0) or its parsed dict.
 
   Training needs one answer per answerable question whose offsets point at its
   text; questions whose answer cannot be found there are skipped and counted,
   as the original did. Evaluation keeps every question with all its answers.
 
+  Args:
+    source: A path, or the data as a dict (`{"data": [...]}`).
+    is_training: Whether to locate the training answers.
+    report: Collects skipped questions (a fresh one is logged otherwise).
+    name: What to call a dict source in messages.
+
   Raises:
     ValueError: naming the file and the article, paragraph and question of a
       record without the fields SQuAD has.
   """
-  data = read_json(path)
-  if not isinstance(data, dict) or not isinstance(data.get("data"), list):
-    raise ValueError(f"{path}: not SQuAD data (no top-level \"data\" list)")
+  if isinstance(source, dict):
+    data, path = source, name or "<SQuAD data>"
+  else:
+    data, path = read_json(source), source
   own_report = report is None
   report = report or SkipReport()
   examples = []
@@ -283,3 +290,34 @@ def features_by_example(features: Sequence[Feature]) -> Iterator[tuple[int, list
   for index, feature in enumerate(features):
     grouped[feature.example_index].append(index)
   yield from sorted(grouped.items())
+
+
+def from_tfds(name: str, split: str, data_dir: str | None = None) -> dict[str, Any]:
+  """A TFDS SQuAD split (`squad/v1.1`, `squad/v2.0`) as SQuAD JSON: questions
+  grouped back into their paragraphs, in the order they first appear."""
+  import tensorflow_datasets as tfds
+
+  return squad_json_from_records(tfds.data_source(name, split=split, data_dir=data_dir))
+
+
+def squad_json_from_records(records) -> dict[str, Any]:
+  """SQuAD JSON from TFDS-style records (one question each)."""
+  decode = lambda v: v.decode("utf-8") if isinstance(v, bytes) else str(v)
+  paragraphs: dict[tuple[str, str], dict[str, Any]] = {}
+  for position in range(len(records)):
+    record = records[position]
+    title, context = decode(record.get("title", "")), decode(record["context"])
+    paragraph = paragraphs.setdefault((title, context), {"context": context, "qas": []})
+    answers = record.get("answers") or {}
+    texts, starts = answers.get("text", []), answers.get("answer_start", [])
+    qa = {"id": decode(record["id"]), "question": decode(record["question"]),
+          "answers": [{"text": decode(t), "answer_start": int(a)}
+                      for t, a in zip(texts, starts)]}
+    if "is_impossible" in record:
+      qa["is_impossible"] = bool(record["is_impossible"])
+    paragraph["qas"].append(qa)
+  articles: dict[str, list[dict[str, Any]]] = {}
+  for (title, _), paragraph in paragraphs.items():
+    articles.setdefault(title, []).append(paragraph)
+  return {"version": "tfds", "data": [{"title": t, "paragraphs": p}
+                                      for t, p in articles.items()]}

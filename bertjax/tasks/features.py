@@ -162,10 +162,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Extracts (or reuses) the frozen features, trains the BiLSTM, scores dev and test."""
   files.save_config(config, workdir)
   path = lambda name: os.path.join(config.data.dir, name)
-  splits = {"train": conll_data.read_conll(path(config.data.train_file)),
-            "dev": conll_data.read_conll(path(config.data.dev_file))}
-  if config.data.test_file and os.path.isfile(path(config.data.test_file)):
-    splits["test"] = conll_data.read_conll(path(config.data.test_file))
+  train, other = ner.read_splits(config)
+  splits = {"train": train, **other}
   labels = conll_data.label_list(splits["train"])
   label_ids = {label: i for i, label in enumerate(labels)}
   for split in ("dev", "test"):

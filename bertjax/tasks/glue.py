@@ -42,7 +42,15 @@ def read_split(config: ml_collections.ConfigDict, spec: glue_data.TaskSpec,
       return None
     return glue_data.read_tsv(spec, config.data.dir, split)
   if source == "tfds":
-    return glue_data.read_tfds(spec, split, config.data.dir or None)
+    name = config.data.tfds_name or None
+    if split in ("train", "dev", "dev_mismatched"):
+      return glue_data.read_tfds(spec, split, config.data.dir or None, name)
+    try:  # test sets are optional: predict them when they are there
+      return glue_data.read_tfds(spec, split, config.data.dir or None,
+                                 None if split == "ax" else name)
+    except Exception as e:  # TFDS raises several kinds for a missing dataset or split
+      logging.warning("No %s predictions: TFDS %s: %s", split, split, e)
+      return None
   raise ValueError(f"config.data.source must be 'tsv' or 'tfds', got {source!r}")
 
 

@@ -47,14 +47,30 @@ def write_predictions(path: str, sentences: Sequence[conll_data.Sentence],
   files.write_text(path, "\n".join(lines))
 
 
+def read_splits(config: ml_collections.ConfigDict
+                ) -> tuple[list[conll_data.Sentence], dict[str, list[conll_data.Sentence]]]:
+  """(train, {"dev": ..., "test": ...}) from the files in `data.dir`, or from
+  TFDS (`data.source="tfds"`: the *_file fields name splits of `data.tfds_name`)."""
+  data = config.data
+  if data.source == "tfds":
+    read = lambda split: conll_data.read_tfds(data.tfds_name, split, data.dir or None)
+    present = lambda split: bool(split)
+  elif data.source == "files":
+    read = lambda name: conll_data.read_conll(os.path.join(data.dir, name))
+    present = lambda name: bool(name) and os.path.isfile(os.path.join(data.dir, name))
+  else:
+    raise ValueError(f"config.data.source must be 'files' or 'tfds', got {data.source!r}")
+  splits = {"dev": read(data.dev_file)}
+  if present(data.test_file):
+    splits["test"] = read(data.test_file)
+  return read(data.train_file), splits
+
+
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Fine-tunes on the training file, scores dev every epoch and test at the end."""
   files.save_config(config, workdir)
   path = lambda name: os.path.join(config.data.dir, name)
-  train = conll_data.read_conll(path(config.data.train_file))
-  splits = {"dev": conll_data.read_conll(path(config.data.dev_file))}
-  if config.data.test_file and os.path.isfile(path(config.data.test_file)):
-    splits["test"] = conll_data.read_conll(path(config.data.test_file))
+  train, splits = read_splits(config)
   labels = conll_data.label_list(train)
   for split, sentences in splits.items():
     if all(s.tags for s in sentences):

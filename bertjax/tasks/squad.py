@@ -182,8 +182,18 @@ def with_threshold(decoded: dict[str, Any], threshold: float) -> dict[str, str]:
           for qid, answer in decoded["best_non_null"].items()}
 
 
-def _read_dataset(path: str) -> squad_eval.Dataset:
-  return files.read_json(path)["data"]
+def load_data(config: ml_collections.ConfigDict, name: str) -> dict[str, Any]:
+  """SQuAD JSON of a data file (`data.source="json"`), or of a TFDS split
+  (`"tfds"`: `name` is the split of `data.tfds_name`, e.g. "validation")."""
+  if config.data.source == "json":
+    data = files.read_json(name)
+    if not isinstance(data.get("data"), list):
+      raise ValueError(f"{name}: not SQuAD data (no top-level \"data\" list)")
+    return data
+  if config.data.source == "tfds":
+    tfds_name = config.data.tfds_name or f"squad/{config.data.version}"
+    return squad_data.from_tfds(tfds_name, name, config.data.dir or None)
+  raise ValueError(f"config.data.source must be 'json' or 'tfds', got {config.data.source!r}")
 
 
 def _write_json(path: str, value: Any) -> None:
@@ -196,14 +206,15 @@ class _Predictor:
   def __init__(self, config: ml_collections.ConfigDict, tokenizer, tuner: finetune.FineTuner):
     self.config, self.tokenizer, self.tuner = config, tokenizer, tuner
 
-  def __call__(self, path: str, threshold: float) -> tuple[list[squad_data.Example], dict]:
+  def __call__(self, name: str, data: dict[str, Any],
+               threshold: float) -> tuple[list[squad_data.Example], dict]:
     config = self.config
-    examples = squad_data.read_examples(path, is_training=False)
+    examples = squad_data.read_examples(data, is_training=False, name=name)
     features = squad_data.convert_examples_to_features(
         examples, self.tokenizer, config.max_seq_length, config.doc_stride,
         config.max_query_length, is_training=False)
     arrays = squad_data.feature_arrays(features, config.max_seq_length, self.tokenizer.pad_id)
-    outputs = self.tuner.predict(arrays, os.path.basename(path))
+    outputs = self.tuner.predict(arrays, os.path.basename(name))
     decoded = postprocess(examples, features, outputs["start_logits"], outputs["end_logits"],
                           self.tokenizer, n_best_size=config.n_best_size,
                           max_answer_length=config.max_answer_length,
@@ -231,7 +242,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   recipe = finetune.Recipe.from_config(config)
   train_arrays, total_steps = None, 1
   if config.data.train_file:
-    examples = squad_data.read_examples(config.data.train_file, is_training=True)
+    examples = squad_data.read_examples(load_data(config, config.data.train_file),
+                                        is_training=True, name=config.data.train_file)
     features = squad_data.convert_examples_to_features(
         examples, tokenizer, config.max_seq_length, config.doc_stride, config.max_query_length,
         is_training=True)
@@ -253,8 +265,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   results: dict[str, Any] = {"version": config.data.version}
   outputs: dict[str, Any] = {}
   if config.data.predict_file:
-    dataset = _read_dataset(config.data.predict_file)
-    _, decoded = predict(config.data.predict_file, threshold)
+    data = load_data(config, config.data.predict_file)
+    dataset = data["data"]
+    _, decoded = predict(config.data.predict_file, data, threshold)
     if version_2:
       if config.data.train_file or config.tune_null_threshold:
         threshold = null_threshold_for(dataset, decoded)
@@ -270,7 +283,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     logging.info("dev: %s", json.dumps(results["dev"]))
     outputs[""] = decoded
   if config.data.test_file:
-    _, outputs["test_"] = predict(config.data.test_file, threshold)
+    _, outputs["test_"] = predict(config.data.test_file,
+                                  load_data(config, config.data.test_file), threshold)
   params = tuner.params() if config.data.train_file else None
 
   if jax.process_index() == 0:

@@ -106,3 +106,19 @@ def test_context_stays_inside_the_document(tmp_path, tokenizer):
   first_row = tokenizer.convert_ids_to_tokens(
       features.arrays["input_ids"][0][:features.arrays["attention_mask"][0].sum()])
   assert "P" in "".join(first_row) and "BR" not in "".join(first_row)
+
+
+def test_tfds_conll2003_layout(tmp_path):
+  import tensorflow_datasets as tfds
+
+  from tests import tfds_builders
+
+  names = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"]
+  tfds_builders.prepare("FakeConll", {
+      "tokens": tfds.features.Sequence(tfds.features.Text()),
+      "ner": tfds.features.Sequence(tfds.features.ClassLabel(names=names))}, {
+      "train": [{"tokens": ["Peter", "Blackburn", "spoke"], "ner": [1, 2, 0]},
+                {"tokens": [], "ner": []}]}, str(tmp_path))
+  sentences = conll.read_tfds("fake_conll", "train", str(tmp_path))
+  assert [(s.words, s.tags) for s in sentences] == [
+      (["Peter", "Blackburn", "spoke"], ["B-PER", "I-PER", "O"])]

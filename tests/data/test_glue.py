@@ -2,9 +2,11 @@
 
 import logging
 
+import numpy as np
 import pytest
 
 from bertjax.data import glue
+from tests import tfds_builders
 
 
 def _write(path, lines):
@@ -120,3 +122,34 @@ def test_unparsable_score_and_missing_files(tmp_path, caplog):
     glue.task_spec("sts")
   with pytest.raises(ValueError, match="rte has no split 'ax'"):
     glue.read_tsv(glue.task_spec("rte"), str(tmp_path), "ax")
+
+
+def test_tfds_glue_labels_become_the_tsv_label_strings(tmp_path):
+  import tensorflow_datasets as tfds
+
+  tfds_builders.prepare("FakeMnli", {
+      "premise": tfds.features.Text(), "hypothesis": tfds.features.Text(),
+      "label": tfds.features.ClassLabel(names=["entailment", "neutral", "contradiction"]),
+      "idx": tfds.features.Scalar(dtype=np.int32)}, {
+      "train": [{"premise": f"p{i}", "hypothesis": f"h{i}", "label": i % 3, "idx": i}
+                for i in range(6)],
+      "test_matched": [{"premise": "p", "hypothesis": "h", "label": -1, "idx": 41}]},
+      str(tmp_path))
+  spec = glue.task_spec("mnli")
+  train = glue.read_tfds(spec, "train", str(tmp_path), name="fake_mnli")
+  by_premise = {e.text_a: (e.text_b, e.label, e.index) for e in train}  # TFDS reorders
+  assert by_premise["p0"] == ("h0", "entailment", 0)
+  assert by_premise["p1"] == ("h1", "neutral", 1)
+  assert by_premise["p5"] == ("h5", "contradiction", 5)
+  assert all(e.label in spec.labels for e in train)
+  test = glue.read_tfds(spec, "test", str(tmp_path), name="fake_mnli")
+  assert (test[0].label, test[0].index) == (None, 41)
+
+  tfds_builders.prepare("FakeMrpc", {
+      "sentence1": tfds.features.Text(), "sentence2": tfds.features.Text(),
+      "label": tfds.features.ClassLabel(names=["not_equivalent", "equivalent"]),
+      "idx": tfds.features.Scalar(dtype=np.int32)}, {
+      "validation": [{"sentence1": "a", "sentence2": "b", "label": 1, "idx": 0}]},
+      str(tmp_path))
+  dev = glue.read_tfds(glue.task_spec("mrpc"), "dev", str(tmp_path), name="fake_mrpc")
+  assert dev[0].label == "1"  # the TSV's "1" (equivalent)

@@ -158,3 +158,32 @@ def test_feature_arrays_are_padded(tokenizer, tmp_path):
   features = squad.convert_examples_to_features(examples, tokenizer, 128, 128, 64, False)
   arrays = squad.feature_arrays(features, 128, tokenizer.pad_id)
   assert np.all(arrays["input_ids"][0, len(features[0].tokens):] == tokenizer.pad_id)
+
+
+def test_tfds_squad_becomes_squad_json(tmp_path, tokenizer):
+  import tensorflow_datasets as tfds
+
+  from tests import tfds_builders
+
+  context = "The quick brown fox jumped over the lazy dog."
+  records = [
+      {"id": "a", "title": "Fox", "context": context, "question": "Who jumped?",
+       "answers": {"text": ["quick brown fox"], "answer_start": [4]}, "is_impossible": False},
+      {"id": "b", "title": "Fox", "context": context, "question": "Who slept?",
+       "answers": {"text": [], "answer_start": []}, "is_impossible": True},
+      {"id": "c", "title": "Other", "context": "A world test.", "question": "What?",
+       "answers": {"text": ["world test"], "answer_start": [2]}, "is_impossible": False}]
+  tfds_builders.prepare("FakeSquad", {
+      "id": tfds.features.Text(), "title": tfds.features.Text(),
+      "context": tfds.features.Text(), "question": tfds.features.Text(),
+      "is_impossible": tfds.features.Scalar(dtype=np.bool_),
+      "answers": tfds.features.Sequence({"text": tfds.features.Text(),
+                                         "answer_start": tfds.features.Scalar(dtype=np.int32)})},
+      {"train": records}, str(tmp_path))
+  data = squad.from_tfds("fake_squad", "train", str(tmp_path))
+  paragraphs = {p["context"]: p for article in data["data"] for p in article["paragraphs"]}
+  assert sorted(q["id"] for q in paragraphs[context]["qas"]) == ["a", "b"]
+  examples = {e.qas_id: e for e in squad.read_examples(data, is_training=True)}
+  assert examples["a"].orig_answer_text == "quick brown fox" and examples["b"].is_impossible
+  assert " ".join(examples["c"].doc_tokens[examples["c"].start_position:
+                                           examples["c"].end_position + 1]) == "world test."
