@@ -211,12 +211,10 @@ def save_pretrained(bundle: Pretrained, out_dir: str, overwrite: bool = False) -
   Parameters are stored in the looped layout, so any `scan_layers` setting can
   read them back.
   """
-  import orbax.checkpoint as ocp
-
   looped = _checked_looped_params(bundle)
   with atomic_directory(out_dir, overwrite) as staging:
     tokenizer_settings = bundle.tokenizer.save(staging) if bundle.tokenizer else None
-    with ocp.StandardCheckpointer() as checkpointer:
+    with _this_process_checkpointer() as checkpointer:
       checkpointer.save(os.path.join(staging, "params"), looped)
       checkpointer.wait_until_finished()
     write_json(os.path.join(staging, BERTJAX_FILE), {
@@ -229,9 +227,18 @@ def save_pretrained(bundle: Pretrained, out_dir: str, overwrite: bool = False) -
     })
 
 
-def _load_bertjax(path: str, do_lower_case: bool | None) -> Pretrained:
+def _this_process_checkpointer():
+  """An orbax checkpointer for host arrays that involves no other process: a
+  model directory is written by one process (process 0 of a multi-host job)
+  and read by each on its own."""
   import orbax.checkpoint as ocp
 
+  me = jax.process_index()
+  return ocp.StandardCheckpointer(multiprocessing_options=ocp.options.MultiprocessingOptions(
+      primary_host=me, active_processes={me}, barrier_sync_key_prefix=f"process{me}"))
+
+
+def _load_bertjax(path: str, do_lower_case: bool | None) -> Pretrained:
   meta_path = os.path.join(path, BERTJAX_FILE)
   meta = read_json(meta_path)
   for key in ("format_version", "config", "task"):
@@ -249,7 +256,7 @@ def _load_bertjax(path: str, do_lower_case: bool | None) -> Pretrained:
   task, labels = meta["task"], meta.get("labels")
   model = build_model(config, task, len(labels) if labels else 2, meta.get("has_pooler"))
   target = nn.meta.unbox(abstract_params(model))
-  with ocp.StandardCheckpointer() as checkpointer:
+  with _this_process_checkpointer() as checkpointer:
     params = checkpointer.restore(os.path.join(path, "params"), target)
   tokenizer = None
   if meta.get("tokenizer"):

@@ -14,6 +14,8 @@ predictions with `python -m bertjax.tools.evaluate_squad`. Without a
 model brings its threshold).
 """
 
+from ml_collections import config_dict
+
 from configs import common
 
 VERSIONS = ("v1.1", "v2.0")
@@ -32,9 +34,10 @@ def get_config(arg: str | None = None):
   config.max_query_length = 64
   config.n_best_size = 20
   config.max_answer_length = 30
-  # v2.0: answer null when s_null - best span score > this. Replaced by the
-  # dev-tuned value after training (or with tune_null_threshold).
-  config.null_score_diff_threshold = 0.0
+  # v2.0: answer null when s_null - best span score > this. Unset: tuned on the
+  # dev file after training (or with tune_null_threshold), else the model's
+  # stored value, else 0. A value given here is used as it is.
+  config.null_score_diff_threshold = config_dict.placeholder(float)
   config.tune_null_threshold = False
   config.train.learning_rate = 5e-5
   if arg == "v2.0":

@@ -16,11 +16,15 @@ exactly one.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Sequence
 
 import numpy as np
 
+from bertjax.data import tfds_io
 from bertjax.data.skips import SkipReport
+
+logger = logging.getLogger(__name__)
 
 DOCSTART = "-DOCSTART-"
 
@@ -50,7 +54,7 @@ def read_conll(path: str, report: SkipReport | None = None) -> list[Sentence]:
       tags.clear()
 
   try:
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig") as f:  # a byte-order mark is not a word
       for number, line in enumerate(f, start=1):
         columns = line.split()
         if not columns:
@@ -87,9 +91,7 @@ def read_tfds(name: str, split: str, data_dir: str | None = None) -> list[Senten
   """The sentences of a TFDS split with CoNLL-2003's features (`conll2003`:
   `tokens` and `ner` tags). TFDS keeps no document boundaries, so each
   sentence is its own document (no context from its neighbours)."""
-  import tensorflow_datasets as tfds
-
-  source = tfds.data_source(name, split=split, data_dir=data_dir)
+  source = tfds_io.open_source(name, split, data_dir)
   names = source.dataset_info.features["ner"].feature.names
   decode = lambda v: v.decode("utf-8") if isinstance(v, bytes) else str(v)
   sentences = []
@@ -100,6 +102,8 @@ def read_tfds(name: str, split: str, data_dir: str | None = None) -> list[Senten
       sentences.append(Sentence(words, [names[int(t)] for t in record["ner"]], position, 0))
   if not sentences:
     raise ValueError(f"TFDS {name}:{split} has no sentences")
+  logger.warning("TFDS %s has no document boundaries: its sentences get no document "
+                  "context (the paper's NER figures used it; the CoNLL files have it)", name)
   return sentences
 
 
@@ -140,13 +144,25 @@ def featurize(sentences: Sequence[Sentence], tokenizer, labels: Sequence[str],
   word_pieces = [[pieces or [tokenizer.unk_id] for pieces in sentence]
                  for sentence in word_pieces]
   budget = max_seq_length - 2
+  # Each document's pieces as one stream, with where every sentence starts in
+  # it: the context of a row is the stream around the row's own words (the
+  # rest of a long sentence, then the neighbouring sentences).
+  stream_of: dict[int, list[int]] = {}
+  sentence_start: list[int] = []
+  for index, sentence in enumerate(sentences):
+    key = sentence.document if document_context else -1 - index
+    stream = stream_of.setdefault(key, [])
+    sentence_start.append(len(stream))
+    stream += [p for pieces in word_pieces[index] for p in pieces]
   rows: list[tuple[list[int], list[int], list[int], list[tuple[int, int, int]]]] = []
   for index, sentence in enumerate(sentences):
     pieces_of = word_pieces[index]
-    word = 0
+    stream = stream_of[sentence.document if document_context else -1 - index]
+    word, position = 0, sentence_start[index]  # position: in the stream
     while word < len(pieces_of):
       # The sentence's own pieces: as many whole words as fit.
       ids, piece_labels, weights, scored = [], [], [], []
+      first = position
       while word < len(pieces_of) and (not ids or len(ids) + len(pieces_of[word]) <= budget):
         pieces = pieces_of[word][:budget - len(ids)] if not ids else pieces_of[word]
         scored.append((index, word, len(ids)))
@@ -154,11 +170,9 @@ def featurize(sentences: Sequence[Sentence], tokenizer, labels: Sequence[str],
         piece_labels += [label_ids.get(tag, 0)] + [0] * (len(pieces) - 1)
         weights += [1 if sentence.tags else 0] + [0] * (len(pieces) - 1)
         ids += pieces
+        position += len(pieces_of[word])
         word += 1
-      left: list[int] = []
-      right: list[int] = []
-      if document_context:
-        left, right = _context(sentences, word_pieces, index, budget - len(ids))
+      left, right = _context(stream, first, first + len(ids), budget - len(ids))
       offset = 1 + len(left)
       scored = [(s, w, offset + p) for s, w, p in scored]
       row_ids = [tokenizer.cls_id, *left, *ids, *right, tokenizer.sep_id]
@@ -181,26 +195,14 @@ def featurize(sentences: Sequence[Sentence], tokenizer, labels: Sequence[str],
   return Features(arrays, [r[3] for r in rows])
 
 
-def _context(sentences, word_pieces, index: int, room: int) -> tuple[list[int], list[int]]:
-  """Pieces of the neighbouring sentences of the same document: up to `room`,
-  split evenly left and right (the rest to one side when the other runs out)."""
-  document = sentences[index].document
-
-  def side(step: int) -> list[int]:
-    pieces: list[int] = []
-    other = index + step
-    while 0 <= other < len(sentences) and sentences[other].document == document:
-      flat = [p for word in word_pieces[other] for p in word]
-      pieces = pieces + flat if step > 0 else flat + pieces
-      if len(pieces) >= room:
-        break
-      other += step
-    return pieces
-
-  before, after = side(-1), side(1)
-  left_room = min(len(before), max(room // 2, room - len(after)))
-  right_room = min(len(after), room - left_room)
-  return before[len(before) - left_room:], after[:right_room]
+def _context(stream: Sequence[int], start: int, end: int, room: int
+             ) -> tuple[list[int], list[int]]:
+  """Up to `room` pieces of `stream` around [start, end): split evenly left
+  and right, the rest to one side when the other runs out."""
+  before, after = start, len(stream) - end
+  left = min(before, max(room // 2, room - after))
+  right = min(after, room - left)
+  return list(stream[start - left:start]), list(stream[end:end + right])
 
 
 def word_predictions(features: Features, logits: np.ndarray, sentences: Sequence[Sentence],

@@ -414,8 +414,9 @@ def _prose_sentences(docstring: str) -> list[str]:
 
 def tfds_source(name: str, split: str = "train", data_dir: str | None = None):
   """A random-access TFDS source (`tfds.data_source`); records have a `text`."""
-  import tensorflow_datasets as tfds
-  return tfds.data_source(name, split=split, data_dir=data_dir)
+  from bertjax.data import tfds_io
+
+  return tfds_io.open_source(name, split, data_dir)
 
 
 def tfds_documents(source, start: int, end: int, stats: CorpusStats,

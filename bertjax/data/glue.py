@@ -18,6 +18,7 @@ import os
 import sys
 from typing import Any, Sequence
 
+from bertjax.data import tfds_io
 from bertjax.data.skips import SkipReport
 
 
@@ -124,6 +125,22 @@ def task_spec(name: str) -> TaskSpec:
   return TASKS[name]
 
 
+def split_directory(spec: TaskSpec, task_dir: str, split: str) -> str | None:
+  """The directory holding a split's file, or None if there is none.
+
+  GLUE's download script puts the diagnostic set (AX) beside the task
+  directories (`glue_data/diagnostic/diagnostic.tsv`), not in `MNLI/`: it is
+  looked for in the task directory first, then there.
+  """
+  candidates = [task_dir]
+  if split == "ax":
+    candidates.append(os.path.join(os.path.dirname(os.path.normpath(task_dir)), "diagnostic"))
+  for directory in candidates:
+    if os.path.isfile(os.path.join(directory, spec.files[split])):
+      return directory
+  return None
+
+
 def _read_tsv(path: str) -> list[list[str]]:
   csv.field_size_limit(sys.maxsize)
   try:
@@ -173,11 +190,16 @@ def read_tsv(spec: TaskSpec, task_dir: str, split: str,
   examples = []
   for line, row in enumerate(rows[1:] if header else rows, start=2 if header else 1):
     where = f"{path}:{line}"
-    if not row or (len(row) == 1 and not row[0].strip()):
-      report.skip(where, "empty line")
-      continue
     needed = max(c if c >= 0 else -c - 1 for c in (text_a, text_b, label_column)
                  if c is not None) + 1
+    blank = not row or (len(row) == 1 and not row[0].strip())
+    if not labelled and (blank or len(row) < needed):
+      # The GLUE server wants a prediction for every test row.
+      raise ValueError(f"{where}: a test row with {len(row)} of the {needed} columns; the "
+                       "submission needs every row, so fix the file")
+    if blank:
+      report.skip(where, "empty line")
+      continue
     if len(row) < needed:
       report.skip(where, f"fewer than {needed} columns")
       continue
@@ -216,15 +238,13 @@ def read_tfds(spec: TaskSpec, split: str, data_dir: str | None = None,
     data_dir: The TFDS data directory (None: TFDS's default).
     name: Another TFDS dataset with the same features (default: the task's).
   """
-  import tensorflow_datasets as tfds
-
   if name is None:
     name = "glue/ax" if split == "ax" else spec.tfds_name
   splits = {**_TFDS_SPLITS, **(_TFDS_MNLI_SPLITS if spec.name == "mnli" else {})}
   tfds_split = "test" if split == "ax" else splits.get(split)
   if tfds_split is None:
     raise ValueError(f"{spec.name} has no split {split!r} in TFDS")
-  source = tfds.data_source(name, split=tfds_split, data_dir=data_dir)
+  source = tfds_io.open_source(name, tfds_split, data_dir)
   return examples_from_tfds(spec, split, source)
 
 

@@ -18,6 +18,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from bertjax.data import tfds_io
 from bertjax.data.skips import SkipReport
 from bertjax.data.tokenizers import Tokenizer
 from bertjax.files import read_json
@@ -295,9 +296,7 @@ def features_by_example(features: Sequence[Feature]) -> Iterator[tuple[int, list
 def from_tfds(name: str, split: str, data_dir: str | None = None) -> dict[str, Any]:
   """A TFDS SQuAD split (`squad/v1.1`, `squad/v2.0`) as SQuAD JSON: questions
   grouped back into their paragraphs, in the order they first appear."""
-  import tensorflow_datasets as tfds
-
-  return squad_json_from_records(tfds.data_source(name, split=split, data_dir=data_dir))
+  return squad_json_from_records(tfds_io.open_source(name, split, data_dir))
 
 
 def squad_json_from_records(records) -> dict[str, Any]:

@@ -23,7 +23,7 @@ _ENDINGS = [f"ending{i}" for i in range(NUM_CHOICES)]
 
 @dataclasses.dataclass(frozen=True)
 class Example:
-  index: int          # row number in the file, 0-based (the prediction file's id)
+  index: int          # data row number in the file, 0-based (the prediction file's id)
   context: str        # sent1
   start: str          # sent2, the first words of the continuation
   endings: tuple[str, ...]
@@ -36,14 +36,14 @@ def read_csv(path: str, report: SkipReport | None = None) -> list[Example]:
   own_report = report is None
   report = report or SkipReport()
   try:
-    with open(path, encoding="utf-8", newline="") as f:
+    with open(path, encoding="utf-8-sig", newline="") as f:
       reader = csv.DictReader(f)
       missing = [c for c in ["sent1", "sent2", *_ENDINGS] if c not in (reader.fieldnames or [])]
       if missing:
         raise ValueError(f"{path}: not a SWAG file, the header lacks {missing}")
       labelled = "label" in reader.fieldnames
       examples = []
-      for row in reader:
+      for row_number, row in enumerate(reader):
         where = f"{path}:{reader.line_num}"
         if any(row.get(c) is None for c in ["sent1", "sent2", *_ENDINGS]):
           report.skip(where, "fewer columns than the header")
@@ -55,7 +55,7 @@ def read_csv(path: str, report: SkipReport | None = None) -> list[Example]:
             report.skip(where, f"a label outside 0-{NUM_CHOICES - 1}")
             continue
           label = int(raw)
-        examples.append(Example(len(examples), row["sent1"], row["sent2"],
+        examples.append(Example(row_number, row["sent1"], row["sent2"],
                                 tuple(row[c] for c in _ENDINGS), label))
   except FileNotFoundError:
     raise FileNotFoundError(f"{path} not found") from None

@@ -7,8 +7,8 @@ so the figures are the ones the leaderboard and papers report:
 
 - v1.1 divides by every question in the data; a question without a prediction
   scores 0 (with a message on stderr).
-- v2.0 skips questions without a prediction (a message on stdout) and divides
-  by the questions predicted. Gold answers that normalise to nothing are
+- v2.0 reports questions without a prediction (a message on stdout) and then
+  fails, as the script does (here with a clear error, there a KeyError). Gold answers that normalise to nothing are
   dropped; a question left without gold answers is unanswerable and only the
   empty string is right for it. F1 of two empty token lists is 1, of one empty
   list 0. With a no-answer probability per question, a question whose

@@ -160,6 +160,9 @@ def _loss(params, batch, rng, model, deterministic):
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Extracts (or reuses) the frozen features, trains the BiLSTM, scores dev and test."""
+  if jax.process_count() > 1:
+    raise ValueError("the feature-based approach runs in one process (it extracts and "
+                     "stores features on this host); start it without jax.distributed")
   files.save_config(config, workdir)
   path = lambda name: os.path.join(config.data.dir, name)
   train, other = ner.read_splits(config)
@@ -209,7 +212,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   def predict_step(params, batch):
     return _loss(params, batch, None, model, True)[1].argmax(-1)
 
-  def evaluate(split: str) -> tuple[dict[str, Any], list[list[str]]]:
+  def evaluate(split: str) -> tuple[dict[str, Any] | None, list[list[str]]]:
     data, offsets = stored[split]
     sentences = splits[split]
     predicted = [[] for _ in sentences]
@@ -219,7 +222,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       tags = np.asarray(predict_step(params, batch))
       for i, index in enumerate(chosen):
         predicted[index] = [labels[t] for t in tags[i, :len(sentences[index].words)]]
-    return ner.scores(sentences, predicted), predicted
+    labelled = all(s.tags for s in sentences)
+    return (ner.scores(sentences, predicted) if labelled else None), predicted
 
   writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0)
   history, step = [], 0
@@ -244,7 +248,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   predictions = {"dev": evaluate("dev")[1]}
   if "test" in splits:
     test_result, predictions["test"] = evaluate("test")
-    if all(s.tags for s in splits["test"]):
+    if test_result is not None:
       results["test"] = test_result
   if jax.process_index() == 0:
     for split, predicted in predictions.items():

@@ -260,15 +260,17 @@ class FineTuner:
   def train_epoch(self, features: Features, epoch: int) -> None:
     """One pass over the training features, logging every `log_every_steps`."""
     log_every = self.config.log_every_steps
-    window = (time.perf_counter(), int(self.state.step))
+    step = int(self.state.step)  # counted here, so the host never waits on the device
+    window = (time.perf_counter(), step)
     pending = None
     for batch in epoch_batches(features, self.recipe.batch_size, self.config.seed, epoch):
-      if int(self.state.step) >= self.total_steps:
+      if step >= self.total_steps:
         break
       self.state, step_metrics = self._train_step(self.state, self._global(batch))
+      step += 1
       if pending is not None:
         window = self._report(*pending, window, log_every)
-      pending = (int(self.state.step), step_metrics)
+      pending = (step, step_metrics)
     if pending is not None:
       self._report(*pending, window, 1)
 

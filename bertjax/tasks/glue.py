@@ -34,13 +34,15 @@ def read_split(config: ml_collections.ConfigDict, spec: glue_data.TaskSpec,
   """A split's examples from `config.data`, or None if the source lacks it."""
   source = config.data.source
   if source == "tsv":
-    if split not in spec.files or not os.path.isfile(
-        os.path.join(config.data.dir, spec.files[split])):
+    task_dir = glue_data.split_directory(spec, config.data.dir, split)
+    if task_dir is None:
       if split in ("train", "dev"):
-        raise FileNotFoundError(f"{os.path.join(config.data.dir, spec.files.get(split, '?'))} "
-                                f"not found: config.data.dir must hold the {spec.name} TSVs")
+        raise FileNotFoundError(f"{os.path.join(config.data.dir, spec.files[split])} not "
+                                f"found: config.data.dir must hold the {spec.name} TSVs")
+      logging.warning("%s: no %s file in %s, so no %s predictions", spec.name,
+                      spec.files[split], config.data.dir, split)
       return None
-    return glue_data.read_tsv(spec, config.data.dir, split)
+    return glue_data.read_tsv(spec, task_dir, split)
   if source == "tfds":
     name = config.data.tfds_name or None
     if split in ("train", "dev", "dev_mismatched"):
@@ -48,8 +50,8 @@ def read_split(config: ml_collections.ConfigDict, spec: glue_data.TaskSpec,
     try:  # test sets are optional: predict them when they are there
       return glue_data.read_tfds(spec, split, config.data.dir or None,
                                  None if split == "ax" else name)
-    except Exception as e:  # TFDS raises several kinds for a missing dataset or split
-      logging.warning("No %s predictions: TFDS %s: %s", split, split, e)
+    except (FileNotFoundError, ValueError) as e:  # not prepared, or no such split
+      logging.warning("%s: no %s predictions (%s)", spec.name, split, e)
       return None
   raise ValueError(f"config.data.source must be 'tsv' or 'tfds', got {source!r}")
 

@@ -96,11 +96,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0)
   tuner = finetune.FineTuner(bundle, "token", recipe, total_steps, config, writer)
 
-  def evaluate(split: str, description: str) -> tuple[dict[str, Any], list[list[str]]]:
+  def evaluate(split: str, description: str
+               ) -> tuple[dict[str, Any] | None, list[list[str]]]:
+    """(scores, or None for a file without tags; the predicted tags)."""
     features = split_features[split]
     logits = tuner.predict(features.arrays, description)["logits"]
     predicted = conll_data.word_predictions(features, logits, splits[split], labels)
-    return scores(splits[split], predicted), predicted
+    labelled = all(s.tags for s in splits[split])
+    return (scores(splits[split], predicted) if labelled else None), predicted
 
   history = []
   for epoch in range(int(np.ceil(recipe.epochs))):
@@ -115,7 +118,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   predictions = {"dev": evaluate("dev", "dev")[1]}
   if "test" in splits:
     test_result, predictions["test"] = evaluate("test", "test")
-    if all(s.tags for s in splits["test"]):
+    if test_result is not None:
       results["test"] = test_result
   params = tuner.params()
   if jax.process_index() == 0:

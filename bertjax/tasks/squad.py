@@ -235,9 +235,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   tokenizer = bundle.tokenizer
   threshold = config.null_score_diff_threshold
   stored = os.path.join(config.init_checkpoint, THRESHOLD_FILE)
-  if version_2 and not config.data.train_file and os.path.isfile(stored):
+  if threshold is None and version_2 and files.exists(stored):
     threshold = files.read_json(stored)["null_score_diff_threshold"]
     logging.info("Null threshold %.4f from %s", threshold, stored)
+  tune = version_2 and config.null_score_diff_threshold is None and bool(
+      config.data.train_file or config.tune_null_threshold)
+  threshold = 0.0 if threshold is None else threshold
 
   recipe = finetune.Recipe.from_config(config)
   train_arrays, total_steps = None, 1
@@ -269,9 +272,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     dataset = data["data"]
     _, decoded = predict(config.data.predict_file, data, threshold)
     if version_2:
-      if config.data.train_file or config.tune_null_threshold:
+      if tune:
         threshold = null_threshold_for(dataset, decoded)
         decoded["predictions"] = with_threshold(decoded, threshold)
+        results["null_score_diff_threshold_tuned"] = True
       # The predictions as written (tau applied), then what the official
       # script prints for predictions.json with --na-prob-file null_odds.json.
       results["dev"] = squad_eval.evaluate_v2(dataset, decoded["predictions"])
@@ -298,7 +302,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       model_dir = os.path.join(workdir, "model")
       save_pretrained(Pretrained(bundle.config, params, tokenizer, "question_answering"),
                       model_dir, overwrite=True)
-      if version_2:
+      if version_2 and (results.get("null_score_diff_threshold_tuned")
+                        or config.null_score_diff_threshold is not None):
         _write_json(os.path.join(model_dir, THRESHOLD_FILE),
                     {"null_score_diff_threshold": threshold})
   return results

@@ -53,6 +53,10 @@ def main(argv: list[str] | None = None) -> None:
   predictions = _load_json(args.pred_file, "Prediction file")
   if not isinstance(predictions, dict):
     raise SystemExit(f"{args.pred_file}: predictions must be a JSON object id -> answer")
+  not_text = [qid for qid, answer in predictions.items() if not isinstance(answer, str)]
+  if not_text:
+    raise SystemExit(f"{args.pred_file}: the prediction of {not_text[0]!r} is not a string "
+                     f"({len(not_text)} such)")
   rules = args.rules
   if rules == "auto":
     rules = "v1.1" if str(data.get("version")) in ("1.1", "1.0") else "v2.0"
@@ -70,8 +74,8 @@ def main(argv: list[str] | None = None) -> None:
                                args.na_prob_thresh)
   except (KeyError, TypeError) as e:
     raise SystemExit(f"{args.data_file}: malformed SQuAD data ({type(e).__name__}: {e})") from None
-  except ValueError as e:
-    raise SystemExit(f"{args.pred_file}: {e}") from None
+  except ValueError as e:  # the data and predictions do not fit together
+    raise SystemExit(f"{args.data_file} with {args.pred_file}: {e}") from None
   if args.out_file:
     with open(args.out_file, "w", encoding="utf-8") as f:
       json.dump(result, f)

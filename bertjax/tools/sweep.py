@@ -11,7 +11,7 @@ exists are not run again, so an interrupted sweep continues. The run with the
 best dev score (the task's first metric: Matthews correlation for CoLA, F1 for
 MRPC/QQP/SQuAD/NER, Spearman for STS-B, accuracy elsewhere) is selected;
 `sweep.json` and `sweep.md` hold every run and the mean, spread and best per
-learning rate.
+learning rate. The sweep runs its fine-tunes one after another in this process.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def sweep(config, workdir: str, learning_rates: list[float], seeds: list[int]) -
     for seed in seeds:
       run_dir = os.path.join(workdir, run_name(learning_rate, seed))
       results_path = os.path.join(run_dir, "results.json")
-      if os.path.isfile(results_path):
+      if files.exists(results_path):
         logging.info("%s: done before, reading its results", run_dir)
         results = files.read_json(results_path)
       else:
@@ -81,7 +81,8 @@ def sweep(config, workdir: str, learning_rates: list[float], seeds: list[int]) -
       metric, score = dev_score(config.task, results)
       runs.append({"learning_rate": learning_rate, "seed": seed, "metric": metric,
                    "dev": score, "workdir": run_dir})
-  best = max(runs, key=lambda r: r["dev"])
+  # A collapsed run can score NaN (a constant STS-B prediction): never the best.
+  best = max(runs, key=lambda r: -math.inf if math.isnan(r["dev"]) else r["dev"])
   by_rate = []
   for learning_rate in learning_rates:
     scores = [r["dev"] for r in runs if r["learning_rate"] == learning_rate]

@@ -90,6 +90,18 @@ def test_every_word_is_scored_once_at_its_first_piece(tmp_path, tokenizer, max_s
   logits = np.eye(len(labels))[arrays["labels"]]
   assert conll.word_predictions(features, logits, sentences, labels) == [
       s.tags for s in sentences]
+  # A row is one contiguous stretch of its document (or, without context, of
+  # its sentence): a split sentence's rows hold the rest of the sentence first.
+  for row, items in enumerate(features.scored):
+    sentence = items[0][0]
+    owners = [i for i, s in enumerate(sentences)
+              if (s.document == sentences[sentence].document if context else i == sentence)]
+    stream = [p for i in owners for w in tokenizer.encode_pieces(sentences[i].words) for p in w]
+    length = int(arrays["attention_mask"][row].sum())
+    pieces = arrays["input_ids"][row, 1:length - 1].tolist()
+    assert any(stream[k:k + len(pieces)] == pieces for k in range(len(stream) - len(pieces) + 1))
+    if context or len(stream) <= max_seq_length - 2:
+      assert len(pieces) == min(len(stream), max_seq_length - 2)  # as full as it can be
   if context and max_seq_length == 64:
     # Context fills the rows with the document's other sentences.
     assert arrays["attention_mask"].sum() > sum(len(s.words) + 2 for s in sentences)

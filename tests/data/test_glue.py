@@ -153,3 +153,18 @@ def test_tfds_glue_labels_become_the_tsv_label_strings(tmp_path):
       str(tmp_path))
   dev = glue.read_tfds(glue.task_spec("mrpc"), "dev", str(tmp_path), name="fake_mrpc")
   assert dev[0].label == "1"  # the TSV's "1" (equivalent)
+
+
+def test_diagnostic_set_beside_the_task_directories_and_whole_test_files(tmp_path):
+  mnli = tmp_path / "MNLI"
+  mnli.mkdir()
+  (tmp_path / "diagnostic").mkdir()
+  _write(tmp_path / "diagnostic" / "diagnostic.tsv",
+         ["index\tsentence1\tsentence2", "0\tThe cat sat.\tThe cat did not sit."])
+  spec = glue.task_spec("mnli")
+  assert glue.split_directory(spec, str(mnli), "ax") == str(tmp_path / "diagnostic")
+  assert glue.split_directory(spec, str(mnli), "test") is None
+  # A test row that does not fit cannot be skipped: the server wants every row.
+  _write(mnli / "test_matched.tsv", ["header", "0\tonly two columns"])
+  with pytest.raises(ValueError, match=r"test_matched.tsv:2: a test row with 2 of the 10"):
+    glue.read_tsv(spec, str(mnli), "test")

@@ -137,3 +137,46 @@ def test_config_needs_a_task_and_a_sound_setup(tmp_path, pretrained_run):
     glue.run(_glue_config("rte", pretrained_run, data), str(tmp_path / "c"))
   with pytest.raises(FileNotFoundError, match="config.data.dir must hold the rte TSVs"):
     glue.run(_glue_config("rte", pretrained_run, str(tmp_path)), str(tmp_path / "d"))
+
+
+def test_two_processes_fine_tune_like_one(tiny_hf_checkpoint, tmp_path):
+  import socket
+
+  data = str(tmp_path / "RTE")
+  write_rte(data, train=128, dev=64)
+
+  def command(workdir):
+    return [sys.executable, "-m", "bertjax.main", "--config=configs/glue.py:rte",
+            f"--workdir={workdir}", f"--config.init_checkpoint={tiny_hf_checkpoint}",
+            f"--config.data.dir={data}", "--config.model.dtype=float32",
+            "--config.max_seq_length=32", "--config.train.learning_rate=2e-3",
+            "--config.train.epochs=2", "--config.log_every_steps=1"]
+
+  base_env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  one = str(tmp_path / "one")
+  result = subprocess.run(command(one), cwd=ROOT, capture_output=True, text=True,
+                          env={**base_env, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
+                          timeout=600)
+  assert result.returncode == 0, result.stderr[-3000:]
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  two = str(tmp_path / "two")
+  processes = [subprocess.Popen(
+      command(two) + [f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+                      f"--process_id={i}"], cwd=ROOT, stdout=subprocess.DEVNULL,
+      stderr=subprocess.PIPE, text=True,
+      env={**base_env, "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+           "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"}) for i in range(2)]
+  outputs = [p.communicate(timeout=600)[1] for p in processes]
+  for process, output in zip(processes, outputs):
+    assert process.returncode == 0, output[-3000:]
+
+  def losses(workdir):
+    lines = open(os.path.join(workdir, "metrics.jsonl")).read().splitlines()
+    return [json.loads(line)["train/loss"] for line in lines if "train/loss" in line]
+  # The same global batches on a 2-device mesh; only reduction order may differ.
+  np.testing.assert_allclose(losses(two), losses(one), rtol=1e-4)
+  assert open(os.path.join(two, "dev_predictions.tsv")).read() == open(
+      os.path.join(one, "dev_predictions.tsv")).read()
+  assert os.path.isfile(os.path.join(two, "model", "bertjax.json"))
