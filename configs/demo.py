@@ -4,7 +4,8 @@ r"""The demo: a tiny BERT pre-trained on an offline corpus, in minutes on a CPU.
 
 The corpus is the standard library's docstrings (`demo:stdlib`); the first run
 trains an 8k WordPiece vocabulary and prepares the shards in the workdir. The
-model is L2/H128/A2 at length 64, without dropout (a model this small
+model is L2/H128/A2 at length 128 (segments long enough for next-sentence
+prediction to have something to go on), without dropout (a model this small
 underfits; the paper's 0.1 is for BERT-base and -large). MLM and NSP accuracy
 on held-out documents are logged every 500 steps; measured figures are in
 docs/benchmarks.md. `--config=configs/demo.py:no_nsp` and `:ltr` run the
@@ -25,13 +26,13 @@ def get_config(arg: str | None = None):
   config.data.build_from = "demo:stdlib"
   config.data.vocab_size = 8000
   config.data.eval_percent = 5.0
-  config.train.batch_size = 64
-  config.train.total_steps = 2000
-  config.train.max_seq_length = 64
-  config.train.max_predictions = 10
+  config.train.batch_size = 32
+  config.train.total_steps = 3000
+  config.train.max_seq_length = 128
+  config.train.max_predictions = 20
   config.train.long_from_step = -1    # one phase
   config.optimizer.learning_rate = 1e-3
-  config.optimizer.warmup_steps = 200
+  config.optimizer.warmup_steps = 300
   config.checkpoint.every_steps = 500
   config.eval.every_steps = 500
   config.eval.batches = 20
