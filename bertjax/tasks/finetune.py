@@ -250,6 +250,16 @@ class FineTuner:
     return jax.jit(create, in_shardings=(self.shardings.params,),
                    out_shardings=self.shardings)(placed)
 
+  def _axis_rules(self):
+    """The mesh and logical-axis rules the model's sharding constraints resolve
+    against (active while steps are traced and run)."""
+    import contextlib
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(jax.set_mesh(self.mesh))
+    stack.enter_context(nn.logical_axis_rules(self.rules))
+    return stack
+
   def _global(self, batch: Features) -> dict[str, Array]:
     """This process's rows of a global batch, assembled into global arrays."""
     rows = len(batch["input_ids"]) // jax.process_count()
@@ -266,7 +276,8 @@ class FineTuner:
     for batch in epoch_batches(features, self.recipe.batch_size, self.config.seed, epoch):
       if step >= self.total_steps:
         break
-      self.state, step_metrics = self._train_step(self.state, self._global(batch))
+      with self._axis_rules():
+        self.state, step_metrics = self._train_step(self.state, self._global(batch))
       step += 1
       if pending is not None:
         window = self._report(*pending, window, log_every)
@@ -301,7 +312,8 @@ class FineTuner:
     total_batches = -(-count // batch_size)
     started = time.perf_counter()
     for index, batch in enumerate(prediction_batches(features, batch_size)):
-      result = jax.device_get(self._predict_step(self.state.params, self._global(batch)))
+      with self._axis_rules():
+        result = jax.device_get(self._predict_step(self.state.params, self._global(batch)))
       for name, value in result.items():
         outputs.setdefault(name, []).append(np.asarray(value))
       if jax.process_index() == 0 and (index + 1) % 50 == 0:

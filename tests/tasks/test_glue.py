@@ -180,3 +180,25 @@ def test_two_processes_fine_tune_like_one(tiny_hf_checkpoint, tmp_path):
   assert open(os.path.join(two, "dev_predictions.tsv")).read() == open(
       os.path.join(one, "dev_predictions.tsv")).read()
   assert os.path.isfile(os.path.join(two, "model", "bertjax.json"))
+
+
+def test_sharded_mesh_fine_tunes_like_data_parallel(pretrained_run, tmp_path):
+  from bertjax.tasks import glue
+
+  data = str(tmp_path / "SST-2")
+  write_sst2(data, train=128, dev=32, test=4)
+
+  def losses(workdir):
+    lines = open(os.path.join(workdir, "metrics.jsonl")).read().splitlines()
+    return [json.loads(line)["train/loss"] for line in lines if "train/loss" in line]
+
+  runs = {}
+  for name, mesh in (("data", (-1, 1, 1)), ("mixed", (2, 2, 2))):
+    config = _glue_config("sst2", pretrained_run, data, **{
+        "train.epochs": 2.0, "log_every_steps": 1, "mesh.data": mesh[0], "mesh.fsdp": mesh[1],
+        "mesh.tensor": mesh[2]})
+    runs[name] = glue.run(config, str(tmp_path / name))
+    runs[name]["losses"] = losses(str(tmp_path / name))
+  # Parameters sharded over fsdp and tensor give the data-parallel run's losses.
+  np.testing.assert_allclose(runs["mixed"]["losses"], runs["data"]["losses"], rtol=1e-4)
+  assert len(runs["data"]["losses"]) == 8
