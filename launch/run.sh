@@ -54,8 +54,11 @@ while true; do
   LOGS="logs/$NAME/$(date -u +%Y%m%dT%H%M%SZ)"
   run mkdir -p "$LOGS"
   if (( ! DRY_RUN )); then
-    # Follow the workers' logs as gcloud writes them.
-    (sleep 5; exec tail -n +1 -F "$LOGS"/* 2>/dev/null) &
+    # Follow the workers' logs once gcloud has created them.
+    (for _ in $(seq 120); do
+       compgen -G "$LOGS/*" > /dev/null && exec tail -n +1 -F "$LOGS"/*
+       sleep 1
+     done) &
     FOLLOW=$!
   fi
   status=0
@@ -69,7 +72,9 @@ while true; do
   echo "run.sh: the run failed ($status); the TPU is $state" >&2
   if [[ "$state" == PREEMPTED || "$state" == MISSING ]]; then
     [[ -n "$CREATE_FLAGS" ]] || die "the TPU is $state; give --create-flags to recreate it"
-    "$HERE/delete.sh" "${COMMON[@]}" --if-exists || true
+    QUEUED=()
+    [[ " $CREATE_FLAGS " == *" --queued "* ]] && QUEUED=(--queued)
+    "$HERE/delete.sh" "${COMMON[@]}" ${QUEUED[@]+"${QUEUED[@]}"} --if-exists || true
     # shellcheck disable=SC2086  # the flags are words by design
     "$HERE/create.sh" "${COMMON[@]}" $CREATE_FLAGS
     "$HERE/setup.sh" "${COMMON[@]}"

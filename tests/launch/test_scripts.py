@@ -104,3 +104,35 @@ def test_shellcheck_passes():
   result = subprocess.run([shellcheck, "-x", *SCRIPTS], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)
   assert result.returncode == 0, result.stdout
+
+
+def test_run_recreates_a_preempted_tpu_and_reruns(tmp_path):
+  """With a stand-in `gcloud` (this machine reaches no cloud): the first run
+  fails, the TPU reports PREEMPTED, and run.sh deletes, recreates, sets up
+  and reruns it."""
+  calls = tmp_path / "calls.txt"
+  stub = tmp_path / "bin" / "gcloud"
+  stub.parent.mkdir()
+  stub.write_text(f"""#!/usr/bin/env bash
+echo "$*" >> {calls}
+case "$*" in
+  *"tpu-vm ssh"*"--output-directory"*)
+    runs=$(grep -c -- "--output-directory" {calls})
+    [[ $runs -ge 2 ]] ;;
+  *"tpu-vm describe"*) echo PREEMPTED ;;
+esac
+""")
+  stub.chmod(0o755)
+  env = {k: v for k, v in os.environ.items() if not k.startswith("BERTJAX_")}
+  env.update(PATH=f"{stub.parent}:{env['PATH']}", TMPDIR=str(tmp_path))
+  result = subprocess.run(
+      ["bash", os.path.join(ROOT, "launch", "run.sh"), *SETTINGS, "--config=configs/demo.py",
+       "--workdir=gs://bucket/run", "--restarts=2",
+       "--create-flags=--queued --spot --accelerator-type=v4-8 --runtime-version=rt"],
+      capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+  assert result.returncode == 0, result.stderr
+  assert "the TPU is PREEMPTED" in result.stderr
+  verbs = [" ".join(line.split()[1:4]) for line in calls.read_text().splitlines()]
+  assert verbs == ["tpus tpu-vm ssh", "tpus tpu-vm describe", "tpus queued-resources delete",
+                   "tpus queued-resources create", "tpus tpu-vm scp", "tpus tpu-vm ssh",
+                   "tpus tpu-vm ssh"]
