@@ -2,12 +2,24 @@ r"""Runs a bertjax job: `python -m bertjax.main --config=CONFIG --workdir=DIR`.
 
   python -m bertjax.main --config=configs/demo.py --workdir=/tmp/demo
   python -m bertjax.main --config=configs/large_pretrain.py --workdir=gs://bucket/run \
-      --config.train.batch_size=512
+      --config.data.dir=gs://bucket/data/wiki --config.train.batch_size=512
+  python -m bertjax.main --config=configs/glue.py:mrpc --workdir=/tmp/mrpc \
+      --config.init_checkpoint=uncased_L-12_H-768_A-12 --config.data.dir=glue_data/MRPC
+
+Configs (each file's docstring is its command; docs/configs.md lists them all):
+  configs/demo.py                  a tiny BERT pre-trained on an offline corpus, on a CPU
+  configs/base_pretrain.py         BERT-base, the paper's recipe; :no_nsp :ltr :lamb
+  configs/large_pretrain.py        BERT-large; :size=<preset> for the other sizes
+  configs/glue.py:<task>           cola sst2 mrpc stsb qqp mnli qnli rte wnli
+  configs/squad.py:<version>       v1.1 or v2.0
+  configs/swag.py, configs/ner.py  SWAG, CoNLL-2003 NER
+  configs/ner_features.py:<row>    the feature-based approach (Table 7)
+Any config field is a flag: --config.train.batch_size=512, --config.mesh.fsdp=4.
 
 Run the same command on every host of a TPU pod slice; `jax.distributed` finds
 the others itself there (elsewhere pass --coordinator_address, --num_processes
-and --process_id). Rerunning a command resumes from the last checkpoint in its
-workdir.
+and --process_id). Rerunning a pre-training command resumes from the last
+checkpoint in its workdir (docs/checkpoints.md).
 """
 
 import glob

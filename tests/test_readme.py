@@ -10,7 +10,7 @@ README = os.path.join(os.path.dirname(__file__), "..", "README.md")
 
 def test_python_example_runs(tmp_path, monkeypatch):
   text = open(README, encoding="utf-8").read()
-  example = re.search(r"## Use a pretrained BERT\n\n```python\n(.*?)```", text, re.S).group(1)
+  example = re.search(r"## Extract features\n.*?```python\n(.*?)```", text, re.S).group(1)
   model_dir = tmp_path / "bert-base-uncased"
   model = reference.reference_model("BertForPreTraining", vocab_size=210, hidden_size=32,
                                     num_hidden_layers=2, num_attention_heads=4,

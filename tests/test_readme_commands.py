@@ -10,7 +10,7 @@ README = os.path.join(os.path.dirname(__file__), "..", "README.md")
 
 def test_prepare_data_commands_run(tmp_path):
   text = open(README, encoding="utf-8").read()
-  block = re.search(r"## Prepare pre-training data\n\n```bash\n(.*?)```", text, re.S).group(1)
+  block = re.search(r"## Pre-train on your corpus\n.*?```bash\n(.*?)```", text, re.S).group(1)
   commands = [c.strip() for c in block.replace("\\\n", " ").splitlines() if c.strip()]
   assert len(commands) == 2
   for command in commands:

@@ -30,8 +30,8 @@ def _load_json(path: str, what: str):
 
 def _parse_args(argv: list[str]) -> argparse.Namespace:
   parser = argparse.ArgumentParser(
-      prog="python -m bertjax.tools.evaluate_squad",
-      description="Official SQuAD v1.1 / v2.0 evaluation.")
+      prog="python -m bertjax.tools.evaluate_squad", description=__doc__,
+      formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("data_file", metavar="data.json", help="Input data JSON file.")
   parser.add_argument("pred_file", metavar="pred.json", help="Model predictions.")
   parser.add_argument("--out-file", "-o", metavar="eval.json",

@@ -276,13 +276,6 @@ def test_consecutive_non_finite_steps_stop_the_run(prepared_dir, tmp_path, monke
   assert [r["train/skipped_total"] for r in records if "train/skipped_total" in r] == [1, 2]
 
 
-def test_main_help_lists_the_flags():
-  result = subprocess.run([sys.executable, "-m", "bertjax.main", "--help"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
-  assert "--config" in result.stdout and "--workdir" in result.stdout
-  assert "coordinator_address" in result.stdout
-
-
 def test_profile_switch_writes_a_trace(prepared_dir, tmp_path):
   from bertjax.tasks import pretrain
 
