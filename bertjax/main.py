@@ -29,7 +29,7 @@ from absl import app, flags, logging
 import jax
 from ml_collections import config_flags
 
-from bertjax import tasks
+from bertjax import metrics, tasks
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (get_config(arg)); "
                                           "`path.py:arg` passes an argument.",
@@ -56,6 +56,7 @@ def _on_cloud_tpu() -> bool:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  metrics.quiet_checkpoint_logs()  # orbax's INFO lines only with --verbosity=1
   if _COORDINATOR.value or _NUM_PROCESSES.value:
     jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   elif _DISTRIBUTED.value or _on_cloud_tpu():

@@ -8,6 +8,7 @@ is needed to write them. Only process 0 writes.
 from __future__ import annotations
 
 import json
+import logging as pylogging
 import os
 import socket
 import struct
@@ -166,3 +167,21 @@ def _duration(seconds: float) -> str:
 
 def log(message: str) -> None:
   logging.info("%s", message)
+
+
+class _OrbaxInfoFilter(pylogging.Filter):
+  """Drops orbax's INFO records at the default verbosity: every checkpoint save
+  or restore logs a few dozen lines, which would bury the training lines.
+  Warnings and errors pass, and `--verbosity=1` shows everything."""
+
+  def filter(self, record: pylogging.LogRecord) -> bool:
+    if record.levelno > pylogging.INFO or logging.get_verbosity() > logging.INFO:
+      return True
+    return "/orbax/" not in record.pathname.replace(os.sep, "/")
+
+
+def quiet_checkpoint_logs() -> None:
+  """Installs the filter on absl's log handler (once)."""
+  handler = logging.get_absl_handler()
+  if not any(isinstance(f, _OrbaxInfoFilter) for f in handler.filters):
+    handler.addFilter(_OrbaxInfoFilter())

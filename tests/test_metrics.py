@@ -42,3 +42,31 @@ def test_console_line():
                                          "skipped_total": 2.0})
   assert line == ("step 100/1000  loss 2.0000  mlm_accuracy 0.500  tokens/s 1234  "
                   "mfu 42.0%  eta 1h01m  skipped 2")
+
+
+def test_orbax_info_lines_are_quiet_at_the_default_verbosity():
+  import logging as pylogging
+
+  from absl import logging
+
+  metrics.quiet_checkpoint_logs()
+  metrics.quiet_checkpoint_logs()  # installed once
+  handler = logging.get_absl_handler()
+  installed = [f for f in handler.filters if isinstance(f, metrics._OrbaxInfoFilter)]
+  assert len(installed) == 1
+
+  def record(path, level):
+    return pylogging.LogRecord("absl", level, path, 1, "a line", (), None)
+
+  orbax_path = "/venv/lib/python3.11/site-packages/orbax/checkpoint/_src/x.py"
+  own_path = "/src/bertjax/tasks/glue.py"
+  verbosity = logging.get_verbosity()
+  try:
+    logging.set_verbosity(logging.INFO)
+    assert not installed[0].filter(record(orbax_path, pylogging.INFO))
+    assert installed[0].filter(record(orbax_path, pylogging.WARNING))
+    assert installed[0].filter(record(own_path, pylogging.INFO))
+    logging.set_verbosity(logging.DEBUG)  # --verbosity=1
+    assert installed[0].filter(record(orbax_path, pylogging.INFO))
+  finally:
+    logging.set_verbosity(verbosity)

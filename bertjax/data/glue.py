@@ -229,8 +229,8 @@ def read_tsv(spec: TaskSpec, task_dir: str, split: str,
 
 def read_tfds(spec: TaskSpec, split: str, data_dir: str | None = None,
               name: str | None = None) -> list[Example]:
-  """The examples of a split of TFDS `glue/<task>` (prepared beforehand with
-  `tfds build`; read with `tfds.data_source`, without TensorFlow).
+  """The examples of a split of TFDS `glue/<task>` (prepared beforehand as
+  array_record; read with `tfds.data_source`, without TensorFlow).
 
   Args:
     spec: The task.

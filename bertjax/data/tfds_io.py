@@ -6,7 +6,7 @@ from typing import Any
 
 
 def open_source(name: str, split: str, data_dir: str | None = None) -> Any:
-  """`tfds.data_source` of a dataset prepared beforehand (`tfds build`).
+  """`tfds.data_source` of a dataset prepared beforehand in the array_record format.
 
   Raises:
     FileNotFoundError: if the dataset is not prepared in `data_dir` (TFDS
@@ -19,8 +19,9 @@ def open_source(name: str, split: str, data_dir: str | None = None) -> Any:
   if not builder.is_prepared():
     raise FileNotFoundError(
         f"TFDS {name} is not prepared in {data_dir or 'the default data_dir'}: prepare it "
-        f"first, e.g. tfds build {name} --file_format=array_record"
-        + (f" --data_dir={data_dir}" if data_dir else ""))
+        f"first (with TensorFlow installed): python -c \"import tensorflow_datasets as tfds; "
+        f"tfds.builder('{name}', data_dir={data_dir!r}, file_format='array_record')"
+        f".download_and_prepare()\"")
   if split not in builder.info.splits:
     raise ValueError(f"TFDS {name} has no split {split!r}; it has "
                      f"{', '.join(builder.info.splits)}")
