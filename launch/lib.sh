@@ -9,6 +9,9 @@ NAME="${BERTJAX_TPU_NAME:-}"
 ACCELERATOR="${BERTJAX_ACCELERATOR_TYPE:-}"
 RUNTIME="${BERTJAX_RUNTIME_VERSION:-}"
 DRY_RUN=0
+# On each worker while stop.sh has stopped the run; run.sh removes it.
+# shellcheck disable=SC2088  # the tilde is the worker's, expanded by its shell
+STOP_MARKER="~/bertjax.stop"
 
 COMMON_HELP="Settings (flag, or environment variable):
   --project=ID            BERTJAX_PROJECT           Google Cloud project

@@ -12,6 +12,7 @@ Starts the same command on every worker (JAX finds the other hosts itself).
 Each worker's output goes to logs/NAME/<time>/ (gcloud --output-directory)
 and is followed on the terminal. A run resumes from the checkpoints in its
 workdir, so rerunning this command after a preemption continues it.
+After stop.sh, --restarts does not start it again.
 
   --config=FILE[:ARG]     the config, e.g. configs/base_pretrain.py
   --workdir=gs://...      where checkpoints and metrics go (every worker writes there)
@@ -45,7 +46,7 @@ require "$WORKDIR" "--workdir"
 [[ "$RESTARTS" =~ ^[0-9]+$ ]] || die "--restarts takes a number, got $RESTARTS"
 
 MAIN_ARGS="$(printf ' %q' "--config=$CONFIG" "--workdir=$WORKDIR" ${EXTRA[@]+"${EXTRA[@]}"})"
-REMOTE="cd ~/bertjax && python3 -m bertjax.main$MAIN_ARGS"
+REMOTE="rm -f $STOP_MARKER && cd ~/bertjax && python3 -m bertjax.main$MAIN_ARGS"
 HERE="$(dirname "$0")"
 COMMON=(--project="$PROJECT" --zone="$ZONE" --name="$NAME")
 
@@ -78,5 +79,8 @@ while true; do
     # shellcheck disable=SC2086  # the flags are words by design
     "$HERE/create.sh" "${COMMON[@]}" $CREATE_FLAGS
     "$HERE/setup.sh" "${COMMON[@]}"
+  elif tpu tpu-vm ssh "$NAME" --worker=0 --command="test -e $STOP_MARKER" 2>/dev/null; then
+    echo "run.sh: the run was stopped with stop.sh; not rerunning it" >&2
+    exit "$status"
   fi
 done

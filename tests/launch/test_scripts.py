@@ -7,6 +7,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -60,7 +61,8 @@ def test_run_starts_main_on_every_worker_with_logs_per_worker():
   ssh = commands[1]
   assert ssh[:7] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "bert", "--worker=all"]
   remote = shlex.split(next(a for a in ssh if a.startswith("--command=")).split("=", 1)[1])
-  assert remote == ["cd", "~/bertjax", "&&", "python3", "-m", "bertjax.main",
+  assert remote == ["rm", "-f", "~/bertjax.stop", "&&", "cd", "~/bertjax", "&&", "python3",
+                    "-m", "bertjax.main",
                     "--config=configs/base_pretrain.py:no_nsp", "--workdir=gs://bucket/run one",
                     "--config.train.batch_size=512"]
   assert f"--output-directory={commands[0][2]}" in ssh and ssh[-2:] == SCOPE
@@ -135,4 +137,98 @@ esac
   verbs = [" ".join(line.split()[1:4]) for line in calls.read_text().splitlines()]
   assert verbs == ["tpus tpu-vm ssh", "tpus tpu-vm describe", "tpus queued-resources delete",
                    "tpus queued-resources create", "tpus tpu-vm scp", "tpus tpu-vm ssh",
+                   "tpus tpu-vm ssh"]
+
+
+def test_stop_signals_the_run_on_every_worker_and_waits():
+  ssh = dry_run("stop.sh", *SETTINGS, "--timeout=30")[0]
+  assert ssh[:7] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "bert", "--worker=all"]
+  remote = next(a for a in ssh if a.startswith("--command=")).split("=", 1)[1]
+  assert remote.startswith("touch ~/bertjax.stop;")
+  assert "pkill -TERM -f 'python3 -m [b]ertjax[.]main'" in remote and "seq 30" in remote
+  assert "pkill -KILL" in " ".join(dry_run("stop.sh", *SETTINGS, "--kill")[0])
+
+
+def _gcloud_stub(tmp_path, body):
+  """A stand-in `gcloud` on PATH (this machine reaches no cloud) that logs its
+  calls to calls.txt and then runs `body` (bash)."""
+  calls = tmp_path / "calls.txt"
+  stub = tmp_path / "bin" / "gcloud"
+  stub.parent.mkdir(exist_ok=True)
+  stub.write_text(f'#!/usr/bin/env bash\necho "$*" >> {calls}\n{body}\n')
+  stub.chmod(0o755)
+  env = {k: v for k, v in os.environ.items() if not k.startswith("BERTJAX_")}
+  env.update(PATH=f"{stub.parent}:{env['PATH']}", TMPDIR=str(tmp_path), HOME=str(tmp_path))
+  return calls, env
+
+
+def test_stop_runs_its_worker_command_to_a_clean_exit(tmp_path):
+  """The worker command itself, run here by the stand-in gcloud: it signals a
+  process that looks like the run, which saves and exits 143, and returns
+  when it is gone. pkill and pgrep are held to that process's group, so no
+  other process of this machine is touched."""
+  saved = tmp_path / "saved"
+  worker = subprocess.Popen(
+      ["bash", "-c", f'exec -a "python3 -m bertjax.main --config=x" {sys.executable} -c '
+       f'"import signal, sys, time\n'
+       f'signal.signal(signal.SIGTERM, lambda *_: (open(\'{saved}\', \'w\').write(\'step 7\'), '
+       f'sys.exit(143)))\ntime.sleep(60)"'], start_new_session=True)
+  for tool in ("pkill", "pgrep"):
+    wrapper = tmp_path / "bin" / tool
+    wrapper.parent.mkdir(exist_ok=True)
+    wrapper.write_text(f'#!/usr/bin/env bash\nexec {shutil.which(tool)} -g {worker.pid} "$@"\n')
+    wrapper.chmod(0o755)
+  _, env = _gcloud_stub(tmp_path, 'for a in "$@"; do [[ $a == --command=* ]] && '
+                                  'exec bash -c "${a#--command=}"; done')
+  deadline = time.time() + 30
+  while b"bertjax.main" not in open(f"/proc/{worker.pid}/cmdline", "rb").read():
+    assert time.time() < deadline
+    time.sleep(0.1)
+  time.sleep(0.5)  # the handler is installed
+  result = subprocess.run(["bash", os.path.join(ROOT, "launch", "stop.sh"), *SETTINGS,
+                           "--timeout=30"], capture_output=True, text=True, env=env, timeout=60)
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.strip().endswith(": stopped")
+  assert worker.wait(timeout=10) == 143 and saved.read_text() == "step 7"
+  assert (tmp_path / "bertjax.stop").exists()  # run.sh will not restart it
+  # Nothing left to stop: said, and not an error.
+  result = subprocess.run(["bash", os.path.join(ROOT, "launch", "stop.sh"), *SETTINGS],
+                          capture_output=True, text=True, env=env, timeout=60)
+  assert result.returncode == 0 and result.stdout.strip().endswith(": no bertjax run")
+
+
+def test_run_does_not_rerun_a_stopped_run(tmp_path):
+  """The run exits after stop.sh; the TPU is READY and holds the stop marker,
+  so run.sh --restarts reports it and ends instead of starting it again."""
+  calls, env = _gcloud_stub(tmp_path, """case "$*" in
+  *"--output-directory"*) exit 143 ;;
+  *"tpu-vm describe"*) echo READY ;;
+  *"test -e ~/bertjax.stop"*) exit 0 ;;
+esac""")
+  result = subprocess.run(
+      ["bash", os.path.join(ROOT, "launch", "run.sh"), *SETTINGS, "--config=configs/demo.py",
+       "--workdir=gs://bucket/run", "--restarts=3"],
+      capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+  assert result.returncode == 143, result.stderr
+  assert "stopped with stop.sh; not rerunning" in result.stderr
+  verbs = [" ".join(line.split()[1:4]) for line in calls.read_text().splitlines()]
+  assert verbs == ["tpus tpu-vm ssh", "tpus tpu-vm describe", "tpus tpu-vm ssh"]
+
+
+def test_run_reruns_on_a_ready_tpu_without_the_stop_marker(tmp_path):
+  """A run that stopped by itself (a maintenance event's SIGTERM, exit 143) on a
+  TPU that is still READY is started again: it resumes from its checkpoint."""
+  calls, env = _gcloud_stub(tmp_path, f"""case "$*" in
+  *"--output-directory"*) [[ $(grep -c -- "--output-directory" {tmp_path}/calls.txt) -ge 2 ]] \\
+    || exit 143 ;;
+  *"tpu-vm describe"*) echo READY ;;
+  *"test -e ~/bertjax.stop"*) exit 1 ;;
+esac""")
+  result = subprocess.run(
+      ["bash", os.path.join(ROOT, "launch", "run.sh"), *SETTINGS, "--config=configs/demo.py",
+       "--workdir=gs://bucket/run", "--restarts=3"],
+      capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+  assert result.returncode == 0, result.stderr
+  verbs = [" ".join(line.split()[1:4]) for line in calls.read_text().splitlines()]
+  assert verbs == ["tpus tpu-vm ssh", "tpus tpu-vm describe", "tpus tpu-vm ssh",
                    "tpus tpu-vm ssh"]

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Stops the bertjax run on every worker: it saves a checkpoint and exits.
+set -euo pipefail
+# shellcheck source=launch/lib.sh
+source "$(dirname "$0")/lib.sh"
+
+usage() {
+  cat <<HELP
+Usage: launch/stop.sh [flags]
+
+Sends SIGTERM to python -m bertjax.main on every worker, as a preemption
+notice does: a pre-training run saves a checkpoint at a step all hosts agree
+on and exits (code 143), so run.sh resumes it later. Waits until the
+processes have gone. Leaves a marker (~/bertjax.stop) so that a run.sh
+--restarts watching the run does not start it again. The TPU stays up
+(delete.sh removes it).
+
+  --timeout=SECONDS       how long to wait for the processes to exit (default 600)
+  --kill                  SIGKILL instead: no checkpoint, the run resumes from the last one
+$COMMON_HELP
+HELP
+}
+
+TIMEOUT=600 SIGNAL=TERM
+for arg in "$@"; do
+  case "$arg" in
+    --help) usage; exit 0 ;;
+    --timeout=*) TIMEOUT="${arg#*=}" ;;
+    --kill) SIGNAL=KILL ;;
+    *) parse_common_flag "$arg" || die "unknown flag $arg (see --help)" ;;
+  esac
+done
+require_common
+[[ "$TIMEOUT" =~ ^[0-9]+$ ]] || die "--timeout takes a number of seconds, got $TIMEOUT"
+
+# The bracket keeps the pattern from matching the remote shell running it.
+PATTERN="python3 -m [b]ertjax[.]main"
+tpu tpu-vm ssh "$NAME" --worker=all --command="touch $STOP_MARKER; \
+if ! pkill -$SIGNAL -f '$PATTERN'; then echo \"\$(hostname): no bertjax run\"; exit 0; fi; \
+for _ in \$(seq $TIMEOUT); do \
+if ! pgrep -f '$PATTERN' > /dev/null; then echo \"\$(hostname): stopped\"; exit 0; fi; \
+sleep 1; done; echo \"\$(hostname): still running after ${TIMEOUT}s\" >&2; exit 1"
