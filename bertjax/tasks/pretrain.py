@@ -144,6 +144,17 @@ def prepare_data(config: ml_collections.ConfigDict, workdir: str) -> str:
   return data_dir
 
 
+def check_vocabulary(config: ml_collections.ConfigDict, data_dir: str) -> None:
+  """The model's word embeddings must cover the data's token ids (a larger table,
+  padded for sharding, is fine): an id past the table would be clamped by the
+  lookup, silently."""
+  data_vocab = shards.read_info(data_dir)["vocab_size"]
+  if data_vocab > config.model.vocab_size:
+    raise ValueError(f"{data_dir} was prepared with a {data_vocab}-token vocabulary, larger "
+                     f"than model.vocab_size={config.model.vocab_size}: set "
+                     f"--config.model.vocab_size={data_vocab}")
+
+
 def _sync(name: str) -> None:
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
@@ -240,6 +251,7 @@ class _Trainer:
     self.mesh = sharding.make_mesh(validate(config, len(devices)))
     self.rules = tuple(tuple(rule) for rule in config.logical_axis_rules)
     self.data_dir = prepare_data(config, workdir)
+    check_vocabulary(config, self.data_dir)
     self.bert = bert_config(config)
     self.model = train.pretraining_model(self.bert, config.objective)
     self.phases = phases(config)

@@ -250,6 +250,21 @@ def test_config_errors_before_compiling(prepared_dir, changes, message):
     pretrain.validate(_demo_config(prepared_dir, **changes), 8)
 
 
+def test_a_vocabulary_larger_than_the_embeddings_is_refused(prepared_dir):
+  from bertjax.data import shards
+  from bertjax.tasks import pretrain
+
+  data_vocab = shards.read_info(prepared_dir)["vocab_size"]
+  pretrain.check_vocabulary(_demo_config(prepared_dir), prepared_dir)
+  pretrain.check_vocabulary(_demo_config(prepared_dir, **{"model.vocab_size": 256}),
+                            prepared_dir)  # a padded table is fine
+  with pytest.raises(ValueError, match=f"prepared with a {data_vocab}-token vocabulary, larger "
+                                       f"than model.vocab_size=200: set "
+                                       f"--config.model.vocab_size={data_vocab}"):
+    pretrain.check_vocabulary(_demo_config(prepared_dir, **{"model.vocab_size": 200}),
+                              prepared_dir)
+
+
 def test_a_checkpoint_of_another_shape_is_refused(uninterrupted, prepared_dir, tmp_path):
   result = subprocess.run(_args(uninterrupted, prepared_dir, **{"model.hidden_size": 64}),
                           cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
