@@ -108,35 +108,69 @@ def test_shellcheck_passes():
   assert result.returncode == 0, result.stdout
 
 
-def test_run_recreates_a_preempted_tpu_and_reruns(tmp_path):
-  """With a stand-in `gcloud` (this machine reaches no cloud): the first run
-  fails, the TPU reports PREEMPTED, and run.sh deletes, recreates, sets up
-  and reruns it."""
-  calls = tmp_path / "calls.txt"
+def _gcloud_stub(tmp_path, body):
+  """A stand-in `gcloud` on PATH (this machine reaches no cloud) that logs its
+  calls to calls.txt and then runs `body` (bash)."""
   stub = tmp_path / "bin" / "gcloud"
-  stub.parent.mkdir()
-  stub.write_text(f"""#!/usr/bin/env bash
-echo "$*" >> {calls}
-case "$*" in
-  *"tpu-vm ssh"*"--output-directory"*)
-    runs=$(grep -c -- "--output-directory" {calls})
-    [[ $runs -ge 2 ]] ;;
-  *"tpu-vm describe"*) echo PREEMPTED ;;
-esac
-""")
+  stub.parent.mkdir(exist_ok=True)
+  stub.write_text(f'#!/usr/bin/env bash\necho "$*" >> {tmp_path / "calls.txt"}\n{body}\n')
   stub.chmod(0o755)
   env = {k: v for k, v in os.environ.items() if not k.startswith("BERTJAX_")}
-  env.update(PATH=f"{stub.parent}:{env['PATH']}", TMPDIR=str(tmp_path))
+  env.update(PATH=f"{stub.parent}:{env['PATH']}", TMPDIR=str(tmp_path), HOME=str(tmp_path))
+  return env
+
+
+def _run_with_stub(tmp_path, body, *flags):
+  """run.sh --restarts=3 against a stand-in gcloud: (result, gcloud verbs called)."""
   result = subprocess.run(
       ["bash", os.path.join(ROOT, "launch", "run.sh"), *SETTINGS, "--config=configs/demo.py",
-       "--workdir=gs://bucket/run", "--restarts=2",
-       "--create-flags=--queued --spot --accelerator-type=v4-8 --runtime-version=rt"],
-      capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+       "--workdir=gs://bucket/run", "--restarts=3", *flags],
+      capture_output=True, text=True, cwd=tmp_path, env=_gcloud_stub(tmp_path, body),
+      timeout=120)
+  calls = (tmp_path / "calls.txt").read_text().splitlines()
+  return result, [" ".join(line.split()[1:4]) for line in calls]
+
+
+# The first run fails (exit 143, as a stopped or preempted run does), the next succeeds.
+_FIRST_RUN_FAILS = """case "$*" in
+  *"--output-directory"*) [[ $(grep -c -- "--output-directory" "$TMPDIR/calls.txt") -ge 2 ]] \
+    || exit 143 ;;"""
+
+
+def test_run_recreates_a_preempted_tpu_and_reruns(tmp_path):
+  """The TPU reports PREEMPTED after the failure: run.sh deletes, recreates,
+  sets up and reruns it."""
+  result, verbs = _run_with_stub(tmp_path, _FIRST_RUN_FAILS + """
+  *"tpu-vm describe"*) echo PREEMPTED ;;
+esac""", "--create-flags=--queued --spot --accelerator-type=v4-8 --runtime-version=rt")
   assert result.returncode == 0, result.stderr
   assert "the TPU is PREEMPTED" in result.stderr
-  verbs = [" ".join(line.split()[1:4]) for line in calls.read_text().splitlines()]
   assert verbs == ["tpus tpu-vm ssh", "tpus tpu-vm describe", "tpus queued-resources delete",
                    "tpus queued-resources create", "tpus tpu-vm scp", "tpus tpu-vm ssh",
+                   "tpus tpu-vm ssh"]
+
+
+def test_run_does_not_rerun_a_stopped_run(tmp_path):
+  """The run exits after stop.sh; the TPU is READY and holds the stop marker,
+  so run.sh reports it and ends instead of starting it again."""
+  result, verbs = _run_with_stub(tmp_path, _FIRST_RUN_FAILS + """
+  *"tpu-vm describe"*) echo READY ;;
+  *"test -e ~/bertjax.stop"*) exit 0 ;;
+esac""")
+  assert result.returncode == 143, result.stderr
+  assert "stopped with stop.sh; not rerunning" in result.stderr
+  assert verbs == ["tpus tpu-vm ssh", "tpus tpu-vm describe", "tpus tpu-vm ssh"]
+
+
+def test_run_reruns_on_a_ready_tpu_without_the_stop_marker(tmp_path):
+  """A run that stopped by itself (a maintenance event's SIGTERM) on a TPU that
+  is still READY is started again: it resumes from its checkpoint."""
+  result, verbs = _run_with_stub(tmp_path, _FIRST_RUN_FAILS + """
+  *"tpu-vm describe"*) echo READY ;;
+  *"test -e ~/bertjax.stop"*) exit 1 ;;
+esac""")
+  assert result.returncode == 0, result.stderr
+  assert verbs == ["tpus tpu-vm ssh", "tpus tpu-vm describe", "tpus tpu-vm ssh",
                    "tpus tpu-vm ssh"]
 
 
@@ -147,19 +181,6 @@ def test_stop_signals_the_run_on_every_worker_and_waits():
   assert remote.startswith("touch ~/bertjax.stop;")
   assert "pkill -TERM -f 'python3 -m [b]ertjax[.]main'" in remote and "seq 30" in remote
   assert "pkill -KILL" in " ".join(dry_run("stop.sh", *SETTINGS, "--kill")[0])
-
-
-def _gcloud_stub(tmp_path, body):
-  """A stand-in `gcloud` on PATH (this machine reaches no cloud) that logs its
-  calls to calls.txt and then runs `body` (bash)."""
-  calls = tmp_path / "calls.txt"
-  stub = tmp_path / "bin" / "gcloud"
-  stub.parent.mkdir(exist_ok=True)
-  stub.write_text(f'#!/usr/bin/env bash\necho "$*" >> {calls}\n{body}\n')
-  stub.chmod(0o755)
-  env = {k: v for k, v in os.environ.items() if not k.startswith("BERTJAX_")}
-  env.update(PATH=f"{stub.parent}:{env['PATH']}", TMPDIR=str(tmp_path), HOME=str(tmp_path))
-  return calls, env
 
 
 def test_stop_runs_its_worker_command_to_a_clean_exit(tmp_path):
@@ -178,7 +199,7 @@ def test_stop_runs_its_worker_command_to_a_clean_exit(tmp_path):
     wrapper.parent.mkdir(exist_ok=True)
     wrapper.write_text(f'#!/usr/bin/env bash\nexec {shutil.which(tool)} -g {worker.pid} "$@"\n')
     wrapper.chmod(0o755)
-  _, env = _gcloud_stub(tmp_path, 'for a in "$@"; do [[ $a == --command=* ]] && '
+  env = _gcloud_stub(tmp_path, 'for a in "$@"; do [[ $a == --command=* ]] && '
                                   'exec bash -c "${a#--command=}"; done')
   deadline = time.time() + 30
   while b"bertjax.main" not in open(f"/proc/{worker.pid}/cmdline", "rb").read():
@@ -195,40 +216,3 @@ def test_stop_runs_its_worker_command_to_a_clean_exit(tmp_path):
   result = subprocess.run(["bash", os.path.join(ROOT, "launch", "stop.sh"), *SETTINGS],
                           capture_output=True, text=True, env=env, timeout=60)
   assert result.returncode == 0 and result.stdout.strip().endswith(": no bertjax run")
-
-
-def test_run_does_not_rerun_a_stopped_run(tmp_path):
-  """The run exits after stop.sh; the TPU is READY and holds the stop marker,
-  so run.sh --restarts reports it and ends instead of starting it again."""
-  calls, env = _gcloud_stub(tmp_path, """case "$*" in
-  *"--output-directory"*) exit 143 ;;
-  *"tpu-vm describe"*) echo READY ;;
-  *"test -e ~/bertjax.stop"*) exit 0 ;;
-esac""")
-  result = subprocess.run(
-      ["bash", os.path.join(ROOT, "launch", "run.sh"), *SETTINGS, "--config=configs/demo.py",
-       "--workdir=gs://bucket/run", "--restarts=3"],
-      capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
-  assert result.returncode == 143, result.stderr
-  assert "stopped with stop.sh; not rerunning" in result.stderr
-  verbs = [" ".join(line.split()[1:4]) for line in calls.read_text().splitlines()]
-  assert verbs == ["tpus tpu-vm ssh", "tpus tpu-vm describe", "tpus tpu-vm ssh"]
-
-
-def test_run_reruns_on_a_ready_tpu_without_the_stop_marker(tmp_path):
-  """A run that stopped by itself (a maintenance event's SIGTERM, exit 143) on a
-  TPU that is still READY is started again: it resumes from its checkpoint."""
-  calls, env = _gcloud_stub(tmp_path, f"""case "$*" in
-  *"--output-directory"*) [[ $(grep -c -- "--output-directory" {tmp_path}/calls.txt) -ge 2 ]] \\
-    || exit 143 ;;
-  *"tpu-vm describe"*) echo READY ;;
-  *"test -e ~/bertjax.stop"*) exit 1 ;;
-esac""")
-  result = subprocess.run(
-      ["bash", os.path.join(ROOT, "launch", "run.sh"), *SETTINGS, "--config=configs/demo.py",
-       "--workdir=gs://bucket/run", "--restarts=3"],
-      capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
-  assert result.returncode == 0, result.stderr
-  verbs = [" ".join(line.split()[1:4]) for line in calls.read_text().splitlines()]
-  assert verbs == ["tpus tpu-vm ssh", "tpus tpu-vm describe", "tpus tpu-vm ssh",
-                   "tpus tpu-vm ssh"]
