@@ -264,7 +264,9 @@ class _Trainer:
     self.batch_sharding = sharding.batch_sharding(self.mesh)
     self.peak, peak_source = flops.peak_tflops(self.bert.dtype)
     self.per_token = 0.0  # model FLOPs per token of the current phase
-    self.window = (time.perf_counter(), 0)  # throughput since (time, step)
+    # Throughput since (time, step): since the last log line, and since the
+    # phase began or the last evaluation ended.
+    self.window = self.interval = (time.perf_counter(), 0)
     self.preemption: _Preemption | None = None
     logging.info("Mesh %s over %d devices (%s); peak %.3f TFLOP/s per device (%s)",
                  dict(self.mesh.shape), len(devices), devices[0].device_kind, self.peak,
@@ -336,7 +338,7 @@ class _Trainer:
 
     profile_dir = os.path.join(self.workdir, "profile")
     pending = None  # (step, device metrics): fetched one step late
-    self.window = (time.perf_counter(), step)  # throughput since (time, step)
+    self.window = self.interval = (time.perf_counter(), step)
     while step < phase.end:
       if config.profile.start_step >= 0 and step == config.profile.start_step:
         jax.profiler.start_trace(profile_dir)
@@ -351,28 +353,46 @@ class _Trainer:
 
       preempted = self.preemption.requested or self.checkpointer.reached_preemption(step)
       if preempted or step % config.checkpoint.every_steps == 0:
-        self.checkpointer.save(step, state, {"phase": phase.index, "loader": iterator.get_state()},
-                               self._meta())
+        self._save(step, state, {"phase": phase.index, "loader": iterator.get_state()})
       if preempted:
-        self._report(*pending, length, force=True)  # the step's metrics, before leaving
+        self._report(*pending, length, last=True)  # the step's metrics, before leaving
         self.checkpointer.close()
         logging.warning("Preempted: checkpoint saved at step %d; rerun the same command to "
                         "resume", step)
         raise SystemExit(PREEMPTED_EXIT_CODE)
       if config.eval.every_steps > 0 and step % config.eval.every_steps == 0:
-        result = self._report(*pending, length) or result  # timed before evaluating
+        result = self._report(*pending, length, last=True) or result  # timed before evaluating
         pending = None
         result.update(self._evaluate(state, phase, step))
-        self.window = (time.perf_counter(), step)  # throughput leaves evaluation out
+        self.window = self.interval = (time.perf_counter(), step)  # evaluation left out
       if step < phase.end:
         batch = next(iterator)
     if pending is not None:
-      result = self._report(*pending, length, force=True) or result
+      result = self._report(*pending, length, last=True) or result
     return state, result
 
+  def _save(self, step: int, state: train.TrainState, data_state: dict[str, Any]) -> None:
+    """Starts a checkpoint save; the time it holds the loop is left out of the
+    throughput (and logged)."""
+    jax.block_until_ready(state)  # the step's own time stays in its window
+    started = time.perf_counter()
+    self.checkpointer.save(step, state, data_state, self._meta())
+    held = time.perf_counter() - started
+    self.window = (self.window[0] + held, self.window[1])
+    self.interval = (self.interval[0] + held, self.interval[1])
+    self.writer.write(step, {"save_blocking_s": held}, "checkpoint/")
+
   def _report(self, step: int, device_metrics, length: int,
-              force: bool = False) -> dict[str, Any] | None:
-    """Fetches a step's metrics (the device is busy with the next); logs if due."""
+              last: bool = False) -> dict[str, Any] | None:
+    """Fetches a step's metrics (the device is busy with the next); logs if due.
+
+    `last`: the last step before an evaluation, the phase's end or a preemption,
+    always logged, with the throughput averaged since the phase began or the
+    last evaluation ended. A window is timed between two fetches, so when the
+    host is held up between them (a busy machine) it gains or loses part of a
+    step; over consecutive windows that evens out, but not for the window that
+    ends an interval (with one-step windows it could read 10x off).
+    """
     config = self.config
     values = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
     if values["consecutive_skipped"] >= config.max_consecutive_skips:
@@ -380,10 +400,10 @@ class _Trainer:
           f"{int(values['consecutive_skipped'])} consecutive steps had a non-finite loss or "
           f"gradients (up to step {step}); lower optimizer.learning_rate, check the data, or "
           "raise max_consecutive_skips")
-    if not force and step % config.log_every_steps:
+    if not last and step % config.log_every_steps:
       return None
     # Steps up to `step` are done (its metrics arrived): time per finished step.
-    started, start_step = self.window
+    started, start_step = self.interval if last else self.window
     now = time.perf_counter()
     seconds_per_step = max(now - started, 1e-9) / max(step - start_step, 1)
     self.window = (now, step)

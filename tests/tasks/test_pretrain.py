@@ -250,6 +250,26 @@ def test_config_errors_before_compiling(prepared_dir, changes, message):
     pretrain.validate(_demo_config(prepared_dir, **changes), 8)
 
 
+def test_throughput_leaves_out_checkpoints_and_holds_at_interval_ends(prepared_dir, tmp_path):
+  """The steps that end an interval (before an evaluation, the run's last) and
+  the steps that save a checkpoint report the rate of the steps around them:
+  the save's time is left out (and logged). With synchronous CPU dispatch,
+  each step runs as it is launched, which shifts every fetch-to-fetch window."""
+  workdir = str(tmp_path / "run")
+  args = _args(workdir, prepared_dir, **{"train.total_steps": 40, "eval.every_steps": 10,
+                                         "train.long_from_step": -1,
+                                         "checkpoint.every_steps": 10})
+  sync_main = ("import jax; jax.config.update('jax_cpu_enable_async_dispatch', False); "
+               "from absl import app; from bertjax import main; app.run(main.main)")
+  _run([sys.executable, "-c", sync_main, *args[3:]], _env())
+  records = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+  train = {r["step"]: r for r in records if "train/loss" in r}
+  median = np.median([train[s]["train/tokens_per_s"] for s in range(2, 41)])
+  for step in (10, 20, 30, 40):
+    assert median / 3 < train[step]["train/tokens_per_s"] < 3 * median, (step, median)
+  assert [r["step"] for r in records if "checkpoint/save_blocking_s" in r] == [10, 20, 30, 40]
+
+
 def test_a_vocabulary_larger_than_the_embeddings_is_refused(prepared_dir):
   from bertjax.data import shards
   from bertjax.tasks import pretrain
