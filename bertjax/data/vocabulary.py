@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from typing import Iterator
+from typing import Callable, Iterable, Iterator
 
 from bertjax.data import corpus
 
@@ -37,33 +37,62 @@ def sentences(spec: str, file_format: str = "sentences",
     yield from document
 
 
-def train_wordpiece(texts: Iterator[str], output: str, vocab_size: int,
+def train_wordpiece(texts: Callable[[], Iterable[str]], output: str, vocab_size: int,
                     do_lower_case: bool) -> None:
-  """Trains BERT's WordPiece (BERT normaliser and pre-tokeniser) into `output`."""
+  """Trains BERT's WordPiece (BERT normaliser and pre-tokeniser) into `output`.
+
+  `texts()` yields the corpus; it is called twice. The first pass finds the
+  characters that can continue a word, whose `##` pieces are then given to the
+  trainer up front, in a fixed order. Left to itself, the trainer numbers them
+  in a hash map's order, which differs in every process, so ties between
+  equally frequent merges fell differently and the same corpus gave a
+  different vocabulary each time.
+  """
   import tokenizers
   from tokenizers import models, normalizers, pre_tokenizers, trainers
 
   backend = tokenizers.Tokenizer(models.WordPiece(unk_token="[UNK]"))
   backend.normalizer = normalizers.BertNormalizer(lowercase=do_lower_case)
   backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-  trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+  continuing = ["##" + c for c in _continuing_characters(texts(), backend)]
+  trainer = trainers.WordPieceTrainer(vocab_size=vocab_size,
+                                      special_tokens=SPECIAL_TOKENS + continuing,
                                       continuing_subword_prefix="##", show_progress=False)
-  backend.train_from_iterator(texts, trainer)
+  backend.train_from_iterator(texts(), trainer)
   vocab = sorted(backend.get_vocab().items(), key=lambda item: item[1])
   _write_atomically(output, "".join(token + "\n" for token, _ in vocab).encode("utf-8"))
 
 
-def train_sentencepiece(texts: Iterator[str], output: str, vocab_size: int,
+def _continuing_characters(texts: Iterable[str], backend) -> list[str]:
+  """The characters of the normalised corpus that can follow another in a word
+  (not whitespace, punctuation or CJK, which the pre-tokeniser splits off),
+  sorted. Text is normalised in chunks of about a megabyte."""
+  seen: set[str] = set()
+  chunk: list[str] = []
+  size = 0
+  for text in texts:
+    chunk.append(text)
+    size += len(text)
+    if size > 1 << 20:
+      seen.update(backend.normalizer.normalize_str("\n".join(chunk)))
+      chunk, size = [], 0
+  seen.update(backend.normalizer.normalize_str("\n".join(chunk)))
+  return sorted(c for c in seen
+                if [w for w, _ in backend.pre_tokenizer.pre_tokenize_str("a" + c)] == ["a" + c])
+
+
+def train_sentencepiece(texts: Callable[[], Iterable[str]], output: str, vocab_size: int,
                         do_lower_case: bool) -> None:
   """Trains a unigram SentencePiece model with BERT's special tokens as pieces.
 
-  `vocab_size` is an upper bound (as for WordPiece).
+  `texts()` yields the corpus (called once). `vocab_size` is an upper bound (as
+  for WordPiece).
   """
   import sentencepiece
 
   if not output.endswith(".model"):
     raise ValueError(f"--output={output}: a SentencePiece model file must end in .model")
-  texts = (t.lower() for t in texts) if do_lower_case else texts
+  texts = (t.lower() for t in texts()) if do_lower_case else iter(texts())
   with tempfile.TemporaryDirectory() as scratch:
     prefix = os.path.join(scratch, "spm")
     sentencepiece.SentencePieceTrainer.train(

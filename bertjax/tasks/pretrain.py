@@ -134,7 +134,7 @@ def prepare_data(config: ml_collections.ConfigDict, workdir: str) -> str:
     if not os.path.isfile(vocab):
       logging.info("Training a %d-token WordPiece vocabulary on %s", config.data.vocab_size,
                    config.data.build_from)
-      vocabulary.train_wordpiece(vocabulary.sentences(config.data.build_from), vocab,
+      vocabulary.train_wordpiece(lambda: vocabulary.sentences(config.data.build_from), vocab,
                                  config.data.vocab_size, True)
     logging.info("Preparing %s into %s", config.data.build_from, data_dir)
     stats = builder.prepare(config.data.build_from, data_dir, WordPieceTokenizer(vocab),

@@ -54,7 +54,7 @@ def main(argv):
     vocab = _VOCAB.value
     if vocab is None:
       vocab = os.path.join(scratch, "vocab.txt")
-      vocabulary.train_wordpiece(vocabulary.sentences(raw), vocab, 30522, True)
+      vocabulary.train_wordpiece(lambda: vocabulary.sentences(raw), vocab, 30522, True)
     tokenizer = tokenizer_from_vocab_file(vocab)
     data_dir = os.path.join(scratch, "prepared")
     start = time.perf_counter()

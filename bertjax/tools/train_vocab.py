@@ -39,9 +39,12 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   stats = corpus.CorpusStats()
+
+  def texts():  # WordPiece reads the corpus twice
+    return itertools.islice(vocabulary.sentences(_INPUT.value, _FILE_FORMAT.value, stats,
+                                                 _TFDS_DATA_DIR.value), _MAX_SENTENCES.value)
+
   try:
-    texts = itertools.islice(vocabulary.sentences(_INPUT.value, _FILE_FORMAT.value, stats,
-                                                  _TFDS_DATA_DIR.value), _MAX_SENTENCES.value)
     train = (vocabulary.train_wordpiece if _MODEL.value == "wordpiece"
              else vocabulary.train_sentencepiece)
     train(texts, _OUTPUT.value, _VOCAB_SIZE.value, _DO_LOWER_CASE.value)

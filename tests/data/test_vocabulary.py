@@ -22,10 +22,30 @@ def test_wordpiece_vocabulary(tmp_path):
   assert tokenizer.unk_id not in tokenizer.encode_pieces(["the quick brown fox"])[0]
 
 
+def test_wordpiece_vocabulary_is_the_same_in_every_process(tmp_path):
+  """The trainer's own numbering of its first pieces follows a hash map's
+  order, which differs per process; given up front, it cannot."""
+  corpus_path = write_corpus(tmp_path / "c.txt", num_documents=80)
+  outputs = []
+  for run in range(3):
+    output = tmp_path / f"vocab{run}.txt"
+    result = subprocess.run(
+        [sys.executable, "-m", "bertjax.tools.train_vocab", f"--input={corpus_path}",
+         f"--output={output}", "--vocab_size=300"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    outputs.append(output.read_bytes())
+  assert outputs[0] == outputs[1] == outputs[2]
+  tokens = outputs[0].decode().split("\n")[:-1]
+  # Every character that continues a word in the corpus has its ## piece.
+  text = corpus_path.read_text().lower()
+  continuing = {c for word in text.split() for c in word[1:] if c.isascii() and c.isalpha()}
+  assert {"##" + c for c in continuing} <= set(tokens)
+
+
 def test_sentencepiece_model(tmp_path):
   corpus_path = write_corpus(tmp_path / "c.txt", num_documents=80)
-  texts = vocabulary.sentences(str(corpus_path))
-  vocabulary.train_sentencepiece(texts, str(tmp_path / "spm.model"), 120, True)
+  vocabulary.train_sentencepiece(lambda: vocabulary.sentences(str(corpus_path)),
+                                 str(tmp_path / "spm.model"), 120, True)
   tokenizer = SentencePieceTokenizer(str(tmp_path / "spm.model"), do_lower_case=True)
   ids = tokenizer.encode("The QUICK brown [MASK] fox")
   assert ids[0] == tokenizer.cls_id and tokenizer.mask_id in ids
