@@ -77,8 +77,11 @@ def _continuing_characters(texts: Iterable[str], backend) -> list[str]:
       seen.update(backend.normalizer.normalize_str("\n".join(chunk)))
       chunk, size = [], 0
   seen.update(backend.normalizer.normalize_str("\n".join(chunk)))
-  return sorted(c for c in seen
-                if [w for w, _ in backend.pre_tokenizer.pre_tokenize_str("a" + c)] == ["a" + c])
+  def continues(c: str) -> bool:  # "a" + c stays one word (CJK is spaced by the normaliser)
+    word = backend.normalizer.normalize_str("a" + c)
+    return [w for w, _ in backend.pre_tokenizer.pre_tokenize_str(word)] == ["a" + c]
+
+  return sorted(c for c in seen if continues(c))
 
 
 def train_sentencepiece(texts: Callable[[], Iterable[str]], output: str, vocab_size: int,

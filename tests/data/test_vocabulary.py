@@ -50,3 +50,15 @@ def test_sentencepiece_model(tmp_path):
   ids = tokenizer.encode("The QUICK brown [MASK] fox")
   assert ids[0] == tokenizer.cls_id and tokenizer.mask_id in ids
   assert tokenizer.special_tokens["pad"] == "[PAD]"
+
+
+def test_continuing_characters_leave_out_what_the_pre_tokeniser_splits():
+  import tokenizers
+  from tokenizers import models, normalizers, pre_tokenizers
+
+  backend = tokenizers.Tokenizer(models.WordPiece(unk_token="[UNK]"))
+  backend.normalizer = normalizers.BertNormalizer(lowercase=True)
+  backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+  texts = ["Café au lait, s'il vous plaît.", "北京 is 中国's capital!", "x2 = y_3"]
+  assert vocabulary._continuing_characters(iter(texts), backend) == sorted(
+      set("acefilopstuvxy23"))
