@@ -120,9 +120,12 @@ def _module_commands():
   return by_module
 
 
-@pytest.mark.parametrize("module", sorted(_module_commands()))
+MODULE_COMMANDS = _module_commands()
+
+
+@pytest.mark.parametrize("module", sorted(MODULE_COMMANDS))
 def test_module_commands_parse(module):
-  commands = _module_commands()[module]
+  commands = MODULE_COMMANDS[module]
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   result = subprocess.run(
       [sys.executable, "-c", _PARSER], input=json.dumps(
@@ -145,7 +148,7 @@ def test_every_shell_line_is_a_checked_command():
       strays += [f"{source}: {line}" for line in _lines(block)
                  if line and not line.startswith("#") and not COMMAND_START.match(line)]
   assert not strays, "\n".join(strays)
-  assert len(_module_commands()["bertjax.main"]) >= 20  # the extraction finds them
+  assert len(MODULE_COMMANDS["bertjax.main"]) >= 20  # the extraction finds them
 
 
 def test_a_bad_override_or_flag_is_caught():
