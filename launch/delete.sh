@@ -14,6 +14,8 @@ $COMMON_HELP
 HELP
 }
 
+normalize_flags "$@"
+set -- ${ARGS[@]+"${ARGS[@]}"}
 QUEUED=0 IF_EXISTS=0
 for arg in "$@"; do
   case "$arg" in

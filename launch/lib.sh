@@ -1,24 +1,59 @@
 # shellcheck shell=bash disable=SC2034  # the variables are read by the scripts that source this
 # Shared by the launch scripts (sourced, not run): settings from flags or
-# BERTJAX_* environment variables, and `run`, which prints the command instead
-# of running it under --dry-run.
+# BERTJAX_* environment variables, flag parsing (`--flag=value` or
+# `--flag value`), and `run`, which prints the command instead of running it
+# under --dry-run. Written for bash 3.2 too (macOS).
 
 PROJECT="${BERTJAX_PROJECT:-}"
 ZONE="${BERTJAX_ZONE:-}"
 NAME="${BERTJAX_TPU_NAME:-}"
 ACCELERATOR="${BERTJAX_ACCELERATOR_TYPE:-}"
 RUNTIME="${BERTJAX_RUNTIME_VERSION:-}"
+SSH_FLAGS="${BERTJAX_SSH_FLAGS:-}"
 DRY_RUN=0
-# On each worker while stop.sh has stopped the run; run.sh removes it.
-# shellcheck disable=SC2088  # the tilde is the worker's, expanded by its shell
-STOP_MARKER="~/bertjax.stop"
+# Seconds between two looks at something that takes a while (a queued
+# resource, a lost connection); the tests make it short.
+POLL_SECONDS="${BERTJAX_POLL_SECONDS:-30}"
+# The tildes are the worker's, expanded by its shell.
+# shellcheck disable=SC2088
+STOP_MARKER="~/bertjax.stop"  # on each worker while stop.sh has stopped the run; a new run removes it
+# shellcheck disable=SC2088
+WORKER="bash ~/bertjax/launch/worker.sh"  # the worker side (copied there by setup.sh)
 
-COMMON_HELP="Settings (flag, or environment variable):
-  --project=ID            BERTJAX_PROJECT           Google Cloud project
-  --zone=ZONE             BERTJAX_ZONE              e.g. us-central2-b
-  --name=NAME             BERTJAX_TPU_NAME          the TPU VM (or pod slice)
-  --dry-run                                         print the gcloud commands, run nothing
+COMMON_HELP="Settings (flag, or environment variable; flags take --flag=VALUE or --flag VALUE):
+  --project ID            BERTJAX_PROJECT           Google Cloud project
+  --zone ZONE             BERTJAX_ZONE              e.g. us-central2-b
+  --name NAME             BERTJAX_TPU_NAME          the TPU VM (or pod slice)
+  --ssh-flags \"FLAGS\"     BERTJAX_SSH_FLAGS         more flags for gcloud's tpu-vm ssh and scp, e.g.
+                                                    --internal-ip (workers created with --internal-ips,
+                                                    reached from a VM in their network) or
+                                                    --tunnel-through-iap
+  --dry-run                                         print the commands, run nothing
   --help                                            this text"
+
+# The flags that take a value: lib.sh's, and each script adds its own.
+VALUE_FLAGS=(--project --zone --name --accelerator-type --runtime-version --ssh-flags)
+
+# Rewrites "--flag value" as "--flag=value" (for the flags in VALUE_FLAGS) into
+# the array ARGS, so that the scripts match only the second form. Everything
+# from "--" on is kept as it is.
+normalize_flags() {
+  ARGS=()
+  while (( $# )); do
+    if [[ "$1" == -- ]]; then
+      ARGS+=("$@")
+      return
+    fi
+    if [[ " ${VALUE_FLAGS[*]} " == *" $1 "* ]]; then
+      (( $# >= 2 )) || die "$1 needs a value"
+      ARGS+=("$1=$2")
+      shift 2
+    else
+      ARGS+=("$1")
+      shift
+    fi
+  done
+}
 
 # Consumes one common flag; returns 1 if "$1" is not one.
 parse_common_flag() {
@@ -28,14 +63,22 @@ parse_common_flag() {
     --name=*) NAME="${1#*=}" ;;
     --accelerator-type=*) ACCELERATOR="${1#*=}" ;;
     --runtime-version=*) RUNTIME="${1#*=}" ;;
+    --ssh-flags=*) SSH_FLAGS="${1#*=}" ;;
     --dry-run) DRY_RUN=1 ;;
     *) return 1 ;;
   esac
 }
 
+# A mistake in how the script was called.
 die() {
   echo "$(basename "$0"): $*" >&2
   exit 2
+}
+
+# Something went wrong in the cloud.
+fail() {
+  echo "$(basename "$0"): $*" >&2
+  exit 1
 }
 
 # require VALUE "what to set": a clear error when a setting is missing.
@@ -43,10 +86,21 @@ require() {
   [[ -n "$1" ]] || die "missing $2"
 }
 
+# require_number VALUE FLAG
+require_number() {
+  [[ "$1" =~ ^[0-9]+$ ]] || die "$2 takes a number, got $1"
+}
+
 require_common() {
   require "$PROJECT" "--project (or BERTJAX_PROJECT)"
   require "$ZONE" "--zone (or BERTJAX_ZONE)"
   require "$NAME" "--name (or BERTJAX_TPU_NAME)"
+}
+
+# The common settings as flags, to hand on to another launch script.
+common_flags() {
+  COMMON=(--project="$PROJECT" --zone="$ZONE" --name="$NAME")
+  [[ -z "$SSH_FLAGS" ]] || COMMON+=(--ssh-flags="$SSH_FLAGS")
 }
 
 # Runs a command, or prints it (shell-quoted, one line) under --dry-run.
@@ -59,9 +113,15 @@ run() {
   fi
 }
 
-# The gcloud TPU command group with this TPU's zone and project.
+# The gcloud TPU command group with this TPU's zone and project (and the
+# --ssh-flags for ssh and scp).
 tpu() {
-  local group="$1" verb="$2"
+  local group="$1" verb="$2" extra=()
   shift 2
-  run gcloud compute tpus "$group" "$verb" "$@" --zone="$ZONE" --project="$PROJECT"
+  if [[ "$verb" == ssh || "$verb" == scp ]] && [[ -n "$SSH_FLAGS" ]]; then
+    # shellcheck disable=SC2206  # the flags are words by design
+    extra=($SSH_FLAGS)
+  fi
+  run gcloud compute tpus "$group" "$verb" "$@" ${extra[@]+"${extra[@]}"} \
+    --zone="$ZONE" --project="$PROJECT"
 }

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs python -m bertjax.main on every worker at once, keeping each worker's log.
+# Runs python -m bertjax.main on every worker at once, detached from this
+# terminal, and follows it (restarting it after a preemption) or returns.
 set -euo pipefail
 # shellcheck source=launch/lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -8,30 +9,44 @@ usage() {
   cat <<HELP
 Usage: launch/run.sh --config=FILE[:ARG] --workdir=gs://BUCKET/RUN [flags] [-- MAIN_FLAGS...]
 
-Starts the same command on every worker (JAX finds the other hosts itself).
-Each worker's output goes to logs/NAME/<time>/ (gcloud --output-directory)
-and is followed on the terminal. A run resumes from the checkpoints in its
-workdir, so rerunning this command after a preemption continues it.
-After stop.sh, --restarts does not start it again.
+Starts ~/bertjax-venv/bin/python -m bertjax.main on every worker (JAX finds the
+other hosts itself), each in a session of its own: the run goes on when this
+terminal or its SSH connections go. Each worker keeps its output in
+~/bertjax-logs/RUN_ID.log and, when the run ends, its exit status in
+RUN_ID.status (launch/logs.sh reads both). Then run.sh follows every
+worker's log, each line prefixed with the worker's host name, until the run
+ends (following again when the connection drops) and exits with the run's
+status; or, with --detach, returns at once. A run resumes from the
+checkpoints in its workdir, so rerunning this command after a preemption
+continues it. After stop.sh, --restarts does not start it again.
 
-  --config=FILE[:ARG]     the config, e.g. configs/base_pretrain.py
-  --workdir=gs://...      where checkpoints and metrics go (every worker writes there)
-  --restarts=N            after a failure, check the TPU; if it was preempted,
-                          recreate it (create.sh with --create-flags) and set it up again,
-                          then rerun; at most N times (default 0)
-  --create-flags="..."    flags for create.sh when recreating (e.g. "--queued --spot
-                          --accelerator-type=v4-32 --runtime-version=tpu-ubuntu2204-base")
+  --config FILE[:ARG]     the config, e.g. configs/base_pretrain.py
+  --workdir gs://...      where checkpoints and metrics go (every worker writes there)
+  --run-id ID             names the run's files on the workers (default: the UTC time, and
+                          -N for the Nth restart)
+  --detach                start the run and return; follow it with logs.sh --follow
+  --restarts N            after a failure, check the TPU; if it was preempted (or is gone),
+                          delete and recreate it (create.sh with --create-flags, which waits
+                          for a queued resource) and set it up again (setup.sh); then rerun;
+                          at most N times (default 0)
+  --create-flags "..."    flags for create.sh when recreating, e.g. "--queued --spot
+                          --accelerator-type=v4-32"
   -- MAIN_FLAGS...        passed on, e.g. --config.train.batch_size=512
 $COMMON_HELP
 HELP
 }
 
-CONFIG="" WORKDIR="" RESTARTS=0 CREATE_FLAGS="" EXTRA=()
+VALUE_FLAGS+=(--config --workdir --run-id --restarts --create-flags)
+normalize_flags "$@"
+set -- ${ARGS[@]+"${ARGS[@]}"}
+CONFIG="" WORKDIR="" RUN_NAME="" DETACH=0 RESTARTS=0 CREATE_FLAGS="" EXTRA=()
 while (( $# )); do
   case "$1" in
     --help) usage; exit 0 ;;
     --config=*) CONFIG="${1#*=}" ;;
     --workdir=*) WORKDIR="${1#*=}" ;;
+    --run-id=*) RUN_NAME="${1#*=}" ;;
+    --detach) DETACH=1 ;;
     --restarts=*) RESTARTS="${1#*=}" ;;
     --create-flags=*) CREATE_FLAGS="${1#*=}" ;;
     --) shift; EXTRA=("$@"); break ;;
@@ -43,42 +58,88 @@ require_common
 require "$CONFIG" "--config"
 require "$WORKDIR" "--workdir"
 [[ "$WORKDIR" == gs://* ]] || die "--workdir must be a gs:// path that every worker can reach"
-[[ "$RESTARTS" =~ ^[0-9]+$ ]] || die "--restarts takes a number, got $RESTARTS"
+require_number "$RESTARTS" --restarts
+(( ! DETACH || RESTARTS == 0 )) || die "--detach and --restarts exclude each other" \
+  "(restarting needs run.sh to watch the run)"
+[[ "$RUN_NAME" =~ ^[A-Za-z0-9._-]*$ ]] || die "--run-id takes letters, digits, '.', '_' and '-'"
+RUN_NAME="${RUN_NAME:-$(date -u +%Y%m%dT%H%M%SZ)}"
 
 MAIN_ARGS="$(printf ' %q' "--config=$CONFIG" "--workdir=$WORKDIR" ${EXTRA[@]+"${EXTRA[@]}"})"
-REMOTE="rm -f $STOP_MARKER && cd ~/bertjax && python3 -m bertjax.main$MAIN_ARGS"
 HERE="$(dirname "$0")"
-COMMON=(--project="$PROJECT" --zone="$ZONE" --name="$NAME")
+common_flags
 
-attempt=0
+# The run's exit status as the workers recorded it, after following it failed:
+# the run may have ended, or only the connection. Follows it again while it
+# goes on; returns the follow's status when the workers cannot say.
+follow_run() {
+  local status states code
+  tpu tpu-vm ssh "$NAME" --worker=all --command="$WORKER follow $RUN_ID +1" && return 0
+  status=$?
+  while true; do
+    states="$(tpu tpu-vm ssh "$NAME" --worker=all --command="$WORKER state $RUN_ID" \
+      2>/dev/null)" || true
+    if [[ "$states" == *": running"* ]]; then
+      echo "run.sh: lost the connection to the workers; run $RUN_ID goes on there, following" \
+        "it again" >&2
+      sleep "$POLL_SECONDS"
+      tpu tpu-vm ssh "$NAME" --worker=all --command="$WORKER follow $RUN_ID 20" && return 0
+      status=$?
+    elif [[ -n "$states" && "$states" != *"without an exit status"* ]]; then
+      # Every worker recorded one: the first that is not 0, or 0.
+      code="$(sed -n 's/.*: exited \([0-9]*\)$/\1/p' <<< "$states" | grep -v '^0$' | head -n 1)"
+      return "${code:-0}"
+    else
+      return "$status"
+    fi
+  done
+}
+
+# Deletes the TPU, creates it again and sets it up.
+recreate_tpu() {
+  local queued=()
+  [[ " $CREATE_FLAGS " != *" --queued "* ]] || queued=(--queued)
+  "$HERE/delete.sh" "${COMMON[@]}" ${queued[@]+"${queued[@]}"} --if-exists || true
+  # shellcheck disable=SC2086  # the flags are words by design
+  "$HERE/create.sh" "${COMMON[@]}" $CREATE_FLAGS && "$HERE/setup.sh" "${COMMON[@]}"
+}
+
+attempt=0 recreate=0
 while true; do
-  LOGS="logs/$NAME/$(date -u +%Y%m%dT%H%M%SZ)"
-  run mkdir -p "$LOGS"
-  if (( ! DRY_RUN )); then
-    # Follow the workers' logs once gcloud has created them.
-    (for _ in $(seq 120); do
-       compgen -G "$LOGS/*" > /dev/null && exec tail -n +1 -F "$LOGS"/*
-       sleep 1
-     done) &
-    FOLLOW=$!
-  fi
   status=0
-  tpu tpu-vm ssh "$NAME" --worker=all --command="$REMOTE" --output-directory="$LOGS" || status=$?
-  if (( ! DRY_RUN )); then kill "$FOLLOW" 2>/dev/null || true; fi
+  if (( recreate )); then
+    if recreate_tpu; then
+      recreate=0
+    else
+      status=$?
+      echo "run.sh: recreating or setting up the TPU failed ($status)" >&2
+    fi
+  fi
+  if (( status == 0 )); then
+    RUN_ID="$RUN_NAME"
+    (( attempt == 0 )) || RUN_ID="$RUN_NAME-$attempt"
+    tpu tpu-vm ssh "$NAME" --worker=all --command="$WORKER start $RUN_ID$MAIN_ARGS" || status=$?
+    if (( status != 0 )); then
+      echo "run.sh: starting run $RUN_ID failed ($status)" >&2
+    elif (( DETACH )); then
+      echo "run.sh: run $RUN_ID goes on on every worker of $NAME: launch/logs.sh --follow" \
+        "follows it, launch/stop.sh stops it" >&2
+      exit 0
+    else
+      follow_run || status=$?
+    fi
+  fi
   (( status != 0 )) || exit 0
-  (( attempt < RESTARTS )) || exit "$status"
+  if (( attempt >= RESTARTS )); then
+    (( RESTARTS == 0 )) || echo "run.sh: giving up after $RESTARTS restarts ($status)" >&2
+    exit "$status"
+  fi
   attempt=$((attempt + 1))
   state="$(gcloud compute tpus tpu-vm describe "$NAME" --zone="$ZONE" --project="$PROJECT" \
     --format='value(state)' 2>/dev/null || echo MISSING)"
   echo "run.sh: the run failed ($status); the TPU is $state" >&2
-  if [[ "$state" == PREEMPTED || "$state" == MISSING ]]; then
+  if [[ "$state" == PREEMPTED || "$state" == MISSING ]] || (( recreate )); then
     [[ -n "$CREATE_FLAGS" ]] || die "the TPU is $state; give --create-flags to recreate it"
-    QUEUED=()
-    [[ " $CREATE_FLAGS " == *" --queued "* ]] && QUEUED=(--queued)
-    "$HERE/delete.sh" "${COMMON[@]}" ${QUEUED[@]+"${QUEUED[@]}"} --if-exists || true
-    # shellcheck disable=SC2086  # the flags are words by design
-    "$HERE/create.sh" "${COMMON[@]}" $CREATE_FLAGS
-    "$HERE/setup.sh" "${COMMON[@]}"
+    recreate=1
   elif tpu tpu-vm ssh "$NAME" --worker=0 --command="test -e $STOP_MARKER" 2>/dev/null; then
     echo "run.sh: the run was stopped with stop.sh; not rerunning it" >&2
     exit "$status"

@@ -1,10 +1,13 @@
 """The launch scripts: the exact gcloud commands of their dry runs, clear
-errors for missing settings, and shellcheck."""
+errors for missing settings, shellcheck, and the scripts at work against a
+stand-in `gcloud` whose "workers" are this machine (a temporary HOME)."""
 
 import glob
 import os
+import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -15,16 +18,26 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SCRIPTS = sorted(glob.glob(os.path.join(ROOT, "launch", "*.sh")))
 SETTINGS = ["--project=my-project", "--zone=us-central2-b", "--name=bert"]
 SCOPE = ["--zone=us-central2-b", "--project=my-project"]
+WORKER = ["bash", "~/bertjax/launch/worker.sh"]
+HOST = subprocess.run(["hostname"], capture_output=True, text=True).stdout.strip()
+
+
+def _clean_env(env=None):
+  return {k: v for k, v in os.environ.items() if not k.startswith("BERTJAX_")} | (env or {})
 
 
 def dry_run(script, *args, env=None):
   """The commands a script would run, each split into its arguments."""
   result = subprocess.run(["bash", os.path.join(ROOT, "launch", script), "--dry-run", *args],
                           capture_output=True, text=True, cwd=ROOT, timeout=60,
-                          env={k: v for k, v in os.environ.items()
-                               if not k.startswith("BERTJAX_")} | (env or {}))
+                          env=_clean_env(env))
   assert result.returncode == 0, result.stderr
   return [shlex.split(line) for line in result.stdout.splitlines()]
+
+
+def remote(command):
+  """The worker's command of a `gcloud compute tpus tpu-vm ssh`, split."""
+  return shlex.split(next(a for a in command if a.startswith("--command=")).split("=", 1)[1])
 
 
 def test_create_directly_or_queued():
@@ -37,35 +50,87 @@ def test_create_directly_or_queued():
          "BERTJAX_RUNTIME_VERSION": "v2-alpha-tpuv5"}
   assert dry_run("create.sh", "--queued", env=env) == [
       ["gcloud", "compute", "tpus", "queued-resources", "create", "bert", "--node-id=bert",
-       "--accelerator-type=v5p-64", "--runtime-version=v2-alpha-tpuv5", *SCOPE]]
+       "--accelerator-type=v5p-64", "--runtime-version=v2-alpha-tpuv5", *SCOPE],
+      ["gcloud", "compute", "tpus", "queued-resources", "describe", "bert",
+       "--format=value(state.state)", *SCOPE]]
 
 
-def test_setup_copies_the_committed_tree_and_installs_on_every_worker():
+@pytest.mark.parametrize("accelerator,runtime", [
+    ("v4-32", "tpu-ubuntu2204-base"), ("v5litepod-16", "v2-alpha-tpuv5-lite"),
+    ("v5p-8", "v2-alpha-tpuv5"), ("v6e-8", "v2-alpha-tpuv6e")])
+def test_create_picks_the_runtime_google_documents_for_the_generation(accelerator, runtime):
+  create = dry_run("create.sh", *SETTINGS, f"--accelerator-type={accelerator}")[0]
+  assert f"--version={runtime}" in create
+  queued = dry_run("create.sh", *SETTINGS, f"--accelerator-type={accelerator}", "--queued")[0]
+  assert f"--runtime-version={runtime}" in queued
+
+
+def test_create_reserved_internal_ips_and_more_gcloud_flags_with_spaced_values():
+  """--flag value works as --flag=value does; flags after -- go to gcloud."""
+  assert dry_run("create.sh", "--project", "my-project", "--zone", "us-central2-b",
+                 "--name", "bert", "--accelerator-type", "v6e-16", "--reserved",
+                 "--internal-ips", "--", "--network=net", "--subnetwork", "sub") == [
+      ["gcloud", "compute", "tpus", "tpu-vm", "create", "bert", "--accelerator-type=v6e-16",
+       "--version=v2-alpha-tpuv6e", "--reserved", "--internal-ips", "--network=net",
+       "--subnetwork", "sub", *SCOPE]]
+  assert dry_run("create.sh", *SETTINGS, "--accelerator-type=v5litepod-16", "--queued",
+                 "--reserved", "--internal-ips")[0] == [
+      "gcloud", "compute", "tpus", "queued-resources", "create", "bert", "--node-id=bert",
+      "--accelerator-type=v5litepod-16", "--runtime-version=v2-alpha-tpuv5-lite", "--reserved",
+      "--internal-ips", *SCOPE]
+
+
+def test_setup_copies_the_committed_tree_and_installs_into_its_own_python():
   commands = dry_run("setup.sh", *SETTINGS)
   assert commands[0][:3] == ["git", "-C", ROOT] and commands[0][-1] == "HEAD"
   archive = next(a for a in commands[0] if a.startswith("--output=")).split("=", 1)[1]
   assert commands[1] == ["gcloud", "compute", "tpus", "tpu-vm", "scp", archive,
                          "bert:bertjax.tar.gz", "--worker=all", *SCOPE]
   ssh = commands[2]
-  assert ssh[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "bert"]
-  assert "--worker=all" in ssh
-  remote = next(a for a in ssh if a.startswith("--command=")).split("=", 1)[1]
-  assert shlex.split(remote)[-4:] == ["install", "-q", "-e", "$HOME/bertjax[tpu]"]
-
-
-def test_run_starts_main_on_every_worker_with_logs_per_worker():
-  commands = dry_run("run.sh", *SETTINGS, "--config=configs/base_pretrain.py:no_nsp",
-                     "--workdir=gs://bucket/run one", "--",
-                     "--config.train.batch_size=512")
-  assert commands[0][:2] == ["mkdir", "-p"] and commands[0][2].startswith("logs/bert/")
-  ssh = commands[1]
   assert ssh[:7] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "bert", "--worker=all"]
-  remote = shlex.split(next(a for a in ssh if a.startswith("--command=")).split("=", 1)[1])
-  assert remote == ["rm", "-f", "~/bertjax.stop", "&&", "cd", "~/bertjax", "&&", "python3",
-                    "-m", "bertjax.main",
-                    "--config=configs/base_pretrain.py:no_nsp", "--workdir=gs://bucket/run one",
-                    "--config.train.batch_size=512"]
-  assert f"--output-directory={commands[0][2]}" in ssh and ssh[-2:] == SCOPE
+  words = " ".join(remote(ssh))
+  assert ("uv venv -q --python-preference=only-managed --python=3.11 ~/bertjax-venv"
+          in words)
+  assert ("uv pip install -q --python=$HOME/bertjax-venv/bin/python -e $HOME/bertjax[tpu]"
+          in words)
+  assert "--python=3.12" in " ".join(dry_run("setup.sh", *SETTINGS, "--python", "3.12")[2])
+
+
+def test_run_starts_the_run_detached_on_every_worker_then_follows_it():
+  commands = dry_run("run.sh", *SETTINGS, "--config=configs/base_pretrain.py:no_nsp",
+                     "--workdir", "gs://bucket/run one", "--run-id=bert-base", "--",
+                     "--config.train.batch_size=512")
+  start, follow = commands
+  assert start[:7] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "bert", "--worker=all"]
+  assert remote(start) == [*WORKER, "start", "bert-base",
+                           "--config=configs/base_pretrain.py:no_nsp",
+                           "--workdir=gs://bucket/run one", "--config.train.batch_size=512"]
+  assert start[-2:] == SCOPE
+  assert follow[:7] == start[:7] and remote(follow) == [*WORKER, "follow", "bert-base", "+1"]
+  # The run's name defaults to the time; --detach only starts it.
+  commands = dry_run("run.sh", *SETTINGS, "--config=c.py", "--workdir=gs://b/r", "--detach")
+  assert len(commands) == 1 and re.fullmatch(r"\d{8}T\d{6}Z", remote(commands[0])[3])
+
+
+def test_ssh_flags_reach_every_ssh_and_scp():
+  env = {"BERTJAX_SSH_FLAGS": "--internal-ip"}
+  for script, args in [("setup.sh", []), ("stop.sh", []), ("logs.sh", ["--follow"]),
+                       ("run.sh", ["--config=c.py", "--workdir=gs://b/r"])]:
+    for command in dry_run(script, *SETTINGS, *args, env=env):
+      if command[0] == "gcloud":
+        assert command[-3:] == ["--internal-ip", *SCOPE], command
+
+
+def test_logs_follows_or_fetches_every_workers_log():
+  follow = dry_run("logs.sh", *SETTINGS, "--follow")[0]
+  assert follow[:7] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "bert", "--worker=all"]
+  assert remote(follow) == [*WORKER, "follow", "latest", "+1"]
+  follow = dry_run("logs.sh", *SETTINGS, "--follow", "--lines", "50", "--run-id=r-1")[0]
+  assert remote(follow) == [*WORKER, "follow", "r-1", "50"]
+  mkdir, fetch = dry_run("logs.sh", *SETTINGS, "--fetch", "logs/bert")
+  assert mkdir == ["mkdir", "-p", "logs/bert"]
+  assert remote(fetch) == [*WORKER, "log", "latest"]
+  assert "--output-directory=logs/bert" in fetch
 
 
 def test_delete():
@@ -77,17 +142,24 @@ def test_delete():
 @pytest.mark.parametrize("script,args,message", [
     ("create.sh", ["--zone=z", "--name=n"], "missing --project (or BERTJAX_PROJECT)"),
     ("create.sh", SETTINGS, "missing --accelerator-type (or BERTJAX_ACCELERATOR_TYPE)"),
-    ("create.sh", SETTINGS + ["--accelerator-type=v4-8", "--runtime-version=r", "--spot",
-                              "--preemptible"], "choose one of --spot and --preemptible"),
+    ("create.sh", SETTINGS + ["--accelerator-type=v4-8", "--spot", "--reserved"],
+     "choose one of --spot, --preemptible and --reserved"),
+    ("create.sh", SETTINGS + ["--accelerator-type=v3-8"],
+     "no default runtime version for v3-8 (known: v4, v5litepod, v5p, v6e); "
+     "give --runtime-version"),
+    ("create.sh", SETTINGS + ["--accelerator-type=v4-8", "--wait-timeout=soon"],
+     "--wait-timeout takes a number"),
+    ("create.sh", SETTINGS + ["--accelerator-type"], "--accelerator-type needs a value"),
     ("run.sh", SETTINGS + ["--config=c.py"], "missing --workdir"),
     ("run.sh", SETTINGS + ["--config=c.py", "--workdir=/tmp/run"], "must be a gs:// path"),
+    ("run.sh", SETTINGS + ["--config=c.py", "--workdir=gs://b/r", "--detach", "--restarts=2"],
+     "--detach and --restarts exclude each other"),
+    ("logs.sh", SETTINGS, "give --follow or --fetch DIR"),
     ("delete.sh", SETTINGS + ["--bogus"], "unknown flag --bogus"),
 ])
 def test_missing_or_wrong_settings_are_clear_errors(script, args, message):
   result = subprocess.run(["bash", os.path.join(ROOT, "launch", script), "--dry-run", *args],
-                          capture_output=True, text=True, timeout=60,
-                          env={k: v for k, v in os.environ.items()
-                               if not k.startswith("BERTJAX_")})
+                          capture_output=True, text=True, timeout=60, env=_clean_env())
   assert result.returncode == 2 and message in result.stderr, result.stderr
 
 
@@ -97,7 +169,12 @@ def test_help(script):
   result = subprocess.run(["bash", os.path.join(ROOT, "launch", script), "--help"],
                           capture_output=True, text=True, timeout=60)
   assert result.returncode == 0 and result.stdout.startswith("Usage: launch/" + script)
-  assert "--dry-run" in result.stdout
+  # Every flag the script matches is explained.
+  source = open(os.path.join(ROOT, "launch", script)).read()
+  for flag in re.findall(r"^\s+(--[\w-]+)(?:=\*)?\)", source, re.M):
+    assert flag in result.stdout, (script, flag)
+  if script != "worker.sh":  # the worker side only runs over SSH
+    assert "--dry-run" in result.stdout
 
 
 def test_shellcheck_passes():
@@ -108,111 +185,344 @@ def test_shellcheck_passes():
   assert result.returncode == 0, result.stdout
 
 
+# The stand-in gcloud plays `tpu-vm ssh` with `remote`: the worker's command
+# runs on this machine, in a session of its own as sshd gives it (the test
+# hangs that session up to drop the connection); --output-directory gets a
+# 0.log as gcloud writes one per worker.
+_REMOTE = r"""
+remote() {
+  local command="" out="" a
+  for a in "$@"; do
+    case "$a" in
+      --command=*) command="${a#--command=}" ;;
+      --output-directory=*) out="${a#*=}/0.log" ;;
+    esac
+  done
+  if [[ -n "$out" ]]; then
+    setsid bash -c "$command" > "$out" 2>&1 &
+  else
+    setsid bash -c "$command" &
+  fi
+  echo $! >> "$TMPDIR/sessions.txt"
+  wait $!
+}
+"""
+
+
 def _gcloud_stub(tmp_path, body):
   """A stand-in `gcloud` on PATH (this machine reaches no cloud) that logs its
-  calls to calls.txt and then runs `body` (bash)."""
+  calls to calls.txt and then runs `body` (bash, with `remote` to play ssh).
+  HOME is tmp_path, so the workers' files land there."""
   stub = tmp_path / "bin" / "gcloud"
   stub.parent.mkdir(exist_ok=True)
-  stub.write_text(f'#!/usr/bin/env bash\necho "$*" >> {tmp_path / "calls.txt"}\n{body}\n')
+  stub.write_text(f'#!/usr/bin/env bash\necho "$*" >> {tmp_path / "calls.txt"}\n'
+                  f'{_REMOTE}\n{body}\n')
   stub.chmod(0o755)
-  env = {k: v for k, v in os.environ.items() if not k.startswith("BERTJAX_")}
-  env.update(PATH=f"{stub.parent}:{env['PATH']}", TMPDIR=str(tmp_path), HOME=str(tmp_path))
-  return env
+  return _clean_env({"PATH": f"{stub.parent}:{os.environ['PATH']}", "TMPDIR": str(tmp_path),
+                     "HOME": str(tmp_path), "BERTJAX_POLL_SECONDS": "0.1"})
 
 
-def _run_with_stub(tmp_path, body, *flags):
-  """run.sh --restarts=3 against a stand-in gcloud: (result, gcloud verbs called)."""
-  result = subprocess.run(
-      ["bash", os.path.join(ROOT, "launch", "run.sh"), *SETTINGS, "--config=configs/demo.py",
-       "--workdir=gs://bucket/run", "--restarts=3", *flags],
-      capture_output=True, text=True, cwd=tmp_path, env=_gcloud_stub(tmp_path, body),
-      timeout=120)
-  calls = (tmp_path / "calls.txt").read_text().splitlines()
-  return result, [" ".join(line.split()[1:4]) for line in calls]
+def _worker_home(tmp_path, run):
+  """Makes tmp_path a worker as setup.sh leaves one: ~/bertjax is this
+  checkout, and ~/bertjax-venv/bin/python a stand-in for the run (bash `run`)."""
+  (tmp_path / "bertjax").symlink_to(ROOT)
+  python = tmp_path / "bertjax-venv" / "bin" / "python"
+  python.parent.mkdir(parents=True)
+  python.write_text(f"#!/usr/bin/env bash\n{run}\n")
+  python.chmod(0o755)
 
 
-# The first run fails (exit 143, as a stopped or preempted run does), the next succeeds.
-_FIRST_RUN_FAILS = """case "$*" in
-  *"--output-directory"*) [[ $(grep -c -- "--output-directory" "$TMPDIR/calls.txt") -ge 2 ]] \
-    || exit 143 ;;"""
+def _calls(tmp_path):
+  """The gcloud calls, named by group and verb, and for ssh by what it ran."""
+  names = []
+  for line in (tmp_path / "calls.txt").read_text().splitlines():
+    words = line.split()
+    name = " ".join(words[2:4])
+    if words[3] == "ssh":
+      match = re.search(r"worker\.sh (\w+)", line)
+      name += " " + (match.group(1) if match else "setup" if "tar -xzf" in line else
+                     "stop-marker" if "test -e ~/bertjax.stop" in line else "?")
+    names.append(name)
+  return names
+
+
+def _script(name, *args, env, cwd, timeout=60):
+  return subprocess.run(["bash", os.path.join(ROOT, "launch", name), *SETTINGS, *args],
+                        capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
+
+
+def _queued_states(*states):
+  """A stand-in answer to `queued-resources describe`: the states in turn, the last one
+  from then on."""
+  lines = [f'  (( n == {i + 1} )) && echo {s} && exit 0' for i, s in enumerate(states[:-1])]
+  return ('*"queued-resources describe"*)\n  n=$(grep -c "queued-resources describe" '
+          '"$TMPDIR/calls.txt")\n' + "\n".join(lines) + f"\n  echo {states[-1]} ;;")
+
+
+def test_create_waits_for_a_queued_resource_to_become_active(tmp_path):
+  env = _gcloud_stub(tmp_path, "case \"$*\" in\n" + _queued_states(
+      "WAITING_FOR_RESOURCES", "WAITING_FOR_RESOURCES", "WAITING_FOR_RESOURCES",
+      "PROVISIONING", "ACTIVE") + "\nesac")
+  result = _script("create.sh", "--accelerator-type=v4-8", "--queued", "--spot", env=env,
+                   cwd=tmp_path)
+  assert result.returncode == 0, result.stderr
+  assert _calls(tmp_path) == ["queued-resources create"] + ["queued-resources describe"] * 5
+  assert result.stderr.splitlines() == [
+      "create.sh: queued resource bert is WAITING_FOR_RESOURCES",
+      "create.sh: queued resource bert is PROVISIONING",
+      "create.sh: queued resource bert is ACTIVE"]
+
+
+def test_create_fails_clearly_when_the_queued_resource_fails(tmp_path):
+  env = _gcloud_stub(tmp_path, "case \"$*\" in\n" + _queued_states(
+      "WAITING_FOR_RESOURCES", "FAILED") + "\nesac")
+  result = _script("create.sh", "--accelerator-type=v4-8", "--queued", env=env, cwd=tmp_path)
+  assert result.returncode == 1
+  assert "create.sh: queued resource bert is FAILED, it will not become ACTIVE" in result.stderr
+
+
+def test_create_gives_up_waiting_after_the_timeout(tmp_path):
+  env = _gcloud_stub(tmp_path, "case \"$*\" in\n" + _queued_states("WAITING_FOR_RESOURCES")
+                     + "\nesac")
+  result = _script("create.sh", "--accelerator-type=v4-8", "--queued", "--wait-timeout", "1",
+                   env=env, cwd=tmp_path)
+  assert result.returncode == 1
+  assert ("queued resource bert is still WAITING_FOR_RESOURCES after 1s (--wait-timeout)"
+          in result.stderr)
+
+
+def test_setup_installs_uv_and_a_python_of_its_own_on_the_worker(tmp_path):
+  """setup.sh's worker command, run here: the archive is unpacked to
+  ~/bertjax; a worker without uv gets it from pip (a stand-in python3 that
+  installs a stand-in uv), and uv makes ~/bertjax-venv and installs bertjax."""
+  env = _gcloud_stub(tmp_path, """case "$*" in
+  *"tpu-vm scp"*) cp "$5" "$HOME/bertjax.tar.gz" ;;
+  *"tpu-vm ssh"*) remote "$@" ;;
+esac""")
+  (tmp_path / "bin" / "python3").write_text(f"""#!/usr/bin/env bash
+echo "python3 $*" >> "$HOME/installs.txt"
+mkdir -p "$HOME/.local/bin"
+cat > "$HOME/.local/bin/uv" <<'UV'
+#!/usr/bin/env bash
+echo "uv $*" >> "$HOME/installs.txt"
+if [[ "$1" == venv ]]; then
+  mkdir -p "${{@: -1}}/bin"
+  printf '#!/usr/bin/env bash\\necho Python 3.11.9\\n' > "${{@: -1}}/bin/python"
+  chmod +x "${{@: -1}}/bin/python"
+fi
+UV
+chmod +x "$HOME/.local/bin/uv"
+""")
+  (tmp_path / "bin" / "python3").chmod(0o755)
+  # The worker has no uv: PATH holds only the stand-ins and the tools' folders.
+  folders = {os.path.dirname(shutil.which(tool)) for tool in (
+      "bash", "git", "gzip", "tar", "mkdir", "rm", "cat", "hostname", "setsid", "sed", "cp",
+      "dirname", "basename", "env", "date")}
+  if any(os.path.exists(os.path.join(folder, "uv")) for folder in folders):
+    pytest.skip("uv is installed beside the system tools here")
+  env["PATH"] = ":".join([str(tmp_path / "bin"), *sorted(folders)])
+  result = _script("setup.sh", env=env, cwd=tmp_path, timeout=120)
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.strip().endswith(f"{HOST}: Python 3.11.9 in ~/bertjax-venv")
+  assert (tmp_path / "bertjax" / "setup.py").exists()
+  venv = tmp_path / "bertjax-venv"
+  assert (tmp_path / "installs.txt").read_text().splitlines() == [
+      "python3 -m pip install -q --user uv",
+      f"uv venv -q --python-preference=only-managed --python=3.11 {venv}",
+      f"uv pip install -q --python={venv}/bin/python -e {tmp_path}/bertjax[tpu]"]
+
+
+def _run_with_stub(tmp_path, body, run, *flags, restarts=3):
+  """run.sh --restarts against a stand-in gcloud whose worker is this machine
+  with `run` as the run: (result, gcloud calls)."""
+  _worker_home(tmp_path, run)
+  result = _script("run.sh", "--config=configs/demo.py", "--workdir=gs://bucket/run",
+                   "--run-id=demo", f"--restarts={restarts}", *flags, cwd=tmp_path,
+                   env=_gcloud_stub(tmp_path, body), timeout=120)
+  return result, _calls(tmp_path)
+
+
+# The first run exits 143 (as a stopped or preempted run does), the next with 0.
+_FIRST_RUN_FAILS = """n=$(cat ~/runs 2>/dev/null || echo 0); echo $((n + 1)) > ~/runs
+echo "run $n in $PWD: $*"
+(( n >= 1 )) || exit 143"""
 
 
 def test_run_recreates_a_preempted_tpu_and_reruns(tmp_path):
-  """The TPU reports PREEMPTED after the failure: run.sh deletes, recreates,
-  sets up and reruns it."""
-  result, verbs = _run_with_stub(tmp_path, _FIRST_RUN_FAILS + """
+  """The TPU reports PREEMPTED after the failure: run.sh deletes, recreates
+  (waiting for the queued resource), sets up and reruns it."""
+  result, calls = _run_with_stub(tmp_path, """case "$*" in
   *"tpu-vm describe"*) echo PREEMPTED ;;
-esac""", "--create-flags=--queued --spot --accelerator-type=v4-8 --runtime-version=rt")
+""" + _queued_states("WAITING_FOR_RESOURCES", "ACTIVE") + """
+  *"tar -xzf"*) ;;
+  *"tpu-vm ssh"*) remote "$@" ;;
+esac""", _FIRST_RUN_FAILS, "--create-flags=--queued --spot --accelerator-type=v4-8")
   assert result.returncode == 0, result.stderr
-  assert "the TPU is PREEMPTED" in result.stderr
-  assert verbs == ["tpus tpu-vm ssh", "tpus tpu-vm describe", "tpus queued-resources delete",
-                   "tpus queued-resources create", "tpus tpu-vm scp", "tpus tpu-vm ssh",
-                   "tpus tpu-vm ssh"]
+  assert "run.sh: the run failed (143); the TPU is PREEMPTED" in result.stderr
+  assert calls == ["tpu-vm ssh start", "tpu-vm ssh follow", "tpu-vm ssh state",
+                   "tpu-vm describe", "queued-resources delete", "queued-resources create",
+                   "queued-resources describe", "queued-resources describe", "tpu-vm scp",
+                   "tpu-vm ssh setup", "tpu-vm ssh start", "tpu-vm ssh follow"]
+  logs = tmp_path / "bertjax-logs"
+  assert (logs / "demo.status").read_text() == "143\n"
+  assert (logs / "demo-1.status").read_text() == "0\n"
+  assert "run 1 in " + str(tmp_path / "bertjax") in (logs / "demo-1.log").read_text()
+  assert f"{HOST}: run 1 in" in result.stdout  # followed, with the worker's name
+
+
+def test_run_reports_a_failed_recreation_and_tries_again(tmp_path):
+  """Recreating fails (the queued resource FAILED): run.sh says so and, while
+  restarts are left, tries again, then gives up with a message."""
+  result, calls = _run_with_stub(tmp_path, """case "$*" in
+  *"tpu-vm describe"*) echo PREEMPTED ;;
+""" + _queued_states("FAILED") + """
+  *"tpu-vm ssh"*) remote "$@" ;;
+esac""", "exit 143", "--create-flags=--queued --accelerator-type=v4-8", restarts=2)
+  assert result.returncode == 1
+  assert "queued resource bert is FAILED" in result.stderr
+  assert result.stderr.count("run.sh: recreating or setting up the TPU failed (1)") == 2
+  assert "run.sh: giving up after 2 restarts (1)" in result.stderr
+  assert calls.count("queued-resources create") == 2 and "tpu-vm scp" not in calls
 
 
 def test_run_does_not_rerun_a_stopped_run(tmp_path):
-  """The run exits after stop.sh; the TPU is READY and holds the stop marker,
-  so run.sh reports it and ends instead of starting it again."""
-  result, verbs = _run_with_stub(tmp_path, _FIRST_RUN_FAILS + """
+  """The run exits after stop.sh (which left its marker); the TPU is READY, so
+  run.sh reports it and ends instead of starting it again."""
+  result, calls = _run_with_stub(tmp_path, """case "$*" in
   *"tpu-vm describe"*) echo READY ;;
-  *"test -e ~/bertjax.stop"*) exit 0 ;;
-esac""")
+  *"tpu-vm ssh"*) remote "$@" ;;
+esac""", "touch ~/bertjax.stop; exit 143")
   assert result.returncode == 143, result.stderr
   assert "stopped with stop.sh; not rerunning" in result.stderr
-  assert verbs == ["tpus tpu-vm ssh", "tpus tpu-vm describe", "tpus tpu-vm ssh"]
+  assert calls == ["tpu-vm ssh start", "tpu-vm ssh follow", "tpu-vm ssh state",
+                   "tpu-vm describe", "tpu-vm ssh stop-marker"]
 
 
 def test_run_reruns_on_a_ready_tpu_without_the_stop_marker(tmp_path):
   """A run that stopped by itself (a maintenance event's SIGTERM) on a TPU that
   is still READY is started again: it resumes from its checkpoint."""
-  result, verbs = _run_with_stub(tmp_path, _FIRST_RUN_FAILS + """
+  result, calls = _run_with_stub(tmp_path, """case "$*" in
   *"tpu-vm describe"*) echo READY ;;
-  *"test -e ~/bertjax.stop"*) exit 1 ;;
-esac""")
+  *"tpu-vm ssh"*) remote "$@" ;;
+esac""", _FIRST_RUN_FAILS)
   assert result.returncode == 0, result.stderr
-  assert verbs == ["tpus tpu-vm ssh", "tpus tpu-vm describe", "tpus tpu-vm ssh",
-                   "tpus tpu-vm ssh"]
+  assert calls == ["tpu-vm ssh start", "tpu-vm ssh follow", "tpu-vm ssh state",
+                   "tpu-vm describe", "tpu-vm ssh stop-marker", "tpu-vm ssh start",
+                   "tpu-vm ssh follow"]
+
+
+def _wait_for(condition, timeout=30):
+  deadline = time.time() + timeout
+  while not condition():
+    assert time.time() < deadline, "timed out"
+    time.sleep(0.05)
+
+
+def test_the_run_goes_on_when_the_connection_drops(tmp_path):
+  """The SSH session that follows the run is hung up halfway: the run goes on
+  on the worker to its end, its log is complete on disk, run.sh follows it
+  again and returns its exit status, and so does logs.sh later."""
+  _worker_home(tmp_path, 'for i in $(seq 8); do echo "step $i"; sleep 0.25; done\n'
+                         'echo finished; exit 5')
+  env = _gcloud_stub(tmp_path, 'case "$*" in *"tpu-vm ssh"*) remote "$@" ;; esac')
+  log = tmp_path / "bertjax-logs" / "demo.log"
+  sessions = tmp_path / "sessions.txt"
+  run = subprocess.Popen(
+      ["bash", os.path.join(ROOT, "launch", "run.sh"), *SETTINGS, "--config=configs/demo.py",
+       "--workdir=gs://bucket/run", "--run-id=demo"],
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+  try:
+    _wait_for(lambda: sessions.exists() and len(sessions.read_text().split()) == 2
+              and log.exists() and "step 2" in log.read_text())
+    follow_session = int(sessions.read_text().split()[1])
+    os.killpg(follow_session, signal.SIGHUP)  # as sshd does when the connection goes
+    stdout, stderr = run.communicate(timeout=60)
+  finally:
+    if run.poll() is None:
+      run.kill()
+  assert run.returncode == 5, stderr
+  assert "lost the connection to the workers; run demo goes on there" in stderr
+  assert f"{HOST}: finished" in stdout
+  text = log.read_text()
+  assert all(f"step {i}\n" in text for i in range(1, 9)) and "finished" in text
+  assert text.rstrip().endswith("with exit status 5")
+  assert (tmp_path / "bertjax-logs" / "demo.status").read_text() == "5\n"
+
+  result = _script("logs.sh", "--follow", env=env, cwd=tmp_path)
+  assert result.returncode == 5
+  assert result.stdout.splitlines()[1:10] == [f"{HOST}: step {i}" for i in range(1, 9)] + [
+      f"{HOST}: finished"]
+  result = _script("logs.sh", "--fetch", "fetched", env=env, cwd=tmp_path)
+  assert result.returncode == 0, result.stderr
+  assert (tmp_path / "fetched" / "0.log").read_text() == text
+
+
+def _limit_to_group(tmp_path, group):
+  """pkill and pgrep that see only one process group, so that nothing else on
+  this machine is touched."""
+  for tool in ("pkill", "pgrep"):
+    wrapper = tmp_path / "bin" / tool
+    wrapper.parent.mkdir(exist_ok=True)
+    wrapper.write_text(f'#!/usr/bin/env bash\nexec {shutil.which(tool)} -g {group} "$@"\n')
+    wrapper.chmod(0o755)
+
+
+def test_a_detached_run_is_stopped_with_a_checkpoint_and_its_status_kept(tmp_path):
+  """run.sh --detach returns while the run goes on; stop.sh signals its Python
+  (not the shell that records its status), which saves and exits 143;
+  logs.sh --follow then shows the log and returns 143."""
+  _worker_home(tmp_path, """trap 'echo "saved at step $i"; exit 143' TERM
+for i in $(seq 600); do echo "step $i"; sleep 0.1; done""")
+  env = _gcloud_stub(tmp_path, 'case "$*" in *"tpu-vm ssh"*) remote "$@" ;; esac')
+  result = _script("run.sh", "--config=configs/demo.py", "--workdir=gs://bucket/run",
+                   "--detach", env=env, cwd=tmp_path)
+  assert result.returncode == 0, result.stderr
+  assert "goes on on every worker of bert" in result.stderr
+  logs = tmp_path / "bertjax-logs"
+  run_id = (logs / "latest").read_text().strip()
+  _wait_for(lambda: "step 3" in (logs / f"{run_id}.log").read_text())
+  assert not (logs / f"{run_id}.status").exists()
+  _limit_to_group(tmp_path, int((logs / f"{run_id}.pid").read_text()))
+  result = _script("stop.sh", "--timeout=30", env=env, cwd=tmp_path)
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.strip().endswith(": stopped")
+  result = _script("logs.sh", "--follow", env=env, cwd=tmp_path)
+  assert result.returncode == 143
+  assert re.search(rf"^{re.escape(HOST)}: saved at step \d+$", result.stdout, re.M)
+  assert (logs / f"{run_id}.status").read_text() == "143\n"
+  assert (tmp_path / "bertjax.stop").exists()  # run.sh --restarts will not restart it
 
 
 def test_stop_signals_the_run_on_every_worker_and_waits():
-  ssh = dry_run("stop.sh", *SETTINGS, "--timeout=30")[0]
+  ssh = dry_run("stop.sh", *SETTINGS, "--timeout", "30")[0]
   assert ssh[:7] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "bert", "--worker=all"]
-  remote = next(a for a in ssh if a.startswith("--command=")).split("=", 1)[1]
-  assert remote.startswith("touch ~/bertjax.stop;")
-  assert "pkill -TERM -f 'python3 -m [b]ertjax[.]main'" in remote and "seq 30" in remote
+  command = next(a for a in ssh if a.startswith("--command=")).split("=", 1)[1]
+  assert command.startswith("touch ~/bertjax.stop;")
+  assert "pkill -TERM -f 'python[0-9.]* -m [b]ertjax[.]main'" in command
+  assert "seq 30" in command
   assert "pkill -KILL" in " ".join(dry_run("stop.sh", *SETTINGS, "--kill")[0])
 
 
 def test_stop_runs_its_worker_command_to_a_clean_exit(tmp_path):
   """The worker command itself, run here by the stand-in gcloud: it signals a
-  process that looks like the run, which saves and exits 143, and returns
-  when it is gone. pkill and pgrep are held to that process's group, so no
-  other process of this machine is touched."""
+  process that looks like a run started by hand, which saves and exits 143,
+  and returns when it is gone. pkill and pgrep are held to that process's
+  group, so no other process of this machine is touched."""
   saved = tmp_path / "saved"
   worker = subprocess.Popen(
       ["bash", "-c", f'exec -a "python3 -m bertjax.main --config=x" {sys.executable} -c '
        f'"import signal, sys, time\n'
        f'signal.signal(signal.SIGTERM, lambda *_: (open(\'{saved}\', \'w\').write(\'step 7\'), '
        f'sys.exit(143)))\ntime.sleep(60)"'], start_new_session=True)
-  for tool in ("pkill", "pgrep"):
-    wrapper = tmp_path / "bin" / tool
-    wrapper.parent.mkdir(exist_ok=True)
-    wrapper.write_text(f'#!/usr/bin/env bash\nexec {shutil.which(tool)} -g {worker.pid} "$@"\n')
-    wrapper.chmod(0o755)
-  env = _gcloud_stub(tmp_path, 'for a in "$@"; do [[ $a == --command=* ]] && '
-                                  'exec bash -c "${a#--command=}"; done')
-  deadline = time.time() + 30
-  while b"bertjax.main" not in open(f"/proc/{worker.pid}/cmdline", "rb").read():
-    assert time.time() < deadline
-    time.sleep(0.1)
+  env = _gcloud_stub(tmp_path, 'case "$*" in *"tpu-vm ssh"*) remote "$@" ;; esac')
+  _limit_to_group(tmp_path, worker.pid)
+  _wait_for(lambda: b"bertjax.main" in open(f"/proc/{worker.pid}/cmdline", "rb").read())
   time.sleep(0.5)  # the handler is installed
-  result = subprocess.run(["bash", os.path.join(ROOT, "launch", "stop.sh"), *SETTINGS,
-                           "--timeout=30"], capture_output=True, text=True, env=env, timeout=60)
+  result = _script("stop.sh", "--timeout=30", env=env, cwd=tmp_path)
   assert result.returncode == 0, result.stderr
   assert result.stdout.strip().endswith(": stopped")
   assert worker.wait(timeout=10) == 143 and saved.read_text() == "step 7"
   assert (tmp_path / "bertjax.stop").exists()  # run.sh will not restart it
   # Nothing left to stop: said, and not an error.
-  result = subprocess.run(["bash", os.path.join(ROOT, "launch", "stop.sh"), *SETTINGS],
-                          capture_output=True, text=True, env=env, timeout=60)
+  result = _script("stop.sh", env=env, cwd=tmp_path)
   assert result.returncode == 0 and result.stdout.strip().endswith(": no bertjax run")

@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# The worker side of run.sh and logs.sh: runs on each TPU worker (setup.sh
+# copies it there with the checkout), where it starts a bertjax run detached
+# from the SSH session, follows its log and reports how it ended.
+set -euo pipefail
+
+LOGS="$HOME/bertjax-logs"
+VENV="$HOME/bertjax-venv"
+STOP_MARKER="$HOME/bertjax.stop"
+CHECKOUT="$(cd "$(dirname "$0")/.." && pwd)"
+HOST="$(hostname)"
+
+usage() {
+  cat <<HELP
+Usage: launch/worker.sh COMMAND RUN_ID [ARGS...]
+
+Runs on a TPU worker, called over SSH by run.sh and logs.sh (nothing to run
+from your own machine). A run's files are in ~/bertjax-logs/: RUN_ID.log (its
+output), RUN_ID.pid (the shell that runs it) and, once it has ended,
+RUN_ID.status (its exit status); "latest" holds the last RUN_ID started. RUN_ID
+may be "latest".
+
+  start RUN_ID [MAIN_FLAGS...]  starts ~/bertjax-venv/bin/python -m bertjax.main MAIN_FLAGS in
+                                ~/bertjax, in a session of its own (setsid nohup) so that it
+                                goes on when the SSH connection drops, and returns; refuses
+                                while the latest run is still going
+  follow RUN_ID [LINES]         prints the log (from line LINES as tail -n takes it; default +1,
+                                the start), each line prefixed with the host name, until the
+                                run ends; exits with the run's status
+  state RUN_ID                  prints "HOST: running", "HOST: exited STATUS" or
+                                "HOST: ended without an exit status"
+  log RUN_ID                    prints the whole log
+  --help                        this text
+HELP
+}
+
+say() {
+  echo "$HOST: $*"
+}
+
+# The run's id (RUN_ID, or the latest one); exits if there is no such run here.
+resolve() {
+  local id="$1"
+  [[ "$id" != latest ]] || id="$(cat "$LOGS/latest" 2>/dev/null || true)"
+  if [[ -z "$id" || ! -e "$LOGS/$id.pid" ]]; then
+    say "no bertjax run $1 here" >&2
+    exit 3
+  fi
+  echo "$id"
+}
+
+# Whether run $1 is still going: no exit status yet, and its shell is alive.
+alive() {
+  [[ ! -e "$LOGS/$1.status" ]] && kill -0 "$(cat "$LOGS/$1.pid")" 2>/dev/null
+}
+
+start() {
+  local id="$1" latest
+  shift
+  mkdir -p "$LOGS"
+  if [[ -e "$LOGS/$id.pid" ]]; then
+    say "run $id was started already"  # gcloud repeats a command whose connection failed
+    return 0
+  fi
+  latest="$(cat "$LOGS/latest" 2>/dev/null || true)"
+  if [[ -n "$latest" && -e "$LOGS/$latest.pid" ]] && alive "$latest"; then
+    say "run $latest is still going; launch/stop.sh stops it" >&2
+    exit 3
+  fi
+  if [[ ! -x "$VENV/bin/python" ]]; then
+    say "there is no $VENV; run launch/setup.sh first" >&2
+    exit 3
+  fi
+  rm -f "$STOP_MARKER"
+  echo "$id" > "$LOGS/latest"
+  # A session of its own: no hangup reaches it when the SSH session ends.
+  setsid nohup bash "$CHECKOUT/launch/worker.sh" _run "$id" "$@" \
+    > "$LOGS/$id.log" 2>&1 < /dev/null &
+  for _ in $(seq 100); do
+    [[ ! -s "$LOGS/$id.pid" ]] || break
+    sleep 0.1
+  done
+  [[ -s "$LOGS/$id.pid" ]] || { say "run $id did not start; see $LOGS/$id.log" >&2; exit 3; }
+  say "started run $id (pid $(cat "$LOGS/$id.pid"), log $LOGS/$id.log)"
+}
+
+# The detached shell around the run: it records its pid, runs the command and
+# records the exit status (written whole, then renamed, so no reader sees half).
+_run() {
+  local id="$1" status=0
+  shift
+  echo $$ > "$LOGS/$id.pid.part" && mv "$LOGS/$id.pid.part" "$LOGS/$id.pid"
+  echo "worker.sh: run $id on $HOST from $(date -u +%FT%TZ): python -m bertjax.main $*"
+  cd "$CHECKOUT"
+  "$VENV/bin/python" -m bertjax.main "$@" || status=$?
+  echo "worker.sh: run $id on $HOST ended $(date -u +%FT%TZ) with exit status $status"
+  echo "$status" > "$LOGS/$id.status.part" && mv "$LOGS/$id.status.part" "$LOGS/$id.status"
+}
+
+follow() {
+  local id lines="${2:-+1}"
+  id="$(resolve "$1")"
+  # Ends when the run's shell has gone (after it wrote the status).
+  tail -n "$lines" -F --pid="$(cat "$LOGS/$id.pid")" "$LOGS/$id.log" | sed -u "s/^/$HOST: /"
+  if [[ -e "$LOGS/$id.status" ]]; then
+    exit "$(cat "$LOGS/$id.status")"
+  fi
+  say "run $id ended without an exit status (its shell was killed)" >&2
+  exit 1
+}
+
+state() {
+  local id
+  id="$(resolve "$1")"
+  if [[ -e "$LOGS/$id.status" ]]; then
+    say "exited $(cat "$LOGS/$id.status")"
+  elif alive "$id"; then
+    say running
+  else
+    say "ended without an exit status"
+  fi
+}
+
+log() {
+  local id
+  id="$(resolve "$1")"
+  cat "$LOGS/$id.log"
+}
+
+case "${1:-}" in
+  --help) usage ;;
+  start | follow | state | log | _run)
+    (( $# >= 2 )) || { echo "worker.sh: $1 needs a RUN_ID (see --help)" >&2; exit 2; }
+    command="$1"
+    shift
+    "$command" "$@" ;;
+  *) echo "worker.sh: unknown command ${1:-} (see --help)" >&2; exit 2 ;;
+esac
