@@ -68,9 +68,10 @@ MAIN_ARGS="$(printf ' %q' "--config=$CONFIG" "--workdir=$WORKDIR" ${EXTRA[@]+"${
 HERE="$(dirname "$0")"
 common_flags
 
-# The run's exit status as the workers recorded it, after following it failed:
-# the run may have ended, or only the connection. Follows it again while it
-# goes on; returns the follow's status when the workers cannot say.
+# Follows the run on every worker until it ends; returns its exit status. When
+# following fails, asks the workers: the run may have ended (the status they
+# recorded) or only the connection (follow it again). Returns the follow's
+# status when the workers cannot say.
 follow_run() {
   local status states code
   tpu tpu-vm ssh "$NAME" --worker=all --command="$WORKER follow $RUN_ID +1" && return 0
@@ -79,8 +80,8 @@ follow_run() {
     states="$(tpu tpu-vm ssh "$NAME" --worker=all --command="$WORKER state $RUN_ID" \
       2>/dev/null)" || true
     if [[ "$states" == *": running"* ]]; then
-      echo "run.sh: lost the connection to the workers; run $RUN_ID goes on there, following" \
-        "it again" >&2
+      echo "run.sh: following stopped ($status) while run $RUN_ID goes on on the workers (a" \
+        "dropped connection?); following it again" >&2
       sleep "$POLL_SECONDS"
       tpu tpu-vm ssh "$NAME" --worker=all --command="$WORKER follow $RUN_ID 20" && return 0
       status=$?

@@ -92,7 +92,7 @@ _run() {
   echo $$ > "$LOGS/$id.pid.part" && mv "$LOGS/$id.pid.part" "$LOGS/$id.pid"
   echo "worker.sh: run $id on $HOST from $(date -u +%FT%TZ): python -m bertjax.main $*"
   cd "$CHECKOUT"
-  "$VENV/bin/python" -m bertjax.main "$@" || status=$?
+  PYTHONUNBUFFERED=1 "$VENV/bin/python" -m bertjax.main "$@" || status=$?  # lines as they come
   echo "worker.sh: run $id on $HOST ended $(date -u +%FT%TZ) with exit status $status"
   echo "$status" > "$LOGS/$id.status.part" && mv "$LOGS/$id.status.part" "$LOGS/$id.status"
 }
