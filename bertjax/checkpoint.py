@@ -73,14 +73,18 @@ class Checkpointer:
     directory: Where the steps go (`<workdir>/checkpoints`).
     max_to_keep: Keep the newest this many steps.
     async_save: Write in the background while training goes on.
+    create: Create the directory (a reader passes False).
   """
 
-  def __init__(self, directory: str, *, max_to_keep: int = 3, async_save: bool = True):
+  def __init__(self, directory: str, *, max_to_keep: int = 3, async_save: bool = True,
+               create: bool = True):
     self.directory = os.fspath(directory)
     options = ocp.CheckpointManagerOptions(
         save_interval_steps=1, max_to_keep=max_to_keep,
-        enable_async_checkpointing=async_save, create=True,
-        cleanup_tmp_directories=True)
+        enable_async_checkpointing=async_save, create=create,
+        # Only the run's own manager clears unfinished saves: a reader (fine-tuning
+        # from a run still in progress) must leave the run's pending save alone.
+        cleanup_tmp_directories=create)
     self._manager = ocp.CheckpointManager(self.directory, options=options,
                                           item_names=(STATE, DATA, META))
 
@@ -155,6 +159,39 @@ class Checkpointer:
   def close(self) -> None:
     self._manager.wait_until_finished()
     self._manager.close()
+
+
+def params_from_run(workdir: str) -> tuple[Any, int, Any]:
+  """(config, step, parameters) of the latest checkpoint of a pre-training run.
+
+  `workdir` is local or a URL (`gs://...`). The state is restored into arrays
+  on this host's first device, whatever mesh and number of hosts the run had.
+
+  Returns:
+    The run's `config.json` as an `ml_collections.ConfigDict`, the step, and
+    the parameters as host arrays.
+  """
+  import ml_collections
+
+  from bertjax import files, optim, train
+  from bertjax.models import BertConfig
+
+  config = ml_collections.ConfigDict(files.read_json(files.join(workdir, "config.json")))
+  model = train.pretraining_model(BertConfig.from_run_config(config), config.objective)
+  optimizer, _ = optim.make_optimizer(config)
+  abstract = train.abstract_train_state(model, optimizer, config.seed)
+  target = abstract_with_shardings(
+      abstract, jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))
+  checkpointer = Checkpointer(files.join(workdir, "checkpoints"), async_save=False,
+                              create=False)
+  try:
+    step = checkpointer.latest_step()
+    if step is None:
+      raise FileNotFoundError(f"{workdir}/checkpoints: no finished checkpoint")
+    state = checkpointer.restore_state(step, target)
+  finally:
+    checkpointer.close()
+  return config, step, jax.device_get(state.params)
 
 
 def _name(path) -> str:

@@ -1,4 +1,15 @@
-"""Reading JSON with clear errors, and writing directories atomically."""
+"""Files anywhere: local paths and `gs://` URLs alike.
+
+Local paths go through `os`; URLs (`gs://bucket/...`) through `etils.epath`,
+which reaches Google Cloud Storage through `gcsfs`. Libraries that only read
+local files (array_record, tokenizers, sentencepiece) get a local copy in a
+cache directory (`BERTJAX_CACHE_DIR`, default `~/.cache/bertjax`).
+
+Object stores have no atomic rename, so a directory on `gs://` is "complete"
+when its marker file (the one readers look for first: `bertjax.json`,
+`config.json`, a shard's `.stats.json`) exists, and that file is always
+written last.
+"""
 
 from __future__ import annotations
 
@@ -7,30 +18,192 @@ import json
 import os
 import shutil
 import tempfile
-from typing import Any, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 
 def is_remote(path: str) -> bool:
   return "://" in os.fspath(path)
 
 
+def join(path: str, *names: str) -> str:
+  """`os.path.join` that keeps `gs://` URLs intact."""
+  return os.path.join(os.fspath(path), *names)
+
+
+def _epath(path: str):
+  from etils import epath
+
+  return epath.Path(path)
+
+
 def exists(path: str) -> bool:
-  """Whether a file exists, locally or at a `gs://`-style URL (through etils.epath)."""
+  """Whether a file or directory exists, locally or at a `gs://`-style URL."""
   if is_remote(path):
-    from etils import epath
-    return epath.Path(path).exists()
+    return _epath(path).exists()
   return os.path.exists(path)
 
 
-def write_text(path: str, text: str) -> None:
-  """Writes a whole file, locally (atomically) or at a URL."""
+def isfile(path: str) -> bool:
   if is_remote(path):
-    from etils import epath
-    epath.Path(path).write_text(text)
+    return _epath(path).is_file()
+  return os.path.isfile(path)
+
+
+def isdir(path: str) -> bool:
+  """Whether `path` is a directory (on `gs://`: whether any object lies under it)."""
+  if is_remote(path):
+    return _epath(path).is_dir()
+  return os.path.isdir(path)
+
+
+def listdir(path: str) -> list[str]:
+  """The names in a directory, sorted."""
+  if is_remote(path):
+    return sorted(p.name for p in _epath(path).iterdir())
+  return sorted(os.listdir(path))
+
+
+def makedirs(path: str) -> None:
+  """Creates a local directory and its parents (nothing to do on `gs://`)."""
+  if not is_remote(path):
+    os.makedirs(path, exist_ok=True)
+
+
+def remove(path: str) -> None:
+  if is_remote(path):
+    _epath(path).unlink()
+  else:
+    os.remove(path)
+
+
+def read_bytes(path: str) -> bytes:
+  if is_remote(path):
+    return _epath(path).read_bytes()
+  with open(path, "rb") as f:
+    return f.read()
+
+
+def read_text(path: str) -> str:
+  return read_bytes(path).decode("utf-8")
+
+
+@contextlib.contextmanager
+def open_text(path: str, newline: str | None = None) -> Iterator[Any]:
+  """A text file for reading (UTF-8, a byte-order mark dropped), local or remote.
+
+  Args:
+    newline: As for `open` (`""` for the csv module).
+  """
+  if is_remote(path):
+    import io
+    with _epath(path).open("rb") as raw:
+      yield io.TextIOWrapper(raw, encoding="utf-8-sig", newline=newline)
+  else:
+    with open(path, encoding="utf-8-sig", newline=newline) as f:
+      yield f
+
+
+def upload(local: str, remote: str) -> None:
+  """Copies a local file to a URL."""
+  from etils import epath
+
+  _epath(remote).parent.mkdir(parents=True, exist_ok=True)
+  epath.Path(local).copy(_epath(remote), overwrite=True)
+
+
+def cache_root() -> str:
+  return os.environ.get("BERTJAX_CACHE_DIR") or os.path.join(
+      os.path.expanduser("~"), ".cache", "bertjax")
+
+
+def cache_path(url: str) -> str:
+  """Where the local copy of `url` goes: `<cache>/gs/<bucket>/<path>`."""
+  scheme, rest = os.fspath(url).split("://", 1)
+  return os.path.join(cache_root(), scheme, rest.strip("/"))
+
+
+def download(remote: str, local: str) -> None:
+  """Copies a remote file to `local` (written under a temporary name, then renamed)."""
+  os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
+  staging = f"{local}.tmp-{os.getpid()}"
+  try:
+    with _epath(remote).open("rb") as source, open(staging, "wb") as target:
+      shutil.copyfileobj(source, target, 16 << 20)
+    os.replace(staging, local)
+  except BaseException:
+    if os.path.exists(staging):
+      os.remove(staging)
+    raise
+
+
+def local_file(path: str) -> str:
+  """A local path to the file `path`: itself, or its copy in the cache for a URL."""
+  if not is_remote(path):
+    return path
+  directory, name = path.rstrip("/").rsplit("/", 1)
+  return os.path.join(local_copy(directory, [name]), name)
+
+
+def local_copy(path: str, names: Iterable[str] | Callable[[str], bool] | None = None,
+               *, required_bytes_check: bool = True) -> str:
+  """A local directory holding `path`'s files; `path` itself when it is local.
+
+  A remote directory is mirrored into `cache_path(path)`: each wanted file is
+  downloaded unless a copy of the same size is there already (files are
+  renamed into place only once complete, so a copy is never half-written).
+
+  Args:
+    path: A directory, local or a URL.
+    names: Which files: a list of names, a predicate on the name, or None for
+      every file directly in the directory (no sub-directories).
+    required_bytes_check: Refuse (with the sizes) when the local disk lacks the
+      room, before downloading anything.
+  """
+  if not is_remote(path):
+    return path
+  local = cache_path(path)
+  remote = _epath(path)
+  if names is None or callable(names):
+    keep = names or (lambda name: True)
+    entries = [p for p in remote.iterdir() if keep(p.name) and p.is_file()]
+  else:
+    entries = [remote / name for name in names]
+  todo = []
+  for entry in entries:
+    try:
+      size = entry.stat().length
+    except FileNotFoundError:
+      raise FileNotFoundError(f"{path}/{entry.name} not found") from None
+    target = os.path.join(local, entry.name)
+    if not (os.path.isfile(target) and os.path.getsize(target) == size):
+      todo.append((entry, target, size))
+  if todo and required_bytes_check:
+    os.makedirs(local, exist_ok=True)
+    needed, free = sum(size for *_, size in todo), shutil.disk_usage(local).free
+    if needed > free:
+      raise OSError(f"{path}: {needed / 2**30:.1f} GiB to copy into {local} but only "
+                    f"{free / 2**30:.1f} GiB free; set BERTJAX_CACHE_DIR to a larger disk, "
+                    "or mount the bucket with gcsfuse and give the local path")
+  for entry, target, _ in todo:
+    download(os.fspath(entry), target)
+  os.makedirs(local, exist_ok=True)
+  return local
+
+
+def write_bytes(path: str, data: bytes) -> None:
+  """Writes a whole file, locally or at a URL, atomically (an object store
+  creates an object whole; a local file is renamed into place)."""
+  if is_remote(path):
+    _epath(path).write_bytes(data)
     return
-  with open(path + ".tmp", "w", encoding="utf-8") as f:
-    f.write(text)
-  os.replace(path + ".tmp", path)
+  staging = f"{path}.tmp-{os.getpid()}"
+  with open(staging, "wb") as f:
+    f.write(data)
+  os.replace(staging, path)
+
+
+def write_text(path: str, text: str) -> None:
+  write_bytes(path, text.encode("utf-8"))
 
 
 def read_json(path: str) -> dict[str, Any]:
@@ -54,20 +227,28 @@ def read_json(path: str) -> dict[str, Any]:
 
 
 def write_json(path: str, data: dict[str, Any]) -> None:
-  with open(path, "w", encoding="utf-8") as f:
-    json.dump(data, f, indent=2, ensure_ascii=False)
-    f.write("\n")
+  write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 
 
 @contextlib.contextmanager
-def atomic_directory(out_dir: str, overwrite: bool = False) -> Iterator[str]:
+def atomic_directory(out_dir: str, overwrite: bool = False,
+                     marker: str | None = None) -> Iterator[str]:
   """Yields a temporary directory that becomes `out_dir` only if the block succeeds.
 
-  The temporary directory is a sibling of `out_dir` (same file system, so the
-  final rename is atomic). On any error it is removed and `out_dir` is left as
-  it was. An existing `out_dir` is an error unless `overwrite`, in which case it
-  is replaced only after the new one is complete.
+  Locally the temporary directory is a sibling of `out_dir` (same file system,
+  so the final rename is atomic). On any error it is removed and `out_dir` is
+  left as it was. An existing `out_dir` is an error unless `overwrite`, in
+  which case it is replaced only after the new one is complete.
+
+  On `gs://` the block writes to a local temporary directory that is uploaded
+  afterwards, `marker` (the file readers look for first) last; when replacing,
+  the old marker goes first, so a reader never takes a half-written directory
+  for a complete one.
   """
+  if is_remote(out_dir):
+    with _remote_directory(out_dir, overwrite, marker) as staging:
+      yield staging
+    return
   out_dir = os.path.abspath(out_dir)
   if os.path.exists(out_dir) and not overwrite:
     raise FileExistsError(f"{out_dir} already exists; choose a new directory or "
@@ -97,13 +278,31 @@ def atomic_directory(out_dir: str, overwrite: bool = False) -> Iterator[str]:
     raise
 
 
+@contextlib.contextmanager
+def _remote_directory(out_dir: str, overwrite: bool, marker: str | None) -> Iterator[str]:
+  target = _epath(out_dir)
+  if target.exists() and not overwrite:
+    raise FileExistsError(f"{out_dir} already exists; choose a new directory or "
+                          "pass overwrite=True")
+  with tempfile.TemporaryDirectory(prefix="bertjax-upload-") as staging:
+    yield staging
+    if target.exists():
+      if marker and (target / marker).exists():
+        (target / marker).unlink()
+      target.rmtree()
+    names = []
+    for root, _, filenames in os.walk(staging):
+      names += [os.path.relpath(os.path.join(root, n), staging) for n in filenames]
+    for name in sorted(names, key=lambda n: n == marker):
+      upload(os.path.join(staging, name), join(out_dir, name))
+
+
 def save_config(config: Any, workdir: str) -> None:
   """Writes a run's resolved config to `<workdir>/config.json` (process 0 only)."""
   import jax
 
   if jax.process_index() != 0:
     return
-  if not is_remote(workdir):
-    os.makedirs(workdir, exist_ok=True)
+  makedirs(workdir)
   write_text(os.path.join(workdir, "config.json"),
              json.dumps(config.to_dict(), indent=2, default=str))

@@ -7,12 +7,13 @@ is needed to write them. Only process 0 writes.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging as pylogging
 import os
 import socket
 import struct
-import tempfile
+import threading
 import time
 from typing import Any, Mapping
 
@@ -69,24 +70,163 @@ def _event(wall_time: float, step: int, scalars: Mapping[str, float] | None = No
   return message
 
 
-class EventFileWriter:
-  """Appends scalar summaries to a TensorBoard event file."""
+_WRITER_NUMBERS = itertools.count()
 
-  def __init__(self, directory: str):
-    os.makedirs(directory, exist_ok=True)
-    name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}"
+
+class AppendFile:
+  """A file that only grows: appended across processes, runs and resumes.
+
+  Locally each `append` is written and flushed at once. On `gs://`, where an
+  object cannot be appended to, appends are buffered and a background thread
+  uploads each batch as a small object and composes it onto the end of the
+  file (a server-side concatenation: the file is never uploaded again).
+  Batches go every `flush_every_s` seconds, on `flush()` and on `close()`.
+
+  A storage error never reaches the caller: it is logged, the batch is kept
+  and tried again (the next flush), with the number of bytes still waiting.
+
+  Args:
+    path: The file, local or a URL.
+    flush_every_s: Seconds between uploads of a remote file's batches.
+  """
+
+  def __init__(self, path: str, flush_every_s: float = 30.0):
+    self.path = path
+    self._remote = "://" in path
+    self._buffer = bytearray()
+    self._lock = threading.Lock()
+    self._upload_lock = threading.Lock()
+    self._failures = 0
+    if not self._remote:
+      os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+      self._file = open(path, "ab")
+      return
+    import fsspec
+
+    self._fs, self._object = fsspec.core.url_to_fs(path)
+    self._parts = 0
+    self._flush_every_s = flush_every_s
+    self._wake = threading.Event()
+    self._closing = False
+    self._thread = threading.Thread(target=self._flush_loop, daemon=True,
+                                    name=f"append {os.path.basename(path)}")
+    self._thread.start()
+
+  def append(self, data: bytes) -> None:
+    if not self._remote:
+      try:
+        self._file.write(data)
+        self._file.flush()
+      except OSError as e:
+        self._warn(e)
+      return
+    with self._lock:
+      self._buffer += data
+
+  def flush(self) -> bool:
+    """Uploads what is buffered now (and waits); returns whether all of it is stored."""
+    if not self._remote:
+      return True
+    return self._upload()
+
+  def _flush_loop(self) -> None:
+    while not self._closing:
+      self._wake.wait(self._flush_every_s)
+      self._upload()
+
+  def _upload(self) -> bool:
+    # Appends go on while a batch uploads (the buffer's lock is not held
+    # during the upload); one upload at a time keeps the batches in order.
+    with self._upload_lock:
+      with self._lock:
+        data = bytes(self._buffer)
+      if not data:
+        return True
+      try:
+        self._append_object(data)
+      except Exception as e:  # a storage error is never fatal to training
+        self._warn(e)
+        return False
+      with self._lock:
+        del self._buffer[:len(data)]
+    if self._failures:
+      logging.info("%s: writing again after %d failed tries", self.path, self._failures)
+      self._failures = 0
+    return True
+
+  def _append_object(self, data: bytes) -> None:
+    """Appends `data` to the object (each call is one batch, at most once)."""
+    fs, target = self._fs, self._object
+    if not fs.exists(target):
+      fs.pipe_file(target, data)
+      return
+    size = fs.info(target)["size"]
+    self._parts += 1
+    part = f"{target}.part-{socket.gethostname()}-{os.getpid()}-{self._parts}"
+    fs.pipe_file(part, data)
+    try:
+      try:
+        fs.merge(target, [target, part])
+      except Exception:
+        # The compose may have been done with its answer lost: not twice.
+        fs.invalidate_cache(target)
+        if fs.info(target)["size"] != size + len(data):
+          raise
+    finally:
+      try:
+        fs.rm_file(part)
+      except Exception:  # a stray part is harmless; the data is in place or retried
+        pass
+    fs.invalidate_cache(target)
+
+  def _warn(self, error: Exception) -> None:
+    self._failures += 1
+    logging.warning("%s: could not write (try %d, %d bytes waiting; training goes on): %s",
+                    self.path, self._failures, len(self._buffer), error)
+
+  def close(self) -> None:
+    if not self._remote:
+      self._file.close()
+      return
+    self._closing = True
+    self._wake.set()
+    self._thread.join()
+    for attempt in range(3):
+      if self.flush():
+        return
+      time.sleep(2 ** attempt)
+    logging.error("%s: %d bytes of metrics could not be written", self.path,
+                  len(self._buffer))
+
+
+class EventFileWriter:
+  """Appends scalar summaries to a TensorBoard event file of its own (one per
+  writer: each run or resume starts a new file, which TensorBoard reads together).
+
+  Args:
+    directory: The TensorBoard log directory, local or a URL.
+    flush_every_s: Seconds between uploads to a URL (see `AppendFile`).
+  """
+
+  def __init__(self, directory: str, flush_every_s: float = 30.0):
+    # As TensorFlow names them: time, host, process, and a counter for the
+    # writers of one process.
+    name = (f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}"
+            f".{next(_WRITER_NUMBERS)}")
     self.path = os.path.join(directory, name)
-    self._file = open(self.path, "ab")
+    self._file = AppendFile(self.path, flush_every_s)
     self._write(_event(time.time(), 0, file_version="brain.Event:2"))
 
   def _write(self, record: bytes) -> None:
     header = struct.pack("<Q", len(record))
-    self._file.write(header + struct.pack("<I", _masked_crc(header)) + record
-                     + struct.pack("<I", _masked_crc(record)))
+    self._file.append(header + struct.pack("<I", _masked_crc(header)) + record
+                      + struct.pack("<I", _masked_crc(record)))
 
   def scalars(self, step: int, values: Mapping[str, float]) -> None:
     self._write(_event(time.time(), step, {k: float(v) for k, v in values.items()}))
-    self._file.flush()
+
+  def flush(self) -> bool:
+    return self._file.flush()
 
   def close(self) -> None:
     self._file.close()
@@ -95,47 +235,40 @@ class EventFileWriter:
 class MetricWriter:
   """Writes metrics to `<workdir>/metrics.jsonl` and TensorBoard events (process 0).
 
-  A remote workdir (`gs://...`) cannot be appended to: the files are written to
-  a local directory and copied whole to the workdir after each write.
+  `metrics.jsonl` is appended to by every run and resume in the workdir (no
+  earlier line is ever lost); each run writes its own TensorBoard event file.
+  On `gs://` both are appended in batches (see `AppendFile`); the trainer
+  calls `flush()` with every checkpoint, so every step up to the newest
+  checkpoint is stored.
 
   Args:
-    workdir: The run's directory.
+    workdir: The run's directory, local or a URL.
     enabled: Whether this process writes (process 0 does).
+    flush_every_s: Seconds between uploads to a URL.
   """
 
-  def __init__(self, workdir: str, enabled: bool = True):
+  def __init__(self, workdir: str, enabled: bool = True, flush_every_s: float = 30.0):
     self.enabled = enabled
     if not enabled:
       return
-    self._remote = workdir if "://" in workdir else None
-    local = tempfile.mkdtemp(prefix="bertjax-metrics-") if self._remote else workdir
-    os.makedirs(local, exist_ok=True)
-    self._local = local
-    self._jsonl = open(os.path.join(local, "metrics.jsonl"), "a", encoding="utf-8")
-    self._events = EventFileWriter(os.path.join(local, "tensorboard"))
+    self._jsonl = AppendFile(os.path.join(workdir, "metrics.jsonl"), flush_every_s)
+    self._events = EventFileWriter(os.path.join(workdir, "tensorboard"), flush_every_s)
 
   def write(self, step: int, values: Mapping[str, Any], prefix: str = "") -> None:
     """Writes a step's scalars, named `prefix/name` in TensorBoard."""
     if not self.enabled:
       return
     record = {"step": step, **{f"{prefix}{k}": v for k, v in values.items()}}
-    self._jsonl.write(json.dumps(record) + "\n")
-    self._jsonl.flush()
+    self._jsonl.append((json.dumps(record) + "\n").encode())
     numeric = {f"{prefix}{k}": v for k, v in values.items()
                if isinstance(v, (int, float)) and not isinstance(v, bool)}
     self._events.scalars(step, numeric)
-    if self._remote:
-      self._mirror()
 
-  def _mirror(self) -> None:
-    from etils import epath
-
-    for local in (self._jsonl.name, self._events.path):
-      relative = os.path.relpath(local, self._local)
-      target = epath.Path(self._remote) / relative
-      target.parent.mkdir(parents=True, exist_ok=True)
-      with open(local, "rb") as f:
-        target.write_bytes(f.read())
+  def flush(self) -> None:
+    """Stores what was written so far (waits for a remote upload; never raises)."""
+    if self.enabled:
+      self._jsonl.flush()
+      self._events.flush()
 
   def close(self) -> None:
     if self.enabled:

@@ -73,3 +73,15 @@ def create_optimizer(name: str, learning_rate: optax.ScalarOrSchedule, *,
               optax.masked(optax.scale_by_trust_ratio(), decay_mask),
               optax.scale_by_learning_rate(learning_rate)]
   return optax.chain(*chain)
+
+
+def make_optimizer(config: Any) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """(optimizer, learning-rate schedule) of a run's `config.optimizer` and
+  `config.train.total_steps` (an `ml_collections.ConfigDict`)."""
+  opt = config.optimizer
+  schedule = learning_rate_schedule(opt.learning_rate, opt.warmup_steps,
+                                    config.train.total_steps)
+  optimizer = create_optimizer(opt.name, schedule, weight_decay=opt.weight_decay,
+                               b1=opt.b1, b2=opt.b2, eps=opt.eps,
+                               max_grad_norm=opt.max_grad_norm)
+  return optimizer, schedule

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 from typing import Any
 
 import flax.linen as nn
@@ -24,6 +25,7 @@ import jax
 import numpy as np
 
 from bertjax.data.tokenizers import Tokenizer, tokenizer_from_settings
+from bertjax import checkpoint, files
 from bertjax.files import atomic_directory, read_json, write_json
 from bertjax.interop import google_tf, hf, mapping
 from bertjax.models import BertConfig, build_model, to_layout
@@ -106,19 +108,23 @@ def load_pretrained(path: str, *, task: str | None = None, labels: list[str] | N
   if fixed:
     raise ValueError(f"load_pretrained cannot override {fixed}: the checkpoint fixes the "
                      f"architecture; overridable: {', '.join(COMPUTATION_FIELDS)}")
-  if "://" in path:
-    raise ValueError(f"{path}: load_pretrained reads local directories; copy it first "
-                     "(e.g. gcloud storage cp -r)")
-  if os.path.isfile(os.path.join(path, BERTJAX_FILE)):
+  path = resolve_location(path)
+  exists = lambda name: files.isfile(files.join(path, name))
+  if exists(BERTJAX_FILE):
     bundle = _load_bertjax(path, do_lower_case)
-  elif os.path.isdir(os.path.join(path, TRAINING_CHECKPOINTS)):
+  elif files.isdir(files.join(path, TRAINING_CHECKPOINTS)) and exists("config.json"):
     bundle = _load_training_run(path, do_lower_case)
-  elif os.path.isfile(os.path.join(path, hf.CONFIG_FILE)):
-    bundle = _load_reference(path, hf.CONFIG_FILE, do_lower_case)
-  elif os.path.isfile(os.path.join(path, google_tf.CONFIG_FILE)) or os.path.isfile(
-      path + ".index"):
-    bundle = _load_reference(path, google_tf.CONFIG_FILE, do_lower_case)
-  elif not os.path.exists(path):
+  elif exists(hf.CONFIG_FILE):
+    bundle = _load_reference(files.local_copy(path, _reference_files), hf.CONFIG_FILE,
+                             do_lower_case)
+  elif exists(google_tf.CONFIG_FILE) or files.isfile(path + ".index"):
+    if files.isfile(path + ".index"):  # a checkpoint prefix: its directory's files
+      local = files.local_copy(os.path.dirname(path), _reference_files)
+      local = os.path.join(local, os.path.basename(path))
+    else:
+      local = files.local_copy(path, _reference_files)
+    bundle = _load_reference(local, google_tf.CONFIG_FILE, do_lower_case)
+  elif not files.exists(path):
     raise FileNotFoundError(f"{path} does not exist")
   else:
     raise ValueError(
@@ -134,6 +140,50 @@ def load_pretrained(path: str, *, task: str | None = None, labels: list[str] | N
   bundle.config = bundle.config.replace(**config_overrides)
   bundle.params = to_layout(bundle.params, bundle.config.scan_layers)
   return bundle
+
+
+# Weight files of other frameworks that a Hugging Face repository may carry
+# beside the ones read here; not downloaded.
+_OTHER_WEIGHTS = ("tf_model.h5", "flax_model.msgpack", "rust_model.ot", "model.onnx",
+                  "coreml", "onnx")
+
+
+def _reference_files(name: str) -> bool:
+  """Whether a Hugging Face or Google TF directory's file is needed to load it."""
+  return not name.startswith(_OTHER_WEIGHTS) and not name.endswith((".h5", ".msgpack"))
+
+
+def is_hub_id(path: str) -> bool:
+  """Whether `path` reads as a Hugging Face Hub model id (`org/name`) rather
+  than a path: two parts, no URL, and nothing at that path locally."""
+  return (not files.is_remote(path) and not os.path.isabs(path)
+          and re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", path) is not None
+          and not os.path.exists(path))
+
+
+def resolve_location(path: str) -> str:
+  """A Hugging Face Hub id becomes its local snapshot (through `huggingface_hub`:
+  its cache, a download unless `HF_HUB_OFFLINE=1`); anything else is returned
+  as it is."""
+  if not is_hub_id(path):
+    return path
+  try:
+    import huggingface_hub
+  except ImportError:
+    raise ValueError(f"{path}: reading a Hugging Face Hub id needs huggingface_hub "
+                     "(pip install huggingface_hub), or give a local path") from None
+  patterns = ["*.json", "*.txt", "*.model", "*.safetensors"]
+  try:
+    local = huggingface_hub.snapshot_download(path, allow_patterns=patterns)
+    if not any(name.endswith(".safetensors") for name in os.listdir(local)):
+      local = huggingface_hub.snapshot_download(path, allow_patterns=patterns + ["*.bin"])
+  except Exception as e:  # offline without a cached copy, an unknown id, no network
+    raise FileNotFoundError(
+        f"{path}: not a local path, and no Hugging Face Hub snapshot of it could be had "
+        f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); check the "
+        "path, or the id and your network (HF_HUB_OFFLINE=1 reads only the cache)") from None
+  logger.info("%s: the Hugging Face Hub snapshot in %s", path, local)
+  return local
 
 
 def _load_reference(path: str, config_file: str, do_lower_case: bool | None) -> Pretrained:
@@ -212,7 +262,7 @@ def save_pretrained(bundle: Pretrained, out_dir: str, overwrite: bool = False) -
   read them back.
   """
   looped = _checked_looped_params(bundle)
-  with atomic_directory(out_dir, overwrite) as staging:
+  with atomic_directory(out_dir, overwrite, marker=BERTJAX_FILE) as staging:
     tokenizer_settings = bundle.tokenizer.save(staging) if bundle.tokenizer else None
     with _this_process_checkpointer() as checkpointer:
       checkpointer.save(os.path.join(staging, "params"), looped)
@@ -270,18 +320,17 @@ def _load_bertjax(path: str, do_lower_case: bool | None) -> Pretrained:
 def _load_training_run(path: str, do_lower_case: bool | None) -> Pretrained:
   """The parameters of the latest checkpoint of a pre-training workdir."""
   from bertjax.data import shards
-  from bertjax.tasks import pretrain
 
-  config_path = os.path.join(path, "config.json")
+  config_path = files.join(path, "config.json")
   values = read_json(config_path)
   if values.get("task") != "pretrain" or "model" not in values:
     raise ValueError(f"{config_path}: not the config of a pre-training run")
-  run_config, step, params = pretrain.params_from_run(path)
-  config = pretrain.bert_config(run_config)
+  run_config, step, params = checkpoint.params_from_run(path)
+  config = BertConfig.from_run_config(run_config)
   if run_config.objective == "ltr":
     config = config.replace(causal=True)
   logger.info("%s: parameters of step %d", path, step)
-  data_dir = run_config.data.dir or os.path.join(path, "data")
+  data_dir = run_config.data.dir or files.join(path, "data")
   tokenizer = None
   try:
     settings = shards.read_info(data_dir)["tokenizer"]
@@ -312,7 +361,7 @@ def export_hf(bundle: Pretrained, out_dir: str, overwrite: bool = False) -> None
       logger.info("export_hf: %s has no pooler; leaving out %s",
                   hf.TASK_TO_CLASS[bundle.task], ", ".join(pooler))
       reference = {k: v for k, v in reference.items() if k not in pooler}
-  with atomic_directory(out_dir, overwrite) as staging:
+  with atomic_directory(out_dir, overwrite, marker=hf.CONFIG_FILE) as staging:
     hf.write_directory(staging, bundle.config, reference, bundle.task, bundle.labels,
                        bundle.tokenizer)
 

@@ -13,6 +13,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# gcsfs's gRPC bucket-layout probe, which the storage emulator does not serve
+# (see tests/gcs.py); read when gcsfs is imported.
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 import jax  # noqa: E402
 
@@ -60,3 +63,17 @@ def tiny_hf_checkpoint(tmp_path_factory):
   from tests import reference
 
   return reference.write_tiny_checkpoint(tmp_path_factory.mktemp("tiny_hf"))
+
+
+@pytest.fixture(scope="session")
+def gcs(tmp_path_factory):
+  """fake-gcs-server on 127.0.0.1, this process's clients pointed at it, and the
+  local cache of remote files in a temporary directory."""
+  from tests.gcs import FakeGcs
+
+  server = FakeGcs(str(tmp_path_factory.mktemp("gcs")))
+  server.start()
+  os.environ.update(server.env)
+  os.environ["BERTJAX_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
+  yield server
+  server.stop()

@@ -70,3 +70,71 @@ def test_orbax_info_lines_are_quiet_at_the_default_verbosity():
     assert installed[0].filter(record(orbax_path, pylogging.INFO))
   finally:
     logging.set_verbosity(verbosity)
+
+
+def _read_events(data):
+  """(step, {tag: value}) of an event file's bytes, checking every CRC."""
+  import struct
+
+  records, offset = [], 0
+  while offset < len(data):
+    (length,) = struct.unpack_from("<Q", data, offset)
+    assert struct.unpack_from("<I", data, offset + 8)[0] == metrics._masked_crc(
+        data[offset:offset + 8])
+    record = data[offset + 12:offset + 12 + length]
+    assert struct.unpack_from("<I", data, offset + 12 + length)[0] == metrics._masked_crc(record)
+    records.append(record)
+    offset += 16 + length
+  return records
+
+
+def test_metrics_on_gcs_append_across_runs_without_rewriting(gcs):
+  from bertjax import files
+
+  workdir = gcs.url_of("metrics/run")
+  first = metrics.MetricWriter(workdir, flush_every_s=3600)
+  first.write(1, {"loss": 3.0}, "train/")
+  first.flush()
+  first.write(2, {"loss": 2.0}, "train/")
+  first.close()  # a resumed run appends to the same metrics.jsonl
+  second = metrics.MetricWriter(workdir, flush_every_s=3600)
+  second.write(3, {"loss": 1.0}, "train/")
+  second.close()
+  lines = files.read_text(files.join(workdir, "metrics.jsonl")).splitlines()
+  assert [json.loads(line)["step"] for line in lines] == [1, 2, 3]
+  events = files.listdir(files.join(workdir, "tensorboard"))
+  assert len(events) == 2  # one event file per run, no temporary parts left over
+  assert all(name.startswith("events.out.tfevents.") for name in events)
+  counts = sorted(len(_read_events(files.read_bytes(files.join(workdir, "tensorboard", name))))
+                  for name in events)
+  assert counts == [2, 3]  # file version + steps
+  assert files.listdir(workdir) == ["metrics.jsonl", "tensorboard"]
+
+
+def test_a_storage_outage_never_stops_the_writer(gcs, caplog, monkeypatch):
+  import types
+
+  import gcsfs.retry
+
+  from bertjax import files
+
+  async def no_wait(seconds):  # gcsfs retries each request 6 times over ~30 s
+    del seconds
+
+  monkeypatch.setattr(gcsfs.retry, "asyncio", types.SimpleNamespace(sleep=no_wait))
+  workdir = gcs.url_of("metrics/outage")
+  writer = metrics.MetricWriter(workdir, flush_every_s=3600)
+  writer.write(1, {"loss": 3.0}, "train/")
+  writer.flush()
+  gcs.stop()
+  try:
+    writer.write(2, {"loss": 2.0}, "train/")
+    with caplog.at_level("WARNING"):
+      writer.flush()  # logged, not raised
+    assert "could not write (try 1" in caplog.text and "training goes on" in caplog.text
+  finally:
+    gcs.start()
+  writer.write(3, {"loss": 1.0}, "train/")
+  writer.close()
+  lines = files.read_text(files.join(workdir, "metrics.jsonl")).splitlines()
+  assert [json.loads(line)["step"] for line in lines] == [1, 2, 3]  # the batch was kept

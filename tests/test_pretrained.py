@@ -176,3 +176,64 @@ def test_sentencepiece_model_round_trips(pretraining, tmp_path):
   bertjax.export_hf(bundle, tmp_path / "hf")
   assert bertjax.load_pretrained(tmp_path / "hf").tokenizer.encode(text) == tokenizer.encode(
       text)
+
+
+def _upload_tree(local, url):
+  from bertjax import files
+
+  for root, _, names in os.walk(local):
+    for name in names:
+      path = os.path.join(root, name)
+      files.upload(path, files.join(url, os.path.relpath(path, local)))
+
+
+def test_gcs_directories_of_every_format_load_and_save(pretraining, gcs, tmp_path):
+  from bertjax import files
+
+  # A Hugging Face directory and a bertjax directory on gs://, read in place.
+  hf_local = _reference_dir(str(tmp_path / "hf"))
+  _upload_tree(hf_local, gcs.url_of("pretrained/hf"))
+  from_gcs = bertjax.load_pretrained(gcs.url_of("pretrained/hf"))
+  _assert_same_params(from_gcs.params, bertjax.load_pretrained(hf_local).params)
+  assert from_gcs.tokenizer.tokenize("the quick fox") == pretraining.tokenizer.tokenize(
+      "the quick fox")
+  bertjax.save_pretrained(pretraining, gcs.url_of("pretrained/bertjax"))
+  assert files.listdir(gcs.url_of("pretrained/bertjax"))[0] == "bertjax.json"
+  reloaded = bertjax.load_pretrained(gcs.url_of("pretrained/bertjax"))
+  _assert_same_params(reloaded.params, pretraining.params)
+  # Exported to gs://, then read by transformers from a copy.
+  bertjax.export_hf(pretraining, gcs.url_of("pretrained/export"))
+  copy = files.local_copy(gcs.url_of("pretrained/export"))
+  import transformers
+  model = transformers.BertForPreTraining.from_pretrained(copy)
+  assert model.config.hidden_size == 32
+  with pytest.raises(FileExistsError, match="already exists"):
+    bertjax.export_hf(pretraining, gcs.url_of("pretrained/export"))
+  with pytest.raises(FileNotFoundError, match="does not exist"):
+    bertjax.load_pretrained(gcs.url_of("pretrained/nothing"))
+
+
+def _fill_hub_cache(cache, repo_id, source):
+  """The layout huggingface_hub keeps: refs/main -> snapshots/<commit>/files."""
+  import shutil
+
+  commit = "0123456789abcdef0123456789abcdef01234567"
+  repo = os.path.join(cache, "models--" + repo_id.replace("/", "--"))
+  os.makedirs(os.path.join(repo, "refs"))
+  with open(os.path.join(repo, "refs", "main"), "w") as f:
+    f.write(commit)
+  shutil.copytree(source, os.path.join(repo, "snapshots", commit))
+
+
+def test_a_hub_id_reads_the_hugging_face_cache_offline(pretraining, tmp_path, monkeypatch):
+  import huggingface_hub.constants
+
+  assert huggingface_hub.constants.HF_HUB_OFFLINE  # tests/conftest.py: never the network
+  cache = str(tmp_path / "hub")
+  _fill_hub_cache(cache, "google-bert/bert-tiny-test", _reference_dir(str(tmp_path / "src")))
+  monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", cache)
+  monkeypatch.chdir(tmp_path)  # no such relative path: an id
+  bundle = bertjax.load_pretrained("google-bert/bert-tiny-test")
+  _assert_same_params(bundle.params, bertjax.load_pretrained(str(tmp_path / "src")).params)
+  with pytest.raises(FileNotFoundError, match="no Hugging Face Hub snapshot.*HF_HUB_OFFLINE"):
+    bertjax.load_pretrained("google-bert/not-cached")

@@ -25,6 +25,7 @@ from typing import Any
 from absl import logging
 import numpy as np
 
+from bertjax import files
 from bertjax.data import corpus, shards
 
 _SENTENCE_BATCH = 4096  # sentences per call of the Rust tokenizer
@@ -91,7 +92,22 @@ def build_shard(task: dict[str, Any], progress=None) -> dict[str, Any]:
         pending_sentences = 0
     flush(writer)
   shards.mark_finished(path, stats.to_dict())
+  _publish(task, path)
   return stats.to_dict()
+
+
+def _publish(task: dict[str, Any], shard_path: str) -> None:
+  """Uploads a finished shard to the remote output directory, its stats (the
+  mark of a finished shard) last."""
+  remote = task.get("publish_to")
+  if remote:
+    for path in (shard_path, shards.stats_path(shard_path)):
+      files.upload(path, files.join(remote, os.path.basename(path)))
+
+
+def _publish_files(local_dir: str, remote: str | None, names: list[str]) -> None:
+  for name in names if remote else ():
+    files.upload(os.path.join(local_dir, name), files.join(remote, name))
 
 
 def _worker_init():
@@ -118,11 +134,11 @@ def plan(spec: str, num_shards: int, stats: corpus.CorpusStats,
     bounds = [round(length * i / num_shards) for i in range(num_shards + 1)]
     return [{"kind": "tfds", "name": name, "split": split, "data_dir": tfds_data_dir,
              "start": bounds[i], "end": bounds[i + 1]} for i in range(num_shards)]
-  files = corpus.scan_files(corpus.expand_inputs(spec), stats)
-  if not files:
+  inputs = corpus.scan_files(corpus.expand_inputs(spec), stats)
+  if not inputs:
     raise ValueError(f"{spec}: no readable input files ({stats.summary()})")
   return [{"kind": "files", "ranges": [dataclasses.astuple(r) for r in part]}
-          for part in corpus.plan_ranges(files, num_shards)]
+          for part in corpus.plan_ranges(inputs, num_shards)]
 
 
 def prepare(spec: str, output_dir: str, tokenizer, *, file_format: str = "sentences",
@@ -139,6 +155,28 @@ def prepare(spec: str, output_dir: str, tokenizer, *, file_format: str = "senten
       (unless `overwrite` on a single host), or no usable document at all.
     FileNotFoundError: a missing input, before any work.
   """
+  if files.is_remote(output_dir):
+    local = shards.local_directory(output_dir, lambda name: name.endswith(".json"))
+    return _prepare_in(spec, local, tokenizer, output_dir,
+                       file_format=file_format, num_shards=num_shards,
+                       num_workers=num_workers, num_hosts=num_hosts, host_index=host_index,
+                       min_sentences=min_sentences, max_line_chars=max_line_chars,
+                       tfds_data_dir=tfds_data_dir, overwrite=overwrite,
+                       show_progress=show_progress)
+  return _prepare_in(spec, output_dir, tokenizer, None, file_format=file_format,
+                     num_shards=num_shards, num_workers=num_workers, num_hosts=num_hosts,
+                     host_index=host_index, min_sentences=min_sentences,
+                     max_line_chars=max_line_chars, tfds_data_dir=tfds_data_dir,
+                     overwrite=overwrite, show_progress=show_progress)
+
+
+def _prepare_in(spec: str, output_dir: str, tokenizer, publish_to: str | None, *,
+                file_format: str, num_shards: int, num_workers: int, num_hosts: int,
+                host_index: int, min_sentences: int, max_line_chars: int,
+                tfds_data_dir: str | None, overwrite: bool,
+                show_progress: bool) -> corpus.CorpusStats:
+  """`prepare` into a local `output_dir`, uploading to `publish_to` (if given)
+  the settings, and each shard once finished."""
   if not 0 <= host_index < num_hosts:
     raise ValueError(f"host_index={host_index} is not in [0, num_hosts={num_hosts})")
   if num_shards < 1:
@@ -169,13 +207,17 @@ def prepare(spec: str, output_dir: str, tokenizer, *, file_format: str = "senten
         if not overwrite:
           raise ValueError(f"{output_dir} holds a different dataset ({info_path}); pass "
                            "--overwrite to replace it, or choose another --output_dir")
-        for name in os.listdir(output_dir):
-          if name.startswith(("documents-", "instances-", shards.STATIC_INFO_FILE)):
-            os.remove(os.path.join(output_dir, name))
+        stale = ("documents-", "instances-", shards.STATIC_INFO_FILE)
+        for directory in (output_dir, publish_to) if publish_to else (output_dir,):
+          for name in files.listdir(directory):
+            if name.startswith(stale):
+              files.remove(files.join(directory, name))
     for name in os.listdir(staging):
       shutil.copyfile(os.path.join(staging, name), os.path.join(output_dir, f".{name}.tmp"))
       os.replace(os.path.join(output_dir, f".{name}.tmp"), os.path.join(output_dir, name))
+    tokenizer_files = os.listdir(staging)
   shards.write_info(output_dir, info)
+  _publish_files(output_dir, publish_to, tokenizer_files + [shards.INFO_FILE])
 
   tasks = []
   for index in range(host_index, num_shards, num_hosts):
@@ -183,7 +225,7 @@ def prepare(spec: str, output_dir: str, tokenizer, *, file_format: str = "senten
     if os.path.isfile(done):
       continue  # finished by an earlier run
     tasks.append({"shard": index, "num_shards": num_shards, "source": sources[index],
-                  "output_dir": output_dir, "tokenizer": settings,
+                  "output_dir": output_dir, "publish_to": publish_to, "tokenizer": settings,
                   "token_dtype": info["token_dtype"], "file_format": file_format,
                   "min_sentences": min_sentences, "max_line_chars": max_line_chars})
   logging.info("Building %d of this host's %d shards with %d workers", len(tasks),
@@ -276,6 +318,7 @@ def build_static_shard(task: dict[str, Any], progress=None) -> dict[str, Any]:
       if progress is not None:
         progress.put((0, rows))
   shards.mark_finished(path, {"instances": count})
+  _publish(task, path)
   return {"instances": count}
 
 
@@ -292,6 +335,10 @@ def prepare_static(data_dir: str, *, objective: str, max_seq_length: int, maskin
 
   if dupe_factor < 1:
     raise ValueError(f"dupe_factor must be >= 1, got {dupe_factor}")
+  publish_to = None
+  if files.is_remote(data_dir):  # built from a local copy, each shard uploaded when done
+    shards.complete_shards(data_dir)
+    publish_to, data_dir = data_dir, shards.local_directory(data_dir)
   info = shards.read_info(data_dir)
   shards.complete_shards(data_dir)  # all documents first: random B segments read any
   num_shards = info["num_shards"]
@@ -311,12 +358,14 @@ def prepare_static(data_dir: str, *, objective: str, max_seq_length: int, maskin
         if name.startswith("instances-"):
           os.remove(os.path.join(data_dir, name))
   shards.write_info(data_dir, settings, shards.STATIC_INFO_FILE)
+  _publish_files(data_dir, publish_to, [shards.STATIC_INFO_FILE])
   tasks = []
   for index in range(host_index, num_shards, num_hosts):
     done = shards.stats_path(os.path.join(data_dir, shards.shard_name(index, num_shards,
                                                                       "instances")))
     if not os.path.isfile(done):
-      tasks.append({"shard": index, "num_shards": num_shards, "data_dir": data_dir, **settings})
+      tasks.append({"shard": index, "num_shards": num_shards, "data_dir": data_dir,
+                    "publish_to": publish_to, **settings})
   _run(tasks, num_workers, show_progress, build_static_shard, "instances")
   total = 0
   for index in range(host_index, num_shards, num_hosts):

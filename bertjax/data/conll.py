@@ -21,6 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
+from bertjax import files
 from bertjax.data import tfds_io
 from bertjax.data.skips import SkipReport
 
@@ -54,7 +55,7 @@ def read_conll(path: str, report: SkipReport | None = None) -> list[Sentence]:
       tags.clear()
 
   try:
-    with open(path, encoding="utf-8-sig") as f:  # a byte-order mark is not a word
+    with files.open_text(path) as f:  # a byte-order mark is not a word
       for number, line in enumerate(f, start=1):
         columns = line.split()
         if not columns:

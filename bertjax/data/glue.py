@@ -18,6 +18,7 @@ import os
 import sys
 from typing import Any, Sequence
 
+from bertjax import files
 from bertjax.data import tfds_io
 from bertjax.data.skips import SkipReport
 
@@ -136,7 +137,7 @@ def split_directory(spec: TaskSpec, task_dir: str, split: str) -> str | None:
   if split == "ax":
     candidates.append(os.path.join(os.path.dirname(os.path.normpath(task_dir)), "diagnostic"))
   for directory in candidates:
-    if os.path.isfile(os.path.join(directory, spec.files[split])):
+    if files.isfile(os.path.join(directory, spec.files[split])):
       return directory
   return None
 
@@ -144,7 +145,7 @@ def split_directory(spec: TaskSpec, task_dir: str, split: str) -> str | None:
 def _read_tsv(path: str) -> list[list[str]]:
   csv.field_size_limit(sys.maxsize)
   try:
-    with open(path, encoding="utf-8-sig", newline="") as f:
+    with files.open_text(path, newline="") as f:
       return list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
   except FileNotFoundError:
     raise FileNotFoundError(f"{path} not found (a GLUE task directory as written by "

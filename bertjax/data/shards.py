@@ -25,7 +25,7 @@ import glob
 import json
 import os
 import struct
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -181,6 +181,35 @@ def complete_shards(directory: str, kind: str = "documents") -> list[str]:
     raise ValueError(f"{directory}: {len(missing)} of {count} shards are missing or "
                      f"unfinished (e.g. {missing[0]}); rerun the builder to finish them")
   return paths
+
+
+def local_directory(directory: str, names: Callable[[str], bool] | None = None) -> str:
+  """A local copy of a prepared directory on `gs://` (`directory` itself when local).
+
+  array_record reads local files only, so each host copies the finished
+  shards into its cache (`bertjax.files.cache_path`) once; a file already
+  there with the same size is kept. A shard's stats file that the remote
+  directory lacks (a build whose upload did not finish) is dropped, so the
+  copy never claims more than the original.
+
+  Args:
+    names: Which files to copy (default: all but temporary ones).
+  """
+  from bertjax import files
+
+  if not files.is_remote(directory):
+    return directory
+  local = files.cache_path(directory)
+  if os.path.isdir(local):
+    remote_names = set(files.listdir(directory)) if files.isdir(directory) else set()
+    for name in os.listdir(local):
+      if name.endswith(".stats.json") and name not in remote_names:
+        os.remove(os.path.join(local, name))
+  if not files.isdir(directory):
+    os.makedirs(local, exist_ok=True)
+    return local
+  wanted = names or (lambda name: True)
+  return files.local_copy(directory, lambda name: ".tmp" not in name and wanted(name))
 
 
 def read_stats(directory: str, kind: str = "documents") -> CorpusStats:

@@ -15,6 +15,7 @@ import sys
 
 import numpy as np
 
+from bertjax import files
 from bertjax.data.skips import SkipReport
 
 NUM_CHOICES = 4
@@ -36,7 +37,7 @@ def read_csv(path: str, report: SkipReport | None = None) -> list[Example]:
   own_report = report is None
   report = report or SkipReport()
   try:
-    with open(path, encoding="utf-8-sig", newline="") as f:
+    with files.open_text(path, newline="") as f:
       reader = csv.DictReader(f)
       missing = [c for c in ["sent1", "sent2", *_ENDINGS] if c not in (reader.fieldnames or [])]
       if missing:

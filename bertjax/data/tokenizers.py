@@ -19,6 +19,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from bertjax import files
+
 SPECIAL_TOKEN_ROLES = ("unk", "cls", "sep", "pad", "mask")
 
 
@@ -377,6 +379,7 @@ class SentencePieceTokenizer(Tokenizer):
 
 def tokenizer_from_vocab_file(path: str, do_lower_case: bool = True) -> Tokenizer:
   """A WordPiece tokenizer for a `vocab.txt`, or SentencePiece for a `.model` file."""
+  path = files.local_file(path)  # the tokenizer libraries read local files
   if path.endswith(".model"):
     return SentencePieceTokenizer(path, do_lower_case=do_lower_case)
   return WordPieceTokenizer(path, do_lower_case=do_lower_case)
@@ -402,6 +405,8 @@ def tokenizer_from_settings(directory: str, settings: dict[str, Any],
   builder, file_key = builders[kind]
   if file_key not in settings:
     raise ValueError(f"{source}: tokenizer setting {file_key!r} is missing")
+  if files.is_remote(directory):  # the tokenizer libraries read local files
+    directory = files.local_copy(directory, [settings[file_key]])
   try:
     return builder(os.path.join(directory, settings.pop(file_key)), **settings)
   except TypeError as e:

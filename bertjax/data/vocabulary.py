@@ -13,6 +13,7 @@ import shutil
 import tempfile
 from typing import Callable, Iterable, Iterator
 
+from bertjax import files
 from bertjax.data import corpus
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -110,6 +111,9 @@ def train_sentencepiece(texts: Callable[[], Iterable[str]], output: str, vocab_s
 
 
 def _write_atomically(path: str, data: bytes) -> None:
+  if files.is_remote(path):
+    files.write_bytes(path, data)
+    return
   directory = os.path.dirname(os.path.abspath(path))
   os.makedirs(directory, exist_ok=True)
   with tempfile.NamedTemporaryFile(dir=directory, delete=False) as f:

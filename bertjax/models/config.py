@@ -139,6 +139,12 @@ class BertConfig:
     return cls(**values)
 
   @classmethod
+  def from_run_config(cls, config: Any) -> BertConfig:
+    """The model of a training run's config (its `model` block, an
+    `ml_collections.ConfigDict`)."""
+    return cls.from_dict(config.model.to_dict(), "config.model")
+
+  @classmethod
   def from_preset(cls, name: str, **overrides: Any) -> BertConfig:
     """A named model size (see `PRESETS`), with optional field overrides."""
     if name not in PRESETS:

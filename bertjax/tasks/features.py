@@ -114,11 +114,14 @@ def extract_features(bundle, features: conll_data.Features,
 
 def _stored_features(config, bundle, workdir: str, split: str, sentences, labels,
                      layers: list[int]) -> tuple[np.ndarray, np.ndarray]:
-  directory = os.path.join(workdir, "features")
+  # Memory-mapped arrays: a remote workdir keeps them in the local cache.
+  local_workdir = files.cache_path(workdir) if files.is_remote(workdir) else workdir
+  directory = os.path.join(local_workdir, "features")
   os.makedirs(directory, exist_ok=True)
   path = os.path.join(directory, f"{split}.npy")
   stamp_path = os.path.join(directory, f"{split}.json")
-  stamp = {"init_checkpoint": os.path.abspath(config.init_checkpoint), "layers": layers,
+  stamp = {"init_checkpoint": (config.init_checkpoint if files.is_remote(config.init_checkpoint)
+                               else os.path.abspath(config.init_checkpoint)), "layers": layers,
            "max_seq_length": config.max_seq_length, "document_context": config.document_context,
            "words": sum(len(s.words) for s in sentences)}
   if not (os.path.isfile(path) and os.path.isfile(stamp_path)

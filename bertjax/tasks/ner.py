@@ -57,7 +57,7 @@ def read_splits(config: ml_collections.ConfigDict
     present = lambda split: bool(split)
   elif data.source == "files":
     read = lambda name: conll_data.read_conll(os.path.join(data.dir, name))
-    present = lambda name: bool(name) and os.path.isfile(os.path.join(data.dir, name))
+    present = lambda name: bool(name) and files.isfile(os.path.join(data.dir, name))
   else:
     raise ValueError(f"config.data.source must be 'files' or 'tfds', got {data.source!r}")
   splits = {"dev": read(data.dev_file)}

@@ -51,18 +51,13 @@ def phases(config: ml_collections.ConfigDict) -> list[Phase]:
                 train_config.long_max_predictions)]
 
 
-def bert_config(config: ml_collections.ConfigDict) -> BertConfig:
-  values = config.model.to_dict()
-  return BertConfig(**values)
-
-
 def validate(config: ml_collections.ConfigDict, mesh_devices: int) -> tuple[int, ...]:
   """Checks the config before anything is compiled; returns the mesh shape.
 
   Raises:
     ValueError: saying what to change.
   """
-  bert = bert_config(config)  # hidden size vs heads and the like
+  bert = BertConfig.from_run_config(config)  # hidden size vs heads and the like
   shape = sharding.mesh_shape([config.mesh.data, config.mesh.fsdp, config.mesh.tensor],
                               mesh_devices)
   batch, accumulation = config.train.batch_size, config.train.accumulation_steps
@@ -122,26 +117,26 @@ def loader_config(config: ml_collections.ConfigDict, data_dir: str, phase: Phase
 
 def prepare_data(config: ml_collections.ConfigDict, workdir: str) -> str:
   """The prepared data directory; built first when the config says how (the demo)."""
-  data_dir = config.data.dir or os.path.join(workdir, "data")
-  if files.exists(os.path.join(data_dir, shards.INFO_FILE)) or not config.data.build_from:
+  data_dir = config.data.dir or files.join(workdir, "data")
+  if files.exists(files.join(data_dir, shards.INFO_FILE)) or not config.data.build_from:
     shards.complete_shards(data_dir)  # a clear error if it is not there
-    return data_dir
+    return shards.local_directory(data_dir)
   if jax.process_index() == 0:
     from bertjax.data import builder, vocabulary
-    from bertjax.data.tokenizers import WordPieceTokenizer
+    from bertjax.data.tokenizers import tokenizer_from_vocab_file
 
-    vocab = os.path.join(workdir, "vocab.txt")
-    if not os.path.isfile(vocab):
+    vocab = files.join(workdir, "vocab.txt")
+    if not files.isfile(vocab):
       logging.info("Training a %d-token WordPiece vocabulary on %s", config.data.vocab_size,
                    config.data.build_from)
       vocabulary.train_wordpiece(lambda: vocabulary.sentences(config.data.build_from), vocab,
                                  config.data.vocab_size, True)
     logging.info("Preparing %s into %s", config.data.build_from, data_dir)
-    stats = builder.prepare(config.data.build_from, data_dir, WordPieceTokenizer(vocab),
+    stats = builder.prepare(config.data.build_from, data_dir, tokenizer_from_vocab_file(vocab),
                             num_shards=4, num_workers=1, show_progress=False)
     logging.info("Prepared data:\n%s", stats.summary())
   _sync("prepared data")
-  return data_dir
+  return shards.local_directory(data_dir)
 
 
 def check_vocabulary(config: ml_collections.ConfigDict, data_dir: str) -> None:
@@ -192,43 +187,6 @@ class _Preemption:
       signal.signal(signal.SIGTERM, self._previous)
 
 
-def make_optimizer(config: ml_collections.ConfigDict):
-  """(optimizer, learning-rate schedule) of `config.optimizer`."""
-  opt = config.optimizer
-  schedule = optim.learning_rate_schedule(opt.learning_rate, opt.warmup_steps,
-                                          config.train.total_steps)
-  optimizer = optim.create_optimizer(opt.name, schedule, weight_decay=opt.weight_decay,
-                                     b1=opt.b1, b2=opt.b2, eps=opt.eps,
-                                     max_grad_norm=opt.max_grad_norm)
-  return optimizer, schedule
-
-
-def params_from_run(workdir: str) -> tuple[ml_collections.ConfigDict, int, Any]:
-  """(config, step, parameters) of the latest checkpoint of a run, on this host.
-
-  The state is restored into arrays on the first local device, whatever mesh
-  and number of hosts the run had.
-  """
-  from bertjax.files import read_json
-
-  config = ml_collections.ConfigDict(read_json(os.path.join(workdir, "config.json")))
-  model = train.pretraining_model(bert_config(config), config.objective)
-  optimizer, _ = make_optimizer(config)
-  abstract = train.abstract_train_state(model, optimizer, config.seed)
-  target = checkpoint.abstract_with_shardings(
-      abstract, jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))
-  checkpointer = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
-                                         async_save=False)
-  try:
-    step = checkpointer.latest_step()
-    if step is None:
-      raise FileNotFoundError(f"{workdir}/checkpoints: no finished checkpoint")
-    state = checkpointer.restore_state(step, target)
-  finally:
-    checkpointer.close()
-  return config, step, jax.device_get(state.params)
-
-
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Pre-trains as `config` says, resuming from `workdir` if it holds a checkpoint.
 
@@ -252,11 +210,11 @@ class _Trainer:
     self.rules = tuple(tuple(rule) for rule in config.logical_axis_rules)
     self.data_dir = prepare_data(config, workdir)
     check_vocabulary(config, self.data_dir)
-    self.bert = bert_config(config)
+    self.bert = BertConfig.from_run_config(config)
     self.model = train.pretraining_model(self.bert, config.objective)
     self.phases = phases(config)
     self.total_steps = config.train.total_steps
-    self.optimizer, self.learning_rate_fn = make_optimizer(config)
+    self.optimizer, self.learning_rate_fn = optim.make_optimizer(config)
     self.writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0)
     self.checkpointer = checkpoint.Checkpointer(
         os.path.join(workdir, "checkpoints"), max_to_keep=config.checkpoint.max_to_keep,
@@ -372,11 +330,14 @@ class _Trainer:
     return state, result
 
   def _save(self, step: int, state: train.TrainState, data_state: dict[str, Any]) -> None:
-    """Starts a checkpoint save; the time it holds the loop is left out of the
-    throughput (and logged)."""
+    """Starts a checkpoint save and stores the metrics so far; the time this
+    holds the loop is left out of the throughput (and logged)."""
     jax.block_until_ready(state)  # the step's own time stays in its window
     started = time.perf_counter()
     self.checkpointer.save(step, state, data_state, self._meta())
+    # Every step up to a checkpoint is in the metrics (on gs:// they go in
+    # batches): a run killed after it resumes there and loses no line.
+    self.writer.flush()
     held = time.perf_counter() - started
     self.window = (self.window[0] + held, self.window[1])
     self.interval = (self.interval[0] + held, self.interval[1])

@@ -38,7 +38,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   path = lambda name: os.path.join(config.data.dir, name)
   train_examples = swag_data.read_csv(path("train.csv"))
   dev_examples = swag_data.read_csv(path("val.csv"))
-  test_examples = swag_data.read_csv(path("test.csv")) if os.path.isfile(
+  test_examples = swag_data.read_csv(path("test.csv")) if files.isfile(
       path("test.csv")) else None
   bundle = finetune.load_model(config, "multiple_choice")
   featurize = lambda examples: swag_data.featurize(examples, bundle.tokenizer,

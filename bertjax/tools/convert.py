@@ -17,7 +17,7 @@ import sys
 
 from absl import app, flags
 
-from bertjax import pretrained
+from bertjax import files, pretrained
 
 _INPUT = flags.DEFINE_string("input", None, "Model directory (or TF checkpoint prefix).",
                              required=True)
@@ -34,7 +34,7 @@ _OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace an existing --output
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  source_is_bertjax = os.path.isfile(os.path.join(_INPUT.value, pretrained.BERTJAX_FILE))
+  source_is_bertjax = files.isfile(files.join(_INPUT.value, pretrained.BERTJAX_FILE))
   target = _TO.value or ("hf" if source_is_bertjax else "bertjax")
   try:
     bundle = pretrained.load_pretrained(_INPUT.value, task=_TASK.value,

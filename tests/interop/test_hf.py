@@ -466,5 +466,3 @@ def test_load_options_are_checked(good_dir):
     bertjax.load_pretrained(good_dir, num_layers=1)
   with pytest.raises(ValueError, match="labels are for"):
     bertjax.load_pretrained(good_dir, labels=["a", "b"])
-  with pytest.raises(ValueError, match="reads local directories"):
-    bertjax.load_pretrained("gs://bucket/bert")

@@ -205,8 +205,8 @@ def test_fine_tuning_takes_the_encoder_from_the_run(uninterrupted, caplog):
   assert "initialised randomly: classifier/bias, classifier/kernel" in caplog.text
   assert "cls.predictions" in caplog.text  # the pre-training heads it left out
   pretrained = bertjax.load_pretrained(uninterrupted)
-  from bertjax.tasks import pretrain
-  _, step, params = pretrain.params_from_run(uninterrupted)
+  from bertjax import checkpoint
+  _, step, params = checkpoint.params_from_run(uninterrupted)
   assert step == TOTAL
   jax.tree.map(np.testing.assert_array_equal, params["bert"], pretrained.params["bert"])
   assert pretrained.task == "pretraining" and pretrained.tokenizer is not None

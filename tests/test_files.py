@@ -1,0 +1,78 @@
+"""bertjax.files against a real GCS API server (fake-gcs-server on 127.0.0.1):
+reads, writes, local copies, and directories that are complete or absent."""
+
+import os
+
+import pytest
+
+from bertjax import files
+
+
+def test_read_write_list_and_copy_on_gcs(gcs, tmp_path):
+  root = gcs.url_of("files/basic")
+  files.write_json(files.join(root, "a.json"), {"x": 1})
+  files.write_text(files.join(root, "b.txt"), "héllo\n")
+  assert files.read_json(files.join(root, "a.json")) == {"x": 1}
+  assert files.isfile(files.join(root, "b.txt")) and files.isdir(root)
+  assert not files.exists(files.join(root, "c.txt"))
+  assert files.listdir(root) == ["a.json", "b.txt"]
+  with files.open_text(files.join(root, "b.txt")) as f:
+    assert f.read() == "héllo\n"
+  local = files.local_copy(root)
+  assert local.startswith(os.environ["BERTJAX_CACHE_DIR"])
+  assert sorted(os.listdir(local)) == ["a.json", "b.txt"]
+  # A copy of the same size stays; the file is not fetched again.
+  stamp = os.stat(os.path.join(local, "b.txt")).st_mtime_ns
+  files.local_copy(root)
+  assert os.stat(os.path.join(local, "b.txt")).st_mtime_ns == stamp
+  assert open(files.local_file(files.join(root, "b.txt")), encoding="utf-8").read() == "héllo\n"
+  with pytest.raises(FileNotFoundError, match="files/basic/missing.txt"):
+    files.local_copy(root, ["missing.txt"])
+  with pytest.raises(FileNotFoundError, match="a.json"):
+    files.read_json(files.join(root, "missing", "a.json").replace("missing/", "nothing/"))
+
+
+def test_a_remote_directory_is_complete_or_not_there(gcs):
+  out = gcs.url_of("files/model")
+  with pytest.raises(RuntimeError, match="boom"):
+    with files.atomic_directory(out, marker="config.json") as staging:
+      open(os.path.join(staging, "weights.bin"), "wb").write(b"1" * 100)
+      raise RuntimeError("boom")
+  assert not files.exists(out)  # nothing was uploaded
+  with files.atomic_directory(out, marker="config.json") as staging:
+    open(os.path.join(staging, "weights.bin"), "wb").write(b"1" * 100)
+    open(os.path.join(staging, "config.json"), "w").write("{}")
+    os.makedirs(os.path.join(staging, "params"))
+    open(os.path.join(staging, "params", "x"), "w").write("x")
+  assert files.listdir(out) == ["config.json", "params", "weights.bin"]
+  with pytest.raises(FileExistsError, match="already exists"):
+    with files.atomic_directory(out, marker="config.json"):
+      pass
+  with files.atomic_directory(out, overwrite=True, marker="config.json") as staging:
+    open(os.path.join(staging, "config.json"), "w").write('{"v": 2}')
+  assert files.listdir(out) == ["config.json"]  # the old directory is gone, not merged
+  assert files.read_json(files.join(out, "config.json")) == {"v": 2}
+
+
+def test_the_marker_is_uploaded_last(gcs, monkeypatch):
+  uploaded = []
+  original = files.upload
+  monkeypatch.setattr(files, "upload", lambda local, remote: (uploaded.append(
+      os.path.basename(remote)), original(local, remote)))
+  with files.atomic_directory(gcs.url_of("files/ordered"), marker="bertjax.json") as staging:
+    for name in ("bertjax.json", "vocab.txt", "z.txt"):
+      open(os.path.join(staging, name), "w").write(name)
+  assert uploaded[-1] == "bertjax.json" and sorted(uploaded) == ["bertjax.json", "vocab.txt",
+                                                                 "z.txt"]
+
+
+def test_local_copy_refuses_a_disk_too_small(gcs, monkeypatch):
+  import shutil
+  from collections import namedtuple
+
+  root = gcs.url_of("files/big")
+  files.write_text(files.join(root, "shard"), "x" * 1000)
+  usage = namedtuple("usage", "total used free")
+  monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(2000, 1990, 10))
+  with pytest.raises(OSError, match="BERTJAX_CACHE_DIR.*gcsfuse"):
+    files.local_copy(root)
