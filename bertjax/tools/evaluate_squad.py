@@ -15,13 +15,13 @@ import argparse
 import json
 import sys
 
+from bertjax import files
 from bertjax.evaluation import squad
 
 
 def _load_json(path: str, what: str):
   try:
-    with open(path, encoding="utf-8") as f:
-      return json.load(f)
+    return json.loads(files.read_text(path))
   except FileNotFoundError:
     raise SystemExit(f"{what} {path} not found") from None
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -77,8 +77,7 @@ def main(argv: list[str] | None = None) -> None:
   except ValueError as e:  # the data and predictions do not fit together
     raise SystemExit(f"{args.data_file} with {args.pred_file}: {e}") from None
   if args.out_file:
-    with open(args.out_file, "w", encoding="utf-8") as f:
-      json.dump(result, f)
+    files.write_text(args.out_file, json.dumps(result))
   else:
     print(json.dumps(result, indent=2))
 

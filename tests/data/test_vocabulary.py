@@ -62,3 +62,25 @@ def test_continuing_characters_leave_out_what_the_pre_tokeniser_splits():
   texts = ["Café au lait, s'il vous plaît.", "北京 is 中国's capital!", "x2 = y_3"]
   assert vocabulary._continuing_characters(iter(texts), backend) == sorted(
       set("acefilopstuvxy23"))
+
+
+def test_corpus_and_vocabulary_on_gcs(gcs, tmp_path):
+  """The tool reads its corpus from gs:// and writes the vocabulary there; the
+  bytes are those of a local run."""
+  import os
+
+  from bertjax import files
+
+  corpus_path = write_corpus(tmp_path / "c.txt", num_documents=40)
+  files.upload(str(corpus_path), gcs.url_of("vocab/corpus/c.txt"))
+  outputs = {}
+  for where, output in (("local", str(tmp_path / "vocab.txt")),
+                        ("gcs", gcs.url_of("vocab/vocab.txt"))):
+    source = str(corpus_path) if where == "local" else gcs.url_of("vocab/corpus/*.txt")
+    result = subprocess.run(
+        [sys.executable, "-m", "bertjax.tools.train_vocab", f"--input={source}",
+         f"--output={output}", "--vocab_size=200"], capture_output=True, text=True,
+        timeout=300, env={**os.environ, **gcs.env})
+    assert result.returncode == 0, result.stderr[-3000:]
+    outputs[where] = files.read_bytes(output)
+  assert outputs["gcs"] == outputs["local"]
