@@ -231,6 +231,13 @@ class _Trainer:
                  peak_source)
 
   def run(self) -> dict[str, float]:
+    """Trains to the end (or a preemption); the metrics are stored on any exit."""
+    try:
+      return self._train()
+    finally:
+      self.writer.close()
+
+  def _train(self) -> dict[str, float]:
     config = self.config
     result: dict[str, float] = {}
     with (jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules),
@@ -273,7 +280,6 @@ class _Trainer:
         self.checkpointer.save(step, state, {"phase": self.phases[-1].index, "loader": None},
                                self._meta())
       self.checkpointer.close()
-    self.writer.close()
     return result
 
   def _meta(self) -> dict[str, Any]:

@@ -121,6 +121,23 @@ def test_killed_and_rerun_on_gcs_matches_a_local_run(gcs, gcs_data, local_run):
   assert [r["step"] for r in _metric_lines(workdir) if "eval/mlm_accuracy" in r][-1] == TOTAL
 
 
+def test_preempted_on_gcs_logs_every_step_once(gcs, gcs_data, local_run):
+  """SIGTERM (a TPU VM's preemption notice): the run saves, stores the metrics
+  still buffered for gs:// and exits 143; the rerun repeats no step."""
+  expected = {step: values[0] for step, values in _losses(local_run).items()}
+  workdir = gcs.url_of("runs/preempted")
+  args = _args(workdir, gcs_data, **RUN)
+  process = _start_until(args, _env_with(gcs), workdir, 25)
+  process.send_signal(signal.SIGTERM)
+  _, stderr = process.communicate(timeout=300)
+  assert process.returncode == 143, stderr[-3000:]
+  stopped = max(_losses(workdir))
+  assert str(stopped) in files.listdir(files.join(workdir, "checkpoints"))  # saved there
+  _run(args, _env_with(gcs))
+  losses = _losses(workdir)
+  assert losses == {step: [expected[step]] for step in range(1, TOTAL + 1)}
+
+
 def test_a_storage_outage_mid_run_is_survived_or_resumed(gcs, gcs_data, local_run):
   expected = {step: values[0] for step, values in _losses(local_run).items()}
   workdir = gcs.url_of("runs/outage")
