@@ -5,6 +5,7 @@ holding the same weights."""
 import json
 import os
 
+import jax
 import numpy as np
 import pytest
 import torch
@@ -143,3 +144,17 @@ def test_choosing_among_several_checkpoints(tmp_path):
   (directory / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-10000"\n')
   latest = bertjax.load_pretrained(directory)
   np.testing.assert_array_equal(latest.params["bert"]["pooler"]["bias"], expected)
+
+
+def test_a_google_checkpoint_on_gcs_loads_like_a_local_one(tmp_path, gcs):
+  from tests.test_pretrained import _upload_tree
+
+  model = reference.reference_model("BertForPreTraining", seed=16, **CONFIG)
+  directory = _write_checkpoint(model, tmp_path / "uncased_L-2_H-32_A-4")
+  url = gcs.url_of("google/uncased_L-2_H-32_A-4")
+  _upload_tree(str(directory), url)
+  local = bertjax.load_pretrained(directory)
+  for path in (url, url + "/bert_model.ckpt"):  # the directory, or the prefix
+    remote = bertjax.load_pretrained(path)
+    assert remote.tokenizer.do_lower_case  # the name still says "uncased"
+    jax.tree.map(np.testing.assert_array_equal, remote.params, local.params)
