@@ -1,0 +1,567 @@
+r"""Compiles the pre-training step for a Cloud TPU slice ahead of time, on any host.
+
+  python -m bertjax.tools.compile --config=configs/large_pretrain.py --topology=v4-32
+  python -m bertjax.tools.compile --config=configs/base_pretrain.py --topology=v5litepod-16 \
+      --config.train.accumulation_steps=2 --find_max_batch
+
+The training step and the evaluation step of each phase (length 128, then 512
+in the paper's recipe) are compiled by libtpu for the slice's chips, on the
+mesh and with the shardings a real run of the config would use there, from
+abstract shapes only: nothing is allocated, no TPU is needed (`pip install
+'.[tpu]'` brings libtpu). `--topology` takes gcloud's accelerator types
+(`v4-32`, `v5litepod-16`, `v5p-64`, `v6e-8`, ...) or libtpu's grids
+(`v4:2x2x4`); `--num_slices` joins several slices over the data-center network.
+
+Prints a line per compiled step, then, as the last line, one JSON object:
+`topology`, `chips`, `hosts`, `mesh`, `hbm_bytes` (a chip's), `per_chip_bytes`
+(arguments, outputs, aliased, temporaries, generated code and their total,
+per step), `fits`, `flops_per_step` (for all chips: the step's matrix
+products traced, every loop iteration counted; XLA's cost analysis of the
+compiled step, which counts a loop's body once; `bertjax.flops`' model
+count), `collectives` (count and bytes a chip of each kind the compiled step
+runs, loops unrolled) and, with `--find_max_batch`, the largest per-chip
+batch of each phase that fits and the accumulation that makes the
+configured batch fit.
+Exit status: 0 when every step fits, 1 when one does not, 2 for a setting to
+change (said in one line). See docs/tpu.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import sys
+import time
+from typing import Any
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Pre-training config file.",
+                                          lock_config=True)
+_TOPOLOGY = flags.DEFINE_string("topology", None, "gcloud accelerator type (v4-32, "
+                                "v5litepod-16, v5p-64, v6e-8, ...) or libtpu grid (v4:2x2x4).")
+_NUM_SLICES = flags.DEFINE_integer("num_slices", 1, "Slices joined over the data-center "
+                                   "network (multi-slice); the data axis spans them.")
+_FIND_MAX_BATCH = flags.DEFINE_bool("find_max_batch", False, "Also search the largest "
+                                    "per-chip batch of each phase that fits (more compiles).")
+_EVAL = flags.DEFINE_bool("eval", True, "Compile the evaluation steps too.")
+flags.mark_flags_as_required(["config", "topology"])
+
+KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2, "f16": 2, "s32": 4,
+          "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+_OUT_OF_MEMORY = ("RESOURCE_EXHAUSTED", "Ran out of memory", "out of memory")
+
+
+class UsageError(ValueError):
+  """A setting to change, said in one line."""
+
+
+@dataclasses.dataclass
+class Target:
+  """The slice(s) compiled for and the run's mesh over them."""
+
+  tpu_slice: Any  # bertjax.topology.Slice
+  num_slices: int
+  devices: list[Any]
+  mesh: Any
+
+  @property
+  def chips(self) -> int:
+    return len(self.devices)
+
+  @property
+  def hosts(self) -> int:
+    return self.tpu_slice.hosts * self.num_slices
+
+
+def make_target(config, accelerator_type: str, num_slices: int) -> Target:
+  """The devices and mesh of a run of `config` on the slice(s).
+
+  Raises:
+    UsageError: an unknown slice, or a config that does not fit its shape.
+  """
+  from bertjax import topology
+  from bertjax.tasks import pretrain
+
+  if config.get("task") != "pretrain":
+    raise UsageError(f"config.task is {config.get('task')!r}: give a pre-training config "
+                     "(configs/base_pretrain.py, configs/large_pretrain.py, configs/demo.py)")
+  if num_slices < 1:
+    raise UsageError(f"--num_slices={num_slices}: set it to 1 or more")
+  try:
+    tpu_slice = topology.parse(accelerator_type)
+    devices = topology.devices(tpu_slice, num_slices)
+    shape = pretrain.validate(config, len(devices))
+    mesh = topology.make_mesh(shape, devices)
+  except ValueError as e:
+    raise UsageError(str(e)) from None
+  hosts = tpu_slice.hosts * num_slices
+  for name, batch in (("train.batch_size", config.train.batch_size),
+                      ("eval.batch_size", config.eval.batch_size)):
+    if batch % hosts:  # each host loads its share (pretrain.validate checks one host here)
+      raise UsageError(f"{name}={batch} does not divide over the {hosts} hosts of "
+                       f"{accelerator_type}" + (f" x {num_slices}" if num_slices > 1 else "")
+                       + f"; make it a multiple of {hosts}")
+  return Target(tpu_slice, num_slices, devices, mesh)
+
+
+def batch_spec(objective: str, batch_size: int, length: int, predictions: int,
+               sharding) -> dict[str, Any]:
+  """ShapeDtypeStructs of a pre-training batch as `bertjax.data.loader` makes it."""
+  import jax
+  import jax.numpy as jnp
+
+  def spec(shape, dtype):
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+  tokens = (batch_size, length)
+  batch = {"input_ids": spec(tokens, jnp.int32), "attention_mask": spec(tokens, jnp.int32),
+           "token_type_ids": spec(tokens, jnp.int32)}
+  if objective == "ltr":
+    batch.update(lm_labels=spec(tokens, jnp.int32), lm_weights=spec(tokens, jnp.float32))
+    return batch
+  masked = (batch_size, predictions)
+  batch.update(masked_positions=spec(masked, jnp.int32), masked_ids=spec(masked, jnp.int32),
+               masked_weights=spec(masked, jnp.float32))
+  if objective == "mlm_nsp":
+    batch["next_sentence_labels"] = spec((batch_size,), jnp.int32)
+  return batch
+
+
+def memory_bytes(memory) -> dict[str, int]:
+  """Bytes a chip holds while the step runs: its arguments and outputs (less
+  the donated arguments the outputs reuse), temporaries and code."""
+  sizes = {"arguments": memory.argument_size_in_bytes, "outputs": memory.output_size_in_bytes,
+           "aliased": memory.alias_size_in_bytes, "temporaries": memory.temp_size_in_bytes,
+           "generated_code": memory.generated_code_size_in_bytes}
+  sizes = {name: int(value) for name, value in sizes.items()}
+  sizes["total"] = (sizes["arguments"] + sizes["outputs"] - sizes["aliased"]
+                    + sizes["temporaries"] + sizes["generated_code"])
+  return sizes
+
+
+def _shape_bytes(text: str) -> int:
+  """Bytes of the arrays in an HLO result type (`(bf16[2,64]{1,0}, f32[])`)."""
+  total = 0
+  for dtype, dims in re.findall(r"\b([a-z]+\d*)\[([\d,]*)\]", text):
+    if dtype in _BYTES:
+      total += _BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
+  return total
+
+
+_COMPUTATION = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?[\w.\-]+ = (.*?) ([a-z][\w\-]*)\((.*)$")
+_CALLEES = re.compile(r"\b(condition|body|calls|to_apply|branch_computations)="
+                      r"(\{[^}]*\}|%?[\w.\-]+)")
+
+
+def collectives(hlo_text: str) -> dict[str, dict[str, int]]:
+  """Count and bytes (per chip, of the results) of each kind of collective a
+  step executes, from the compiled HLO: an operation in a loop body counts
+  once per iteration (the scan over layers, gradient accumulation)."""
+  computations: dict[str, list[tuple[str, str, str]]] = {}
+  entry, current = None, None
+  for line in hlo_text.splitlines():
+    header = _COMPUTATION.match(line)
+    if header and not line.startswith(" "):
+      current = header.group(1)
+      computations[current] = []
+      if line.startswith("ENTRY"):
+        entry = current
+      continue
+    instruction = _INSTRUCTION.match(line)
+    if instruction and current is not None:
+      computations[current].append(instruction.groups())
+
+  def trip_count(condition: str) -> int:
+    # jax's loops count from 0 while `i < N`: N is the condition's only integer constant.
+    constants = [int(v) for _, op, rest in computations.get(condition, ())
+                 if op == "constant" for v in re.findall(r"^(-?\d+)\)", rest)]
+    return constants[0] if len(constants) == 1 and constants[0] > 0 else 1
+
+  multiplier: dict[str, int] = {}
+
+  def visit(name: str, times: int) -> None:
+    multiplier[name] = multiplier.get(name, 0) + times
+    for _, op, rest in computations.get(name, ()):
+      called = {key: [name.strip().lstrip("%") for name in value.strip("{}").split(",")]
+                for key, value in _CALLEES.findall(rest)}
+      if op == "while":
+        visit(called["body"][0], times * trip_count(called["condition"][0]))
+      else:
+        for key in ("calls", "branch_computations"):
+          for callee in called.get(key, ()):
+            if callee in computations:
+              visit(callee, times)
+
+  if entry is not None:
+    visit(entry, 1)
+  found = {kind: {"count": 0, "bytes": 0} for kind in KINDS}
+  for name, times in multiplier.items():
+    for result, op, _ in computations[name]:
+      kind = op[:-len("-done")] if op.endswith("-done") else op
+      if kind in found and not op.endswith("-start"):
+        found[kind]["count"] += times
+        found[kind]["bytes"] += times * _shape_bytes(result)
+  return found
+
+
+def matmul_flops(jaxpr) -> float:
+  """FLOPs of the matrix products in a jaxpr (multiply-add = 2), every scan
+  iteration counted (XLA's cost analysis counts a loop's body once)."""
+  total = 0.0
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "dot_general":
+      (contracting, _), _ = eqn.params["dimension_numbers"]
+      lhs = eqn.invars[0].aval.shape
+      total += 2.0 * math.prod(eqn.outvars[0].aval.shape) * math.prod(lhs[d] for d in contracting)
+    inner = []
+    for value in eqn.params.values():
+      for item in value if isinstance(value, (tuple, list)) else (value,):
+        item = getattr(item, "jaxpr", item)  # a ClosedJaxpr's Jaxpr
+        if hasattr(item, "eqns"):
+          inner.append(matmul_flops(item))
+    if eqn.primitive.name == "cond":
+      total += max(inner, default=0.0)  # one branch runs
+    else:
+      total += eqn.params.get("length", 1) * sum(inner) if eqn.primitive.name == "scan" \
+          else sum(inner)
+  return total
+
+
+_SIZE = r"([\d.]+)([KMGT]?)i?B?"
+
+
+def out_of_memory_bytes(message: str) -> tuple[int | None, int | None]:
+  """(bytes needed, bytes available) from XLA's out-of-memory error, where it
+  says them (`... HLO temporaries (19.30G) exceeds available HBM (15.75G)`)."""
+  scale = lambda number, unit: int(float(number) * 1024 ** " KMGT".index(unit or " "))
+  for pattern in (rf"\({_SIZE}\) exceeds available HBM \({_SIZE}\)",
+                  rf"Used {_SIZE} of {_SIZE} hbm"):
+    match = re.search(pattern, message, re.I)
+    if match:
+      return scale(*match.group(1, 2)), scale(*match.group(3, 4))
+  return None, None
+
+
+def argument_bytes(args) -> int:
+  """Bytes a chip holds of sharded abstract arguments."""
+  import jax
+  import numpy as np
+
+  return sum(math.prod(leaf.sharding.shard_shape(leaf.shape)) * np.dtype(leaf.dtype).itemsize
+             for leaf in jax.tree.leaves(args))
+
+
+def compile_step(jitted, *args) -> dict[str, Any]:
+  """Compiles one step; its memory, FLOPs and collectives, or that XLA found
+  it too large for the chip."""
+  start = time.perf_counter()
+  traced = jitted.trace(*args)
+  lowered = traced.lower()
+  try:
+    compiled = lowered.compile()
+  except Exception as e:  # jax raises JaxRuntimeError (XlaRuntimeError) here
+    message = str(e)
+    if not any(marker in message for marker in _OUT_OF_MEMORY):
+      raise
+    first = next((line for line in message.splitlines() if line.strip()), message)
+    needed, available = out_of_memory_bytes(message)
+    memory = {"arguments": argument_bytes(args), "temporaries": needed}
+    # Outputs reuse the donated state; code is left out: a lower bound.
+    memory["total"] = None if needed is None else memory["arguments"] + needed
+    return {"fits": False, "compile_s": round(time.perf_counter() - start, 1),
+            "per_chip_bytes": memory, "xla_hbm_limit_bytes": available, "error": first[:500]}
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return {"compile_s": round(time.perf_counter() - start, 1),
+          "per_chip_bytes": memory_bytes(compiled.memory_analysis()),
+          "flops_per_chip": float((cost or {}).get("flops", 0.0)),
+          "matmul_flops": matmul_flops(traced.jaxpr.jaxpr),
+          "collectives": collectives(compiled.as_text())}
+
+
+def _phase_programs(config) -> list[tuple[str, Any]]:
+  """(name, phase) of each distinct program: `train_128`, `train_512`."""
+  from bertjax.tasks import pretrain
+
+  programs, seen = [], set()
+  for phase in pretrain.phases(config):
+    key = (phase.max_seq_length, phase.max_predictions)
+    if key not in seen:
+      seen.add(key)
+      name = str(phase.max_seq_length)
+      if any(p.max_seq_length == phase.max_seq_length for _, p in programs):
+        name += f"_{phase.max_predictions}"
+      programs.append((name, phase))
+  return programs
+
+
+class Compiler:
+  """The steps of `config` on a target, compiled with the run's own functions."""
+
+  def __init__(self, config, target: Target):
+    import flax.linen as nn
+    import jax
+
+    from bertjax import checkpoint, optim, sharding, train
+    from bertjax.models import BertConfig
+
+    self.config, self.target = config, target
+    self.bert = BertConfig.from_run_config(config)
+    self.model = train.pretraining_model(self.bert, config.objective)
+    self.optimizer, self.schedule = optim.make_optimizer(config)
+    self.rules = tuple(tuple(rule) for rule in config.logical_axis_rules)
+    mesh = target.mesh
+    with jax.set_mesh(mesh), nn.logical_axis_rules(self.rules):
+      abstract = train.abstract_train_state(self.model, self.optimizer, config.seed)
+      self.shardings = train.state_shardings(abstract, mesh, self.rules)
+    self.state = checkpoint.abstract_with_shardings(abstract, self.shardings)
+    self.batch_sharding = sharding.batch_sharding(mesh)
+    self.data_shards = sharding.batch_shards(mesh)
+    self.parameter_count = sum(math.prod(leaf.shape)
+                               for leaf in jax.tree.leaves(self.state.params))
+
+  def _steps(self, accumulation_steps: int):
+    from bertjax import sharding, train
+
+    return train.jit_steps(self.model, self.optimizer, self.schedule, self.config.objective,
+                           accumulation_steps, self.shardings, self.batch_sharding,
+                           sharding.replicated(self.target.mesh))
+
+  def _under_mesh(self, function, *args):
+    import flax.linen as nn
+    import jax
+
+    with jax.set_mesh(self.target.mesh), nn.logical_axis_rules(self.rules):
+      return function(*args)
+
+  def train(self, phase, batch_size: int, accumulation_steps: int) -> dict[str, Any]:
+    from bertjax import flops
+
+    train_step, _ = self._steps(accumulation_steps)
+    batch = batch_spec(self.config.objective, batch_size, phase.max_seq_length,
+                       phase.max_predictions, self.batch_sharding)
+    result = self._under_mesh(compile_step, train_step, self.state, batch)
+    model = (flops.flops_per_token(self.bert, phase.max_seq_length, phase.max_predictions)
+             * batch_size * phase.max_seq_length)
+    return self._finish(result, model)
+
+  def evaluate(self, phase, batch_size: int) -> dict[str, Any]:
+    from bertjax import flops
+
+    _, eval_step = self._steps(1)
+    batch = batch_spec(self.config.objective, batch_size, phase.max_seq_length,
+                       phase.max_predictions, self.batch_sharding)
+    result = self._under_mesh(compile_step, eval_step, self.state.params, batch)
+    model = (flops.flops_per_token(self.bert, phase.max_seq_length, phase.max_predictions,
+                                   training=False) * batch_size * phase.max_seq_length)
+    return self._finish(result, model)
+
+  def _finish(self, result: dict[str, Any], model_flops: float) -> dict[str, Any]:
+    hbm = self.target.tpu_slice.generation.hbm_bytes
+    total = result["per_chip_bytes"].get("total")
+    result.setdefault("fits", total is not None and total <= hbm)
+    if "flops_per_chip" in result:
+      compiled = result.pop("flops_per_chip") * self.target.chips
+      matmuls = result.pop("matmul_flops")
+      result["flops_per_step"] = {
+          "cost_analysis": compiled, "matmuls": matmuls, "model": model_flops,
+          "ratio": round(matmuls / model_flops, 3),
+          "cost_analysis_ratio": round(compiled / model_flops, 3)}
+    return result
+
+  def max_per_chip_batch(self, phase, start: int,
+                         known: dict[int, dict[str, Any]] | None = None) -> int:
+    """The largest per-chip batch (one micro-batch, in steps of 8 from 8 on)
+    whose training step fits.
+
+    Doubling brackets the answer; then each compile aims where the line
+    through the nearest batches that fit and do not crosses the HBM size.
+
+    Args:
+      phase: The phase (sequence length) to search.
+      start: A per-chip batch to begin from (the configured one).
+      known: Results already compiled, by per-chip batch (accumulation 1).
+    """
+    results = dict(known or {})
+
+    def result(per_chip: int) -> dict[str, Any]:
+      if per_chip not in results:
+        logging.info("Trying %d sequences a chip at length %d", per_chip,
+                     phase.max_seq_length)
+        results[per_chip] = self.train(phase, per_chip * self.data_shards, 1)
+      return results[per_chip]
+
+    fits = lambda per_chip: result(per_chip)["fits"]
+    total = lambda per_chip: result(per_chip)["per_chip_bytes"].get("total")
+    low = max(1, start)
+    while not fits(low):
+      if low == 1:
+        return 0
+      low //= 2
+    high = low * 2
+    while fits(high):
+      low, high = high, high * 2
+    # Between a batch that fits and one that does not, memory grows about
+    # linearly: aim at the HBM size on the line through both (XLA's own limit
+    # once an error has said it), within the middle half of the gap.
+    step = 8 if low >= 8 else 1
+    while high - low > step:
+      limit = min([self.target.tpu_slice.generation.hbm_bytes]
+                  + [r["xla_hbm_limit_bytes"] for r in results.values()
+                     if r.get("xla_hbm_limit_bytes")])
+      middle = (low + high) // 2
+      if total(high) is not None and total(high) > total(low):
+        slope = (total(high) - total(low)) / (high - low)
+        quarter = (high - low) // 4
+        middle = min(max(int(low + (limit - total(low)) / slope), low + quarter),
+                     high - quarter)
+      middle = min(max(middle // step * step, low + step), high - step)
+      if fits(middle):
+        low = middle
+      else:
+        high = middle
+    return low
+
+
+def accumulation_for(batch_size: int, data_shards: int, max_per_chip: int) -> int | None:
+  """The fewest accumulation steps whose micro-batches fit and divide evenly."""
+  if max_per_chip < 1:
+    return None
+  for steps in range(1, batch_size + 1):
+    micro = batch_size // steps
+    if (not batch_size % steps and not micro % data_shards
+        and micro // data_shards <= max_per_chip):
+      return steps
+  return None
+
+
+def run(config, accelerator_type: str, num_slices: int = 1, find_max_batch: bool = False,
+        evaluate: bool = True) -> dict[str, Any]:
+  """Compiles every step of `config` for the slice(s); the report (JSON-ready).
+
+  Raises:
+    UsageError: a setting to change.
+  """
+  target = make_target(config, accelerator_type, num_slices)
+  compiler = Compiler(config, target)
+  tpu_slice = target.tpu_slice
+  train_config = config.train
+  micro = train_config.batch_size // train_config.accumulation_steps
+  report: dict[str, Any] = {
+      "topology": accelerator_type, "libtpu_topology": tpu_slice.topology_name,
+      "num_slices": num_slices, "device_kind": target.devices[0].device_kind,
+      "chips": target.chips, "hosts": target.hosts,
+      "mesh": {name: int(size) for name, size in target.mesh.shape.items()},
+      "hbm_bytes": tpu_slice.generation.hbm_bytes,
+      "model": {"parameters": compiler.parameter_count, "objective": config.objective,
+                "dtype": compiler.bert.dtype},
+      "batch_size": train_config.batch_size,
+      "accumulation_steps": train_config.accumulation_steps,
+      "per_chip_batch": micro // compiler.data_shards,
+      "eval_batch_size": config.eval.batch_size,
+      "phases": [], "per_chip_bytes": {}, "flops_per_step": {}, "collectives": {},
+  }
+  fits = True
+  for name, phase in _phase_programs(config):
+    report["phases"].append({"name": name, "steps": [phase.start, phase.end],
+                             "max_seq_length": phase.max_seq_length,
+                             "max_predictions": phase.max_predictions})
+    programs = [("train", lambda: compiler.train(phase, train_config.batch_size,
+                                                 train_config.accumulation_steps))]
+    if evaluate:
+      programs.append(("eval", lambda: compiler.evaluate(phase, config.eval.batch_size)))
+    for kind, compile_program in programs:
+      key = f"{kind}_{name}"
+      logging.info("Compiling %s for %s", key, accelerator_type)
+      result = compile_program()
+      if kind == "train":
+        train_result = result
+      fits = fits and result["fits"]
+      report["per_chip_bytes"][key] = result["per_chip_bytes"]
+      if "flops_per_step" in result:
+        report["flops_per_step"][key] = result["flops_per_step"]
+        report["collectives"][key] = result["collectives"]
+      report.setdefault("compile_s", {})[key] = result["compile_s"]
+      if "error" in result:
+        report.setdefault("errors", {})[key] = result["error"]
+        report["xla_hbm_limit_bytes"] = result["xla_hbm_limit_bytes"]
+      print(summary_line(key, result, report), flush=True)
+    if find_max_batch:
+      known = ({report["per_chip_batch"]: train_result}
+               if train_config.accumulation_steps == 1 else {})
+      best = compiler.max_per_chip_batch(phase, report["per_chip_batch"], known)
+      steps = accumulation_for(train_config.batch_size, compiler.data_shards, best)
+      report.setdefault("max_per_chip_batch", {})[f"train_{name}"] = best
+      report.setdefault("accumulation_to_fit", {})[f"train_{name}"] = steps
+      print(f"train_{name}: at most {best} sequences a chip fit; a batch of "
+            f"{train_config.batch_size} needs accumulation_steps={steps}", flush=True)
+  if find_max_batch:
+    needed = list(report["accumulation_to_fit"].values())
+    # One setting serves every phase: the most any phase needs.
+    report["accumulation_to_fit"]["run"] = None if None in needed else max(needed)
+  report["fits"] = fits
+  return report
+
+
+def summary_line(key: str, result: dict[str, Any], report: dict[str, Any]) -> str:
+  gib = lambda n: "?" if n is None else f"{n / 2**30:.2f}"
+  memory = result["per_chip_bytes"]
+  verdict = "fits" if result["fits"] else "DOES NOT FIT"
+  line = (f"{key}: {gib(memory.get('total'))} GiB a chip of {gib(report['hbm_bytes'])}, "
+          f"{verdict} (compiled in {result['compile_s']} s)")
+  if "temporaries" in memory:
+    line += (f"; arguments {gib(memory['arguments'])}, temporaries "
+             f"{gib(memory['temporaries'])} GiB")
+  if "flops_per_step" in result:
+    flops = result["flops_per_step"]
+    line += (f"; {flops['matmuls']:.3g} matmul FLOPs a step, model {flops['model']:.3g}, "
+             f"XLA cost analysis {flops['cost_analysis']:.3g}")
+    line += "".join(f"; {kind} {c['count']}x {c['bytes'] / 2**20:.1f} MiB"
+                    for kind, c in result["collectives"].items() if c["count"])
+  return line
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  """absl's parsing, with a flag mistake as a one-line usage error (exit 2)."""
+  try:
+    return flags.FLAGS(argv)
+  except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
+    # config_flags raises AttributeError for an unknown --config.* field.
+    message = str(e.args[0]) if e.args else str(e)
+    message = message.replace("\\n", " ").replace("\\'", "'")
+    if len(message) > 1 and message[0] == message[-1] == "'":
+      message = message[1:-1]
+    print(f"error: {' '.join(message.split())}", file=sys.stderr)
+    sys.exit(2)
+
+
+def main(argv):
+  import jax
+
+  if len(argv) > 1:
+    print(f"error: unexpected arguments {argv[1:]}", file=sys.stderr)
+    sys.exit(2)
+  # The chips are libtpu's description of the slice: never claim a local TPU
+  # (a run may be using it) or wait for one, and let other processes load
+  # libtpu meanwhile (it takes a lock for the chips otherwise).
+  jax.config.update("jax_platforms", "cpu")
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  try:
+    report = run(_CONFIG.value, _TOPOLOGY.value, _NUM_SLICES.value, _FIND_MAX_BATCH.value,
+                 _EVAL.value)
+  except UsageError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+  print(json.dumps(report), flush=True)
+  sys.exit(0 if report["fits"] else 1)
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=_parse_flags)

@@ -1,0 +1,234 @@
+"""Ahead-of-time compiles for Cloud TPU slices on this CPU host.
+
+The compiles run the tool in subprocesses (libtpu stays out of the test
+process) on tiny configs; they need libtpu (`pip install '.[tpu]'`) and are
+skipped without it. The slice table, the HLO reading and the batch shapes are
+checked here without it.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bertjax import topology
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                                  reason="libtpu is not installed (pip install '.[tpu]')")
+
+# Two phases (32 then 64 tokens) of a small model; dropout off keeps the
+# compiled programs (and the compile times) small.
+TINY = ["--config.train.total_steps=10", "--config.train.long_from_step=8",
+        "--config.optimizer.warmup_steps=1", "--config.train.batch_size=16",
+        "--config.eval.batch_size=16", "--config.train.max_seq_length=32",
+        "--config.train.max_predictions=5", "--config.train.long_seq_length=64",
+        "--config.train.long_max_predictions=10", "--config.model.hidden_dropout_prob=0",
+        "--config.model.attention_dropout_prob=0"]
+
+
+def run_tool(*args):
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+  result = subprocess.run([sys.executable, "-m", "bertjax.tools.compile", *args], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+  report = None
+  lines = result.stdout.strip().splitlines()
+  if lines and lines[-1].startswith("{"):
+    report = json.loads(lines[-1])
+  return result, report
+
+
+def test_gcloud_types_map_to_google_slice_shapes():
+  expected = {  # type: (grid, chips, hosts, HBM GiB), from cloud.google.com/tpu/docs
+      "v4-8": ("v4:2x2x1", 4, 1, 32), "v4-32": ("v4:2x2x4", 16, 4, 32),
+      "v4-128": ("v4:4x4x4", 64, 16, 32), "v5p-8": ("v5p:2x2x1", 4, 1, 95),
+      "v5p-64": ("v5p:2x4x4", 32, 8, 95), "v5litepod-4": ("v5e:2x2", 4, 1, 16),
+      "v5litepod-8": ("v5e:2x4", 8, 1, 16), "v5litepod-16": ("v5e:4x4", 16, 4, 16),
+      "v6e-8": ("v6e:2x4", 8, 1, 32), "v6e-16": ("v6e:4x4", 16, 4, 32),
+      "v4:2x2x2": ("v4:2x2x2", 8, 2, 32)}
+  for name, (grid, chips, hosts, hbm) in expected.items():
+    tpu_slice = topology.parse(name)
+    assert (tpu_slice.topology_name, tpu_slice.chips, tpu_slice.hosts,
+            tpu_slice.generation.hbm_bytes / 2**30) == (grid, chips, hosts, hbm), name
+  for name in topology.known_types():
+    assert topology.parse(name).accelerator_type == name
+  for bad in ("v4-6", "v5p-12", "v3-8", "v5e:2x2x2", "tpu"):
+    with pytest.raises(ValueError, match="--topology") as error:
+      topology.parse(bad)
+    assert "\n" not in str(error.value)
+
+
+HLO = """HloModule jit_step, is_scheduled=true, entry_computation_layout={(f32[])->f32[]}
+
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %sum = f32[] add(%x, %y)
+}
+
+%body (param: (s32[], f32[1024])) -> (s32[], f32[1024]) {
+  %param = (s32[], f32[1024]{0}) parameter(0)
+  %gte = f32[1024]{0:T(1024)} get-tuple-element(%param), index=1
+  %all-reduce.1 = f32[1024]{0:T(1024)} all-reduce(%gte), channel_id=1, to_apply=%add
+  %i = s32[] get-tuple-element(%param), index=0
+  ROOT %tuple = (s32[], f32[1024]{0}) tuple(%i, %all-reduce.1)
+}
+
+%cond (param.1: (s32[], f32[1024])) -> pred[] {
+  %param.1 = (s32[], f32[1024]{0}) parameter(0)
+  %constant.3 = s32[]{:T(128)} constant(12)
+  %gte.1 = s32[] get-tuple-element(%param.1), index=0
+  ROOT %lt = pred[] compare(%gte.1, %constant.3), direction=LT
+}
+
+%fused_scatter (p: bf16[32,64]) -> bf16[8,64] {
+  %p = bf16[32,64]{1,0} parameter(0)
+  ROOT %reduce-scatter.1 = bf16[8,64]{1,0:T(8,128)(2,1)} reduce-scatter(%p), dimensions={0}, to_apply=%add
+}
+
+ENTRY %main (p0: bf16[8,256], p1: (s32[], f32[1024]), p2: bf16[32,64]) -> f32[] {
+  %p0 = bf16[8,256]{1,0} parameter(0)
+  %all-gather-start = (bf16[8,256]{1,0}, bf16[32,256]{1,0}) all-gather-start(%p0), dimensions={0}
+  %all-gather-done = bf16[32,256]{1,0} all-gather-done(%all-gather-start)
+  %get-tuple-element.9 = bf16[2,64]{1,0} get-tuple-element(%all-reduce.2), index=1
+  %all-reduce.2 = (f32[]{:T(128)}, bf16[2,64]{1,0}) all-reduce(%a, %b), to_apply=%add
+  %p1 = (s32[], f32[1024]{0}) parameter(1)
+  %while = (s32[], f32[1024]{0}) while(%p1), condition=%cond, body=%body, metadata={op_name="x"}
+  %p2 = bf16[32,64]{1,0} parameter(2)
+  %fusion = bf16[8,64]{1,0} fusion(%p2), kind=kCustom, calls=%fused_scatter
+  ROOT %out = f32[] constant(0)
+}
+"""
+
+
+def test_collectives_count_loop_iterations_and_bytes():
+  from bertjax.tools import compile as compile_tool
+
+  found = compile_tool.collectives(HLO)
+  assert found["all-reduce"] == {"count": 12 + 1, "bytes": 12 * 1024 * 4 + 4 + 2 * 64 * 2}
+  assert found["all-gather"] == {"count": 1, "bytes": 32 * 256 * 2}
+  assert found["reduce-scatter"] == {"count": 1, "bytes": 8 * 64 * 2}
+  assert found["all-to-all"] == found["collective-permute"] == {"count": 0, "bytes": 0}
+
+
+def test_out_of_memory_messages_give_the_bytes():
+  from bertjax.tools import compile as compile_tool
+
+  needed, available = compile_tool.out_of_memory_bytes(
+      "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+      "temporaries (19.30G) exceeds available HBM (15.75G).")
+  assert (needed, available) == (int(19.30 * 2**30), int(15.75 * 2**30))
+  assert compile_tool.out_of_memory_bytes(
+      "Ran out of memory in memory space hbm. Used 20.50G of 15.48G hbm.")[0] == int(20.5 * 2**30)
+  assert compile_tool.out_of_memory_bytes("RESOURCE_EXHAUSTED: something") == (None, None)
+
+
+def test_accumulation_for_the_largest_batch_that_fits():
+  from bertjax.tools import compile as compile_tool
+
+  assert compile_tool.accumulation_for(256, 16, 16) == 1
+  assert compile_tool.accumulation_for(256, 16, 12) == 2   # 8 a chip
+  assert compile_tool.accumulation_for(256, 16, 3) == 8    # 2 a chip
+  assert compile_tool.accumulation_for(256, 16, 0) is None
+
+
+@pytest.mark.parametrize("objective", ["mlm_nsp", "mlm", "ltr"])
+def test_batch_spec_matches_the_loader(prepared_dir, objective):
+  """The abstract batch compiled for is the loader's batch: names, shapes, dtypes."""
+  from bertjax.data import loader
+  from bertjax.data.masking import MaskingConfig
+  from bertjax.tools import compile as compile_tool
+
+  config = loader.LoaderConfig(prepared_dir, objective=objective, max_seq_length=32,
+                               batch_size=4, masking=MaskingConfig(max_predictions=5))
+  batch = next(iter(loader.make_dataset(config)))
+  spec = compile_tool.batch_spec(objective, 4, 32, 5, sharding=None)
+  assert sorted(spec) == sorted(batch)
+  for name, value in batch.items():
+    assert (spec[name].shape, np.dtype(spec[name].dtype)) == (value.shape, value.dtype), name
+
+
+def _check_report(report, topology_name, chips, hosts, generation_hbm_gib):
+  assert report["topology"] == topology_name
+  assert (report["chips"], report["hosts"]) == (chips, hosts)
+  assert report["mesh"] == {"data": chips, "fsdp": 1, "tensor": 1}
+  assert report["hbm_bytes"] == generation_hbm_gib * 2**30
+  assert report["fits"] is True
+  programs = ["train_32", "eval_32", "train_64", "eval_64"]
+  assert sorted(report["per_chip_bytes"]) == sorted(programs)
+  parameters = report["model"]["parameters"]
+  for name in programs:
+    memory = report["per_chip_bytes"][name]
+    assert {"arguments", "outputs", "temporaries", "total"} <= set(memory)
+    assert 0 < memory["total"] < report["hbm_bytes"]
+    flops = report["flops_per_step"][name]
+    # The traced matmuls are the model's (bertjax.flops counts the same ones).
+    assert 0.95 < flops["ratio"] < 1.1, flops
+    assert flops["cost_analysis"] > 0
+  for name in ("train_32", "train_64"):
+    # Data parallel: every chip keeps all parameters and the optimizer's two
+    # moments (float32), and sums the gradients with the other chips.
+    assert report["per_chip_bytes"][name]["arguments"] >= 3 * 4 * parameters
+    reduced = report["collectives"][name]
+    gradient_bytes = reduced["all-reduce"]["bytes"] + reduced["reduce-scatter"]["bytes"]
+    assert 2 * parameters <= gradient_bytes <= 4 * parameters * 1.1, reduced
+  return report
+
+
+@needs_libtpu
+def test_v4_slice_both_phases_fit():
+  """The demo's unscanned model: XLA's own cost analysis then sees every layer."""
+  result, report = run_tool("--config=configs/demo.py", "--topology=v4-8", *TINY)
+  assert result.returncode == 0, result.stderr[-3000:]
+  _check_report(report, "v4-8", 4, 1, 32)
+  for name in ("train_32", "train_64"):
+    flops = report["flops_per_step"][name]
+    assert 0.8 < flops["cost_analysis_ratio"] < 1.6, flops
+  assert "train_64: " in result.stdout and "fits" in result.stdout
+
+
+@needs_libtpu
+def test_v5e_slice_scanned_layers_count_every_iteration():
+  result, report = run_tool("--config=configs/base_pretrain.py:size=bert_L4_H128",
+                            "--topology=v5litepod-8", "--config.model.vocab_size=512", *TINY)
+  assert result.returncode == 0, result.stderr[-3000:]
+  _check_report(report, "v5litepod-8", 8, 1, 16)
+  assert report["device_kind"] == "TPU v5 lite"
+  flops = report["flops_per_step"]["train_32"]
+  # XLA's cost analysis counts the 4-layer scan's body once; the traced count does not.
+  assert flops["cost_analysis"] < 0.8 * flops["matmuls"]
+
+
+@needs_libtpu
+def test_a_batch_too_large_does_not_fit():
+  result, report = run_tool("--config=configs/base_pretrain.py:size=bert_tiny",
+                            "--topology=v5litepod-4", "--eval=false",
+                            "--config.model.vocab_size=512", *TINY[:1],
+                            "--config.train.long_from_step=-1", *TINY[2:],
+                            "--config.train.batch_size=98304")
+  assert result.returncode == 1, result.stderr[-3000:]
+  assert report["fits"] is False
+  memory = report["per_chip_bytes"]["train_32"]
+  assert memory["total"] > report["hbm_bytes"]  # what it would need, from XLA
+  assert 15 * 2**30 < report["xla_hbm_limit_bytes"] <= report["hbm_bytes"]
+  assert "DOES NOT FIT" in result.stdout
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--topology=v4-6"], "--topology"),
+    (["--topology=v4-8", "--config.mesh.data=3"], "mesh"),
+    (["--topology=v4-32", "--config.mesh.data=1", "--config.mesh.tensor=16",
+      "--config.train.batch_size=2", "--config.eval.batch_size=4"], "hosts"),
+    (["--topology=v4-8", "--config.train.batchsize=2"], "batchsize"),
+])
+@needs_libtpu
+def test_usage_errors_are_one_line_and_exit_2(args, says):
+  result, report = run_tool("--config=configs/base_pretrain.py:size=bert_tiny", *args)
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert report is None
+  errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+  assert len(errors) == 1 and says in errors[0], result.stderr[-3000:]
