@@ -70,3 +70,33 @@ def test_a_checkpoint_of_another_model_is_a_clear_error(tmp_path):
   with pytest.raises(ValueError, match="does not fit this run's model and optimizer"):
     manager.restore(1, other_target)
   manager.close()
+
+
+def test_on_gcs_a_step_without_its_commit_file_is_never_latest(gcs):
+  """On gs:// (no atomic rename) orbax marks a finished step with
+  commit_success.txt; a step a kill left without it is not taken, and a reader
+  (fine-tuning from a run in progress) leaves it for the run to clean up."""
+  from bertjax import files
+
+  mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
+  state, target = _state(CONFIG, mesh)
+  directory = gcs.url_of("checkpoints/commit")
+  manager = checkpoint.Checkpointer(directory, async_save=False)
+  for step in (2, 4):
+    manager.save(step, state, {"phase": 0, "loader": None}, {})
+  manager.close()
+  files.remove(files.join(directory, "4", "commit_success.txt"))  # the kill came first
+  reader = checkpoint.Checkpointer(directory, async_save=False, create=False)
+  assert reader.latest_step() == 2
+  restored = reader.restore_state(2, target)
+  assert int(restored.step) == int(state.step)
+  reader.close()
+  assert "4" in files.listdir(directory)  # the reader removed nothing
+  writer = checkpoint.Checkpointer(directory)  # the run itself clears it, in the background
+  assert writer.latest_step() == 2
+  import time
+  deadline = time.monotonic() + 60
+  while "4" in files.listdir(directory) and time.monotonic() < deadline:
+    time.sleep(0.2)
+  writer.close()
+  assert files.listdir(directory) == ["2"]
