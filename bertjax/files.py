@@ -122,13 +122,16 @@ def cache_path(url: str) -> str:
   return os.path.join(cache_root(), scheme, rest.strip("/"))
 
 
-def download(remote: str, local: str) -> None:
-  """Copies a remote file to `local` (written under a temporary name, then renamed)."""
+def download(remote: str, local: str, mtime: float | None = None) -> None:
+  """Copies a remote file to `local` (written under a temporary name, then
+  renamed), with the remote's modification time when given."""
   os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
   staging = f"{local}.tmp-{os.getpid()}"
   try:
     with _epath(remote).open("rb") as source, open(staging, "wb") as target:
       shutil.copyfileobj(source, target, 16 << 20)
+    if mtime is not None:
+      os.utime(staging, (mtime, mtime))
     os.replace(staging, local)
   except BaseException:
     if os.path.exists(staging):
@@ -145,18 +148,19 @@ def local_file(path: str) -> str:
 
 
 def local_copy(path: str, names: Iterable[str] | Callable[[str], bool] | None = None,
-               *, required_bytes_check: bool = True) -> str:
+               *, check_space: bool = True) -> str:
   """A local directory holding `path`'s files; `path` itself when it is local.
 
   A remote directory is mirrored into `cache_path(path)`: each wanted file is
-  downloaded unless a copy of the same size is there already (files are
-  renamed into place only once complete, so a copy is never half-written).
+  downloaded unless a copy of the same size and modification time is there
+  already (files are renamed into place only once complete, so a copy is never
+  half-written).
 
   Args:
     path: A directory, local or a URL.
     names: Which files: a list of names, a predicate on the name, or None for
       every file directly in the directory (no sub-directories).
-    required_bytes_check: Refuse (with the sizes) when the local disk lacks the
+    check_space: Refuse (with the sizes) when the local disk lacks the
       room, before downloading anything.
   """
   if not is_remote(path):
@@ -171,21 +175,23 @@ def local_copy(path: str, names: Iterable[str] | Callable[[str], bool] | None = 
   todo = []
   for entry in entries:
     try:
-      size = entry.stat().length
+      stat = entry.stat()
     except FileNotFoundError:
       raise FileNotFoundError(f"{path}/{entry.name} not found") from None
     target = os.path.join(local, entry.name)
-    if not (os.path.isfile(target) and os.path.getsize(target) == size):
-      todo.append((entry, target, size))
-  if todo and required_bytes_check:
+    if not (os.path.isfile(target) and os.path.getsize(target) == stat.length
+            and int(os.path.getmtime(target)) == int(stat.mtime or -1)):
+      todo.append((entry, target, stat))
+  if todo and check_space:
     os.makedirs(local, exist_ok=True)
-    needed, free = sum(size for *_, size in todo), shutil.disk_usage(local).free
+    needed = sum(stat.length for *_, stat in todo)
+    free = shutil.disk_usage(local).free
     if needed > free:
       raise OSError(f"{path}: {needed / 2**30:.1f} GiB to copy into {local} but only "
                     f"{free / 2**30:.1f} GiB free; set BERTJAX_CACHE_DIR to a larger disk, "
                     "or mount the bucket with gcsfuse and give the local path")
-  for entry, target, _ in todo:
-    download(os.fspath(entry), target)
+  for entry, target, stat in todo:
+    download(os.fspath(entry), target, stat.mtime)
   os.makedirs(local, exist_ok=True)
   return local
 

@@ -76,3 +76,15 @@ def test_local_copy_refuses_a_disk_too_small(gcs, monkeypatch):
   monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(2000, 1990, 10))
   with pytest.raises(OSError, match="BERTJAX_CACHE_DIR.*gcsfuse"):
     files.local_copy(root)
+
+
+def test_a_file_rewritten_in_the_bucket_is_copied_again(gcs):
+  import time
+
+  root = gcs.url_of("files/rewritten")
+  files.write_json(files.join(root, "info.json"), {"v": 1})
+  local = files.local_copy(root)
+  time.sleep(1.1)  # a later modification time, the same size
+  files.write_json(files.join(root, "info.json"), {"v": 2})
+  assert files.local_copy(root) == local
+  assert files.read_json(os.path.join(local, "info.json")) == {"v": 2}
