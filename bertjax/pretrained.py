@@ -115,14 +115,14 @@ def load_pretrained(path: str, *, task: str | None = None, labels: list[str] | N
   elif files.isdir(files.join(path, TRAINING_CHECKPOINTS)) and exists("config.json"):
     bundle = _load_training_run(path, do_lower_case)
   elif exists(hf.CONFIG_FILE):
-    bundle = _load_reference(files.local_copy(path, _reference_files), hf.CONFIG_FILE,
+    bundle = _load_reference(files.local_copy(path, _reference_files(path)), hf.CONFIG_FILE,
                              do_lower_case)
   elif exists(google_tf.CONFIG_FILE) or files.isfile(path + ".index"):
     if files.isfile(path + ".index"):  # a checkpoint prefix: its directory's files
-      local = files.local_copy(os.path.dirname(path), _reference_files)
+      local = files.local_copy(os.path.dirname(path), _reference_files(os.path.dirname(path)))
       local = os.path.join(local, os.path.basename(path))
     else:
-      local = files.local_copy(path, _reference_files)
+      local = files.local_copy(path, _reference_files(path))
     bundle = _load_reference(local, google_tf.CONFIG_FILE, do_lower_case)
   elif not files.exists(path):
     raise FileNotFoundError(f"{path} does not exist")
@@ -148,9 +148,15 @@ _OTHER_WEIGHTS = ("tf_model.h5", "flax_model.msgpack", "rust_model.ot", "model.o
                   "coreml", "onnx")
 
 
-def _reference_files(name: str) -> bool:
-  """Whether a Hugging Face or Google TF directory's file is needed to load it."""
-  return not name.startswith(_OTHER_WEIGHTS) and not name.endswith((".h5", ".msgpack"))
+def _reference_files(directory: str):
+  """Which files of a Hugging Face or Google TF directory are needed to load it
+  (a predicate on names): not other frameworks' weights, and no PyTorch pickle
+  beside safetensors."""
+  if not files.is_remote(directory):
+    return None  # read in place
+  has_safetensors = any(name.endswith(".safetensors") for name in files.listdir(directory))
+  return lambda name: not (name.startswith(_OTHER_WEIGHTS) or name.endswith((".h5", ".msgpack"))
+                           or (has_safetensors and name == hf.PICKLE_FILE))
 
 
 def is_hub_id(path: str) -> bool:

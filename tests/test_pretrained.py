@@ -193,7 +193,12 @@ def test_gcs_directories_of_every_format_load_and_save(pretraining, gcs, tmp_pat
   # A Hugging Face directory and a bertjax directory on gs://, read in place.
   hf_local = _reference_dir(str(tmp_path / "hf"))
   _upload_tree(hf_local, gcs.url_of("pretrained/hf"))
+  for name in ("pytorch_model.bin", "tf_model.h5"):  # a Hub repository's other copies
+    files.write_text(gcs.url_of(f"pretrained/hf/{name}"), "not fetched")
   from_gcs = bertjax.load_pretrained(gcs.url_of("pretrained/hf"))
+  fetched = os.listdir(files.cache_path(gcs.url_of("pretrained/hf")))
+  assert "model.safetensors" in fetched and not {"pytorch_model.bin", "tf_model.h5"} & set(
+      fetched)
   _assert_same_params(from_gcs.params, bertjax.load_pretrained(hf_local).params)
   assert from_gcs.tokenizer.tokenize("the quick fox") == pretraining.tokenizer.tokenize(
       "the quick fox")
