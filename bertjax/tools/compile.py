@@ -377,7 +377,8 @@ class Compiler:
     return result
 
   def max_per_chip_batch(self, phase, start: int,
-                         known: dict[int, dict[str, Any]] | None = None) -> int:
+                         known: dict[int, dict[str, Any]] | None = None
+                         ) -> tuple[int, list[dict[str, Any]]]:
     """The largest per-chip batch (one micro-batch, in steps of 8 from 8 on)
     whose training step fits.
 
@@ -388,8 +389,21 @@ class Compiler:
       phase: The phase (sequence length) to search.
       start: A per-chip batch to begin from (the configured one).
       known: Results already compiled, by per-chip batch (accumulation 1).
+
+    Returns:
+      The batch (0 if not even one sequence fits) and every batch tried:
+      whether it fit, its total bytes and XLA's refusal.
     """
     results = dict(known or {})
+    best = self._search(phase, start, results)
+    tried = [{"per_chip_batch": size, "fits": result["fits"],
+              "total_bytes": result["per_chip_bytes"].get("total"),
+              **({"error": result["error"]} if "error" in result else {})}
+             for size, result in sorted(results.items())]
+    return best, tried
+
+  def _search(self, phase, start: int, results: dict[int, dict[str, Any]]) -> int:
+    """`max_per_chip_batch`'s search, compiling into `results`."""
 
     def result(per_chip: int) -> dict[str, Any]:
       if per_chip not in results:
@@ -496,7 +510,8 @@ def run(config, accelerator_type: str, num_slices: int = 1, find_max_batch: bool
     if find_max_batch:
       known = ({report["per_chip_batch"]: train_result}
                if train_config.accumulation_steps == 1 else {})
-      best = compiler.max_per_chip_batch(phase, report["per_chip_batch"], known)
+      best, tried = compiler.max_per_chip_batch(phase, report["per_chip_batch"], known)
+      report.setdefault("max_batch_trials", {})[f"train_{name}"] = tried
       steps = accumulation_for(train_config.batch_size, compiler.data_shards, best)
       report.setdefault("max_per_chip_batch", {})[f"train_{name}"] = best
       report.setdefault("accumulation_to_fit", {})[f"train_{name}"] = steps

@@ -8,6 +8,7 @@ checked here without it.
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -134,6 +135,37 @@ def test_accumulation_for_the_largest_batch_that_fits():
   assert compile_tool.accumulation_for(256, 16, 12) == 2   # 8 a chip
   assert compile_tool.accumulation_for(256, 16, 3) == 8    # 2 a chip
   assert compile_tool.accumulation_for(256, 16, 0) is None
+
+
+@pytest.mark.parametrize("fixed_gib, per_sequence_gib, start", [
+    (3.76, 0.4, 16), (1.0, 0.25, 64), (1.0, 0.01, 4), (20.0, 2.0, 16), (40.0, 1.0, 16)])
+def test_max_batch_search_brackets_then_closes_in(fixed_gib, per_sequence_gib, start):
+  """The search on a stand-in compiler whose memory is a line with bumps (as
+  XLA's tiling makes it): the largest fitting batch (a multiple of 8 from 8
+  on), in few compiles."""
+  from bertjax.tasks.pretrain import Phase
+  from bertjax.tools import compile as compile_tool
+
+  hbm = 32 * 2**30
+  total = lambda per_chip: int(
+      (fixed_gib + per_sequence_gib * per_chip + 0.3 * (per_chip % 8 != 0)) * 2**30)
+  compiler = object.__new__(compile_tool.Compiler)
+  compiler.target = compile_tool.Target(topology.parse("v4-8"), 1, [None] * 4, None)
+  compiler.data_shards = 4
+  compiled = []
+
+  def train(phase, batch_size, accumulation_steps):
+    per_chip = batch_size // 4
+    compiled.append(per_chip)
+    return {"fits": total(per_chip) <= hbm, "per_chip_bytes": {"total": total(per_chip)}}
+
+  compiler.train = train
+  best, tried = compiler.max_per_chip_batch(Phase(0, 0, 10, 128, 20), start)
+  expected = max([b for b in range(1, 10_000) if total(b) <= hbm and (b < 8 or b % 8 == 0)],
+                 default=0)
+  assert best == expected
+  assert sorted(t["per_chip_batch"] for t in tried) == sorted(compiled)
+  assert len(compiled) == len(set(compiled)) <= math.log2(max(best, 8)) + 6, compiled
 
 
 @pytest.mark.parametrize("objective", ["mlm_nsp", "mlm", "ltr"])
