@@ -20,8 +20,8 @@ products traced, every loop iteration counted; XLA's cost analysis of the
 compiled step, which counts a loop's body once; `bertjax.flops`' model
 count), `collectives` (count and bytes a chip of each kind the compiled step
 runs, loops unrolled) and, with `--find_max_batch`, the largest per-chip
-batch of each phase that fits and the accumulation that makes the
-configured batch fit.
+batch of each phase that fits and the fewest accumulation steps with which
+the configured batch fits (checked by compiling them).
 Exit status: 0 when every step fits, 1 when one does not, 2 for a setting to
 change (said in one line). See docs/tpu.md.
 """
@@ -444,11 +444,13 @@ class Compiler:
     return low
 
 
-def accumulation_for(batch_size: int, data_shards: int, max_per_chip: int) -> int | None:
-  """The fewest accumulation steps whose micro-batches fit and divide evenly."""
+def accumulation_for(batch_size: int, data_shards: int, max_per_chip: int,
+                     more_than: int = 0) -> int | None:
+  """The fewest accumulation steps (above `more_than`) whose micro-batches
+  divide evenly over the data shards and hold at most `max_per_chip` a chip."""
   if max_per_chip < 1:
     return None
-  for steps in range(1, batch_size + 1):
+  for steps in range(more_than + 1, batch_size + 1):
     micro = batch_size // steps
     if (not batch_size % steps and not micro % data_shards
         and micro // data_shards <= max_per_chip):
@@ -483,6 +485,7 @@ def run(config, accelerator_type: str, num_slices: int = 1, find_max_batch: bool
       "phases": [], "per_chip_bytes": {}, "flops_per_step": {}, "collectives": {},
   }
   fits = True
+  train_results: dict[str, dict[str, Any]] = {}
   for name, phase in _phase_programs(config):
     report["phases"].append({"name": name, "steps": [phase.start, phase.end],
                              "max_seq_length": phase.max_seq_length,
@@ -496,7 +499,7 @@ def run(config, accelerator_type: str, num_slices: int = 1, find_max_batch: bool
       logging.info("Compiling %s for %s", key, accelerator_type)
       result = compile_program()
       if kind == "train":
-        train_result = result
+        train_result = train_results[name] = result
       fits = fits and result["fits"]
       report["per_chip_bytes"][key] = result["per_chip_bytes"]
       if "flops_per_step" in result:
@@ -515,14 +518,49 @@ def run(config, accelerator_type: str, num_slices: int = 1, find_max_batch: bool
       steps = accumulation_for(train_config.batch_size, compiler.data_shards, best)
       report.setdefault("max_per_chip_batch", {})[f"train_{name}"] = best
       report.setdefault("accumulation_to_fit", {})[f"train_{name}"] = steps
-      print(f"train_{name}: at most {best} sequences a chip fit; a batch of "
-            f"{train_config.batch_size} needs accumulation_steps={steps}", flush=True)
+      print(f"train_{name}: at most {best} sequences a chip fit (without accumulation)",
+            flush=True)
   if find_max_batch:
-    needed = list(report["accumulation_to_fit"].values())
-    # One setting serves every phase: the most any phase needs.
-    report["accumulation_to_fit"]["run"] = None if None in needed else max(needed)
+    steps, tried = _accumulation_that_fits(compiler, config, report, train_results)
+    report["accumulation_to_fit"]["run"] = steps
+    report["accumulation_trials"] = tried
+    print(f"accumulation_steps={steps} makes every phase fit" if steps else
+          "no accumulation makes every phase fit: shard the state (mesh.fsdp) or "
+          "rematerialise (model.remat_policy)", flush=True)
   report["fits"] = fits
   return report
+
+
+def _accumulation_that_fits(compiler: Compiler, config, report: dict[str, Any],
+                            compiled: dict[str, dict[str, Any]]
+                            ) -> tuple[int | None, list[dict[str, Any]]]:
+  """The fewest accumulation steps with which every phase's training step
+  compiles within the HBM: from what the largest batches suggest, checked by
+  compiling (accumulating costs memory of its own: the summed gradients).
+
+  `compiled`: the training steps already compiled at the configured setting.
+  """
+  batch, shards = config.train.batch_size, compiler.data_shards
+  needed = [accumulation_for(batch, shards, best)
+            for best in report["max_per_chip_batch"].values()]
+  steps = None if None in needed else max(needed)  # one setting serves every phase
+  tried = []
+  while steps is not None and len(tried) < 4:
+    results = {}
+    for name, phase in _phase_programs(config):
+      if steps == config.train.accumulation_steps:
+        results[name] = compiled[name]
+      else:
+        logging.info("Trying accumulation_steps=%d at length %d", steps, phase.max_seq_length)
+        results[name] = compiler.train(phase, batch, steps)
+    fit = all(result["fits"] for result in results.values())
+    tried.append({"accumulation_steps": steps, "fits": fit,
+                  "total_bytes": {f"train_{name}": result["per_chip_bytes"].get("total")
+                                  for name, result in results.items()}})
+    if fit:
+      return steps, tried
+    steps = accumulation_for(batch, shards, max(1, batch // shards), more_than=steps)
+  return None, tried
 
 
 def summary_line(key: str, result: dict[str, Any], report: dict[str, Any]) -> str:

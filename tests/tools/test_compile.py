@@ -88,7 +88,7 @@ HLO = """HloModule jit_step, is_scheduled=true, entry_computation_layout={(f32[]
 
 %fused_scatter (p: bf16[32,64]) -> bf16[8,64] {
   %p = bf16[32,64]{1,0} parameter(0)
-  ROOT %reduce-scatter.1 = bf16[8,64]{1,0:T(8,128)(2,1)} reduce-scatter(%p), dimensions={0}, to_apply=%add
+  ROOT %reduce-scatter.1 = bf16[8,64]{1,0:T(8,128)(2,1)} reduce-scatter(%p), to_apply=%add
 }
 
 ENTRY %main (p0: bf16[8,256], p1: (s32[], f32[1024]), p2: bf16[32,64]) -> f32[] {
@@ -166,6 +166,41 @@ def test_max_batch_search_brackets_then_closes_in(fixed_gib, per_sequence_gib, s
   assert best == expected
   assert sorted(t["per_chip_batch"] for t in tried) == sorted(compiled)
   assert len(compiled) == len(set(compiled)) <= math.log2(max(best, 8)) + 6, compiled
+
+
+def pretrain_phase(length):
+  from bertjax.tasks.pretrain import Phase
+
+  return Phase(0, 0, 1, length, length * 15 // 100)
+
+
+def test_the_accumulation_that_fits_is_checked_by_compiling():
+  """Accumulating needs memory of its own (the summed gradients): the steps the
+  largest batches suggest are compiled, and raised while they do not fit."""
+  from bertjax.tools import compile as compile_tool
+  from configs import large_pretrain
+
+  config = large_pretrain.get_config()  # 256 sequences, lengths 128 and 512
+  compiler = object.__new__(compile_tool.Compiler)
+  compiler.target = compile_tool.Target(topology.parse("v6e-8"), 1, [None] * 8, None)
+  compiler.data_shards = 8
+  compiled = []
+
+  def train(phase, batch_size, accumulation_steps):
+    compiled.append((phase.max_seq_length, accumulation_steps))
+    per_chip = batch_size // accumulation_steps // 8
+    gib = 3.8 + per_chip * (0.4 if phase.max_seq_length == 128 else 1.7)
+    gib += 5.0 * (accumulation_steps > 1)
+    return {"fits": gib <= 32, "per_chip_bytes": {"total": int(gib * 2**30)}}
+
+  compiler.train = train
+  configured = {str(n): train(pretrain_phase(n), 256, 1) for n in (128, 512)}
+  report = {"max_per_chip_batch": {"train_128": 64, "train_512": 16}}
+  steps, tried = compile_tool._accumulation_that_fits(compiler, config, report, configured)
+  # 16 a chip suggests 2 steps; with the accumulator 2 does not fit, 4 does.
+  assert steps == 4
+  assert [(t["accumulation_steps"], t["fits"]) for t in tried] == [(2, False), (4, True)]
+  assert compiled[2:] == [(128, 2), (512, 2), (128, 4), (512, 4)]
 
 
 @pytest.mark.parametrize("objective", ["mlm_nsp", "mlm", "ltr"])
