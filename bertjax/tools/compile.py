@@ -508,7 +508,8 @@ def run(config, accelerator_type: str, num_slices: int = 1, find_max_batch: bool
       report.setdefault("compile_s", {})[key] = result["compile_s"]
       if "error" in result:
         report.setdefault("errors", {})[key] = result["error"]
-        report["xla_hbm_limit_bytes"] = result["xla_hbm_limit_bytes"]
+        if result["xla_hbm_limit_bytes"]:
+          report["xla_hbm_limit_bytes"] = result["xla_hbm_limit_bytes"]
       print(summary_line(key, result, report), flush=True)
     if find_max_batch:
       known = ({report["per_chip_batch"]: train_result}
@@ -572,6 +573,8 @@ def summary_line(key: str, result: dict[str, Any], report: dict[str, Any]) -> st
   if "temporaries" in memory:
     line += (f"; arguments {gib(memory['arguments'])}, temporaries "
              f"{gib(memory['temporaries'])} GiB")
+  if "error" in result:
+    line += f"; XLA: {result['error']}"
   if "flops_per_step" in result:
     flops = result["flops_per_step"]
     line += (f"; {flops['matmuls']:.3g} matmul FLOPs a step, model {flops['model']:.3g}, "
