@@ -163,7 +163,9 @@ _CALLEES = re.compile(r"\b(condition|body|calls|to_apply|branch_computations)="
 def collectives(hlo_text: str) -> dict[str, dict[str, int]]:
   """Count and bytes (per chip, of the results) of each kind of collective a
   step executes, from the compiled HLO: an operation in a loop body counts
-  once per iteration (the scan over layers, gradient accumulation)."""
+  once per iteration (the scan over layers, gradient accumulation). Between
+  slices, collectives are transfers to the data-center network's runtime:
+  `dcn-all-reduce` and the like."""
   computations: dict[str, list[tuple[str, str, str]]] = {}
   entry, current = None, None
   for line in hlo_text.splitlines():
@@ -203,11 +205,19 @@ def collectives(hlo_text: str) -> dict[str, dict[str, int]]:
     visit(entry, 1)
   found = {kind: {"count": 0, "bytes": 0} for kind in KINDS}
   for name, times in multiplier.items():
-    for result, op, _ in computations[name]:
+    for result, op, rest in computations[name]:
       kind = op[:-len("-done")] if op.endswith("-done") else op
-      if kind in found and not op.endswith("-start"):
-        found[kind]["count"] += times
-        found[kind]["bytes"] += times * _shape_bytes(result)
+      size = _shape_bytes(result)
+      if op == "send" and "_xla_megascale_transfer_type" in rest:
+        # Between slices: a host transfer to the data-center network's runtime.
+        transfer = re.search(r'_xla_megascale_transfer_type="(\w+)"', rest).group(1)
+        kind = "dcn-" + transfer.lower().replace("_", "-")
+        size = _shape_bytes(re.search(r"\w+\[[\d,]*\]", result).group())  # (data, u32[], token[])
+        found.setdefault(kind, {"count": 0, "bytes": 0})
+      elif kind not in found or op.endswith("-start"):
+        continue
+      found[kind]["count"] += times
+      found[kind]["bytes"] += times * size
   return found
 
 
@@ -287,19 +297,15 @@ def compile_step(jitted, *args) -> dict[str, Any]:
 
 
 def _phase_programs(config) -> list[tuple[str, Any]]:
-  """(name, phase) of each distinct program: `train_128`, `train_512`."""
+  """(name, phase) of each distinct program: `128`, `512` (`512_80` where two
+  phases share a length)."""
   from bertjax.tasks import pretrain
 
-  programs, seen = [], set()
-  for phase in pretrain.phases(config):
-    key = (phase.max_seq_length, phase.max_predictions)
-    if key not in seen:
-      seen.add(key)
-      name = str(phase.max_seq_length)
-      if any(p.max_seq_length == phase.max_seq_length for _, p in programs):
-        name += f"_{phase.max_predictions}"
-      programs.append((name, phase))
-  return programs
+  phases = pretrain.phases(config)
+  lengths = [phase.max_seq_length for phase in phases]
+  programs = {(f"{phase.max_seq_length}" if lengths.count(phase.max_seq_length) == 1 else
+               f"{phase.max_seq_length}_{phase.max_predictions}"): phase for phase in phases}
+  return list(programs.items())
 
 
 class Compiler:
@@ -334,46 +340,35 @@ class Compiler:
                            accumulation_steps, self.shardings, self.batch_sharding,
                            sharding.replicated(self.target.mesh))
 
-  def _under_mesh(self, function, *args):
+  def train(self, phase, batch_size: int, accumulation_steps: int) -> dict[str, Any]:
+    """Compiles the training step of a phase; its memory, FLOPs, collectives."""
+    return self._compile(self._steps(accumulation_steps)[0], phase, batch_size, True)
+
+  def evaluate(self, phase, batch_size: int) -> dict[str, Any]:
+    """Compiles the evaluation step of a phase; its memory, FLOPs, collectives."""
+    return self._compile(self._steps(1)[1], phase, batch_size, False)
+
+  def _compile(self, step, phase, batch_size: int, training: bool) -> dict[str, Any]:
     import flax.linen as nn
     import jax
 
+    from bertjax import flops
+
+    batch = batch_spec(self.config.objective, batch_size, phase.max_seq_length,
+                       phase.max_predictions, self.batch_sharding)
     with jax.set_mesh(self.target.mesh), nn.logical_axis_rules(self.rules):
-      return function(*args)
-
-  def train(self, phase, batch_size: int, accumulation_steps: int) -> dict[str, Any]:
-    from bertjax import flops
-
-    train_step, _ = self._steps(accumulation_steps)
-    batch = batch_spec(self.config.objective, batch_size, phase.max_seq_length,
-                       phase.max_predictions, self.batch_sharding)
-    result = self._under_mesh(compile_step, train_step, self.state, batch)
-    model = (flops.flops_per_token(self.bert, phase.max_seq_length, phase.max_predictions)
-             * batch_size * phase.max_seq_length)
-    return self._finish(result, model)
-
-  def evaluate(self, phase, batch_size: int) -> dict[str, Any]:
-    from bertjax import flops
-
-    _, eval_step = self._steps(1)
-    batch = batch_spec(self.config.objective, batch_size, phase.max_seq_length,
-                       phase.max_predictions, self.batch_sharding)
-    result = self._under_mesh(compile_step, eval_step, self.state.params, batch)
-    model = (flops.flops_per_token(self.bert, phase.max_seq_length, phase.max_predictions,
-                                   training=False) * batch_size * phase.max_seq_length)
-    return self._finish(result, model)
-
-  def _finish(self, result: dict[str, Any], model_flops: float) -> dict[str, Any]:
-    hbm = self.target.tpu_slice.generation.hbm_bytes
+      result = compile_step(step, self.state if training else self.state.params, batch)
     total = result["per_chip_bytes"].get("total")
-    result.setdefault("fits", total is not None and total <= hbm)
+    result.setdefault("fits", total is not None
+                      and total <= self.target.tpu_slice.generation.hbm_bytes)
     if "flops_per_chip" in result:
+      model = batch_size * phase.max_seq_length * flops.flops_per_token(
+          self.bert, phase.max_seq_length, phase.max_predictions, training=training)
       compiled = result.pop("flops_per_chip") * self.target.chips
       matmuls = result.pop("matmul_flops")
       result["flops_per_step"] = {
-          "cost_analysis": compiled, "matmuls": matmuls, "model": model_flops,
-          "ratio": round(matmuls / model_flops, 3),
-          "cost_analysis_ratio": round(compiled / model_flops, 3)}
+          "cost_analysis": compiled, "matmuls": matmuls, "model": model,
+          "ratio": round(matmuls / model, 3), "cost_analysis_ratio": round(compiled / model, 3)}
     return result
 
   def max_per_chip_batch(self, phase, start: int,
@@ -490,16 +485,14 @@ def run(config, accelerator_type: str, num_slices: int = 1, find_max_batch: bool
     report["phases"].append({"name": name, "steps": [phase.start, phase.end],
                              "max_seq_length": phase.max_seq_length,
                              "max_predictions": phase.max_predictions})
-    programs = [("train", lambda: compiler.train(phase, train_config.batch_size,
-                                                 train_config.accumulation_steps))]
-    if evaluate:
-      programs.append(("eval", lambda: compiler.evaluate(phase, config.eval.batch_size)))
-    for kind, compile_program in programs:
+    for kind in ("train", "eval") if evaluate else ("train",):
       key = f"{kind}_{name}"
       logging.info("Compiling %s for %s", key, accelerator_type)
-      result = compile_program()
       if kind == "train":
-        train_result = train_results[name] = result
+        result = train_results[name] = compiler.train(
+            phase, train_config.batch_size, train_config.accumulation_steps)
+      else:
+        result = compiler.evaluate(phase, config.eval.batch_size)
       fits = fits and result["fits"]
       report["per_chip_bytes"][key] = result["per_chip_bytes"]
       if "flops_per_step" in result:
@@ -512,7 +505,7 @@ def run(config, accelerator_type: str, num_slices: int = 1, find_max_batch: bool
           report["xla_hbm_limit_bytes"] = result["xla_hbm_limit_bytes"]
       print(summary_line(key, result, report), flush=True)
     if find_max_batch:
-      known = ({report["per_chip_batch"]: train_result}
+      known = ({report["per_chip_batch"]: train_results[name]}
                if train_config.accumulation_steps == 1 else {})
       best, tried = compiler.max_per_chip_batch(phase, report["per_chip_batch"], known)
       report.setdefault("max_batch_trials", {})[f"train_{name}"] = tried

@@ -101,6 +101,12 @@ ENTRY %main (p0: bf16[8,256], p1: (s32[], f32[1024]), p2: bf16[32,64]) -> f32[] 
   %while = (s32[], f32[1024]{0}) while(%p1), condition=%cond, body=%body, metadata={op_name="x"}
   %p2 = bf16[32,64]{1,0} parameter(2)
   %fusion = bf16[8,64]{1,0} fusion(%p2), kind=kCustom, calls=%fused_scatter
+  %after-all = token[] after-all()
+  %send = (bf16[2,64]{1,0:T(2,128)}, u32[], token[]) send(%fusion, %after-all), channel_id=3, \
+is_host_transfer=true, frontend_attributes={_xla_megascale_transfer_type="ALL_REDUCE"}
+  %send-done = token[] send-done(%send), channel_id=3, is_host_transfer=true
+  %recv = (bf16[2,64]{1,0}, u32[], token[]) recv(%after-all), channel_id=2, \
+is_host_transfer=true, frontend_attributes={_xla_megascale_transfer_type="ALL_REDUCE"}
   ROOT %out = f32[] constant(0)
 }
 """
@@ -114,6 +120,7 @@ def test_collectives_count_loop_iterations_and_bytes():
   assert found["all-gather"] == {"count": 1, "bytes": 32 * 256 * 2}
   assert found["reduce-scatter"] == {"count": 1, "bytes": 8 * 64 * 2}
   assert found["all-to-all"] == found["collective-permute"] == {"count": 0, "bytes": 0}
+  assert found["dcn-all-reduce"] == {"count": 1, "bytes": 2 * 64 * 2}  # between slices
 
 
 def test_out_of_memory_messages_give_the_bytes():
