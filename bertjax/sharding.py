@@ -44,11 +44,29 @@ def mesh_shape(sizes: Sequence[int], num_devices: int) -> tuple[int, ...]:
 
 
 def make_mesh(sizes: Sequence[int], devices: Sequence[Any] | None = None) -> jax.sharding.Mesh:
-  """A (data, fsdp, tensor) mesh over all devices (or `devices`)."""
+  """A (data, fsdp, tensor) mesh over all devices (or `devices`).
+
+  Over several TPU slices (multi-slice: devices with different `slice_index`)
+  the data axis spans the slices, so only the gradient sums cross the slower
+  data-center network, and fsdp and tensor stay within each slice.
+
+  Raises:
+    ValueError: the sizes do not fit the devices (or the data axis the slices).
+  """
   devices = list(devices) if devices is not None else jax.devices()
   shape = mesh_shape(sizes, len(devices))
-  return jax.make_mesh(shape, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3,
-                       devices=devices)
+  axis_types = (jax.sharding.AxisType.Auto,) * 3
+  slices = len({getattr(device, "slice_index", 0) for device in devices})
+  if slices == 1:
+    return jax.make_mesh(shape, MESH_AXES, axis_types=axis_types, devices=devices)
+  from jax.experimental import mesh_utils
+
+  if shape[0] % slices:
+    raise ValueError(f"mesh.data={shape[0]} does not divide over the {slices} slices: set "
+                     f"--config.mesh.data to a multiple of {slices} (or -1)")
+  within_slice = (shape[0] // slices, shape[1], shape[2])
+  grid = mesh_utils.create_hybrid_device_mesh(within_slice, (slices, 1, 1), devices)
+  return jax.sharding.Mesh(np.asarray(grid), MESH_AXES, axis_types=axis_types)
 
 
 def batch_sharding(mesh: jax.sharding.Mesh) -> jax.sharding.NamedSharding:

@@ -18,7 +18,6 @@ import math
 import re
 from typing import Any, Sequence
 
-import numpy as np
 
 GiB = 2**30
 
@@ -162,28 +161,3 @@ def devices(tpu_slice: Slice, num_slices: int = 1) -> list[Any]:
       chips_per_host_bounds=tpu_slice.generation.host_bounds(tpu_slice.shape),
       num_slices=num_slices, wrap=tpu_slice.wraps).devices)
 
-
-def make_mesh(sizes: Sequence[int], devices_: Sequence[Any]):
-  """The (data, fsdp, tensor) mesh of `bertjax.sharding.make_mesh`; over several
-  slices, the data axis spans them (only gradients cross the slower network)
-  and fsdp and tensor stay within each slice.
-
-  Raises:
-    ValueError: the data axis does not divide over the slices.
-  """
-  import jax
-  from jax.experimental import mesh_utils
-
-  from bertjax import sharding
-
-  slices = len({getattr(d, "slice_index", 0) for d in devices_})
-  if slices == 1:
-    return sharding.make_mesh(sizes, devices_)
-  shape = sharding.mesh_shape(sizes, len(devices_))
-  if shape[0] % slices:
-    raise ValueError(f"mesh.data={shape[0]} does not divide over the {slices} slices: set "
-                     f"--config.mesh.data to a multiple of {slices} (or -1)")
-  ici = (shape[0] // slices, shape[1], shape[2])
-  grid = mesh_utils.create_hybrid_device_mesh(ici, (slices, 1, 1), devices_)
-  return jax.sharding.Mesh(np.asarray(grid), sharding.MESH_AXES,
-                           axis_types=(jax.sharding.AxisType.Auto,) * 3)

@@ -85,7 +85,7 @@ def make_target(config, accelerator_type: str, num_slices: int) -> Target:
   Raises:
     UsageError: an unknown slice, or a config that does not fit its shape.
   """
-  from bertjax import topology
+  from bertjax import sharding, topology
   from bertjax.tasks import pretrain
 
   if config.get("task") != "pretrain":
@@ -97,7 +97,7 @@ def make_target(config, accelerator_type: str, num_slices: int) -> Target:
     tpu_slice = topology.parse(accelerator_type)
     devices = topology.devices(tpu_slice, num_slices)
     shape = pretrain.validate(config, len(devices))
-    mesh = topology.make_mesh(shape, devices)
+    mesh = sharding.make_mesh(shape, devices)
   except ValueError as e:
     raise UsageError(str(e)) from None
   hosts = tpu_slice.hosts * num_slices

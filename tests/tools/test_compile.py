@@ -278,6 +278,21 @@ def test_v5e_slice_scanned_layers_count_every_iteration():
 
 
 @needs_libtpu
+def test_two_slices_sum_gradients_over_the_data_center_network():
+  """The trainer's own mesh (`sharding.make_mesh`) over two slices: the data
+  axis spans them, and the gradient sums cross between slices."""
+  result, report = run_tool("--config=configs/base_pretrain.py:size=bert_tiny",
+                            "--topology=v5litepod-4", "--num_slices=2", "--eval=false",
+                            "--config.model.vocab_size=512", *TINY[:1],
+                            "--config.train.long_from_step=-1", *TINY[2:])
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert report["chips"] == 8 and report["hosts"] == 2 and report["mesh"]["data"] == 8
+  crossing = {kind: value for kind, value in report["collectives"]["train_32"].items()
+              if kind.startswith("dcn-") and value["count"]}
+  assert crossing, report["collectives"]["train_32"]
+
+
+@needs_libtpu
 def test_a_batch_too_large_does_not_fit():
   result, report = run_tool("--config=configs/base_pretrain.py:size=bert_tiny",
                             "--topology=v5litepod-4", "--eval=false",
