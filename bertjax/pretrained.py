@@ -24,8 +24,8 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from bertjax.data.tokenizers import Tokenizer, tokenizer_from_settings
 from bertjax import checkpoint, files
+from bertjax.data.tokenizers import Tokenizer, tokenizer_from_settings
 from bertjax.files import atomic_directory, read_json, write_json
 from bertjax.interop import google_tf, hf, mapping
 from bertjax.models import BertConfig, build_model, to_layout

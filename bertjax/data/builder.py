@@ -354,9 +354,14 @@ def prepare_static(data_dir: str, *, objective: str, max_seq_length: int, maskin
       if num_hosts > 1:
         raise ValueError(f"{existing} describes other static instances; with several hosts, "
                          "delete them (instances-* and this file) first")
-      for name in os.listdir(data_dir):
-        if name.startswith("instances-"):
-          os.remove(os.path.join(data_dir, name))
+      # On gs:// the old settings file goes first, then the old instances: a
+      # reader never pairs the new settings with old shards.
+      for directory in (publish_to, data_dir) if publish_to else (data_dir,):
+        if publish_to and directory == publish_to:
+          files.remove(files.join(publish_to, shards.STATIC_INFO_FILE))
+        for name in files.listdir(directory):
+          if name.startswith("instances-"):
+            files.remove(files.join(directory, name))
   shards.write_info(data_dir, settings, shards.STATIC_INFO_FILE)
   _publish_files(data_dir, publish_to, [shards.STATIC_INFO_FILE])
   tasks = []

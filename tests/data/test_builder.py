@@ -209,3 +209,25 @@ def test_static_instances_resume_and_tolerate_more_shards_than_documents(tmp_pat
   again = builder.prepare_static(str(out), **settings)
   assert again == first
   assert {p: os.path.getmtime(out / p) for p in written} == written  # nothing rebuilt
+
+
+def test_static_instances_on_gcs_are_the_local_ones_and_replaced_whole(tmp_path, vocab, gcs):
+  """Built from a local copy of gs:// documents, uploaded shard by shard; new
+  settings replace the bucket's old instances before any new one lands."""
+  from bertjax import files
+  from bertjax.data.masking import MaskingConfig
+
+  corpus_path = write_corpus(tmp_path / "c.txt", num_documents=6)
+  local, remote = str(tmp_path / "out"), gcs.url_of("static/out")
+  for out in (local, remote):
+    builder.prepare(str(corpus_path), out, WordPieceTokenizer(vocab), num_shards=2,
+                    show_progress=False)
+  settings = dict(objective="mlm_nsp", max_seq_length=64, masking=MaskingConfig(),
+                  show_progress=False)
+  builder.prepare_static(remote, dupe_factor=1, **settings)
+  count = builder.prepare_static(remote, dupe_factor=2, **settings)  # new settings
+  assert count == builder.prepare_static(local, dupe_factor=2, **settings)
+  assert files.read_json(files.join(remote, shards.STATIC_INFO_FILE))["dupe_factor"] == 2
+  for name in sorted(n for n in os.listdir(local) if n.startswith("instances-")):
+    assert files.read_bytes(files.join(remote, name)) == open(os.path.join(local, name),
+                                                              "rb").read(), name
