@@ -98,6 +98,8 @@ def pretrain_config(size: str = "bert_base") -> ml_collections.ConfigDict:
   config.optimizer.b2 = 0.999
   config.optimizer.eps = 1e-6
   config.optimizer.max_grad_norm = 1.0
+  # The original's AdamWeightDecayOptimizer has no bias correction (optim.py).
+  config.optimizer.bias_correction = False
 
   config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
   config.logical_axis_rules = LOGICAL_AXIS_RULES
@@ -138,6 +140,7 @@ def apply_options(config: ml_collections.ConfigDict, options: dict[str, str]) ->
     config.objective = "ltr"
   if "lamb" in options:
     config.optimizer.name = "lamb"
+    config.optimizer.bias_correction = True  # LAMB's paper and NVIDIA's code correct
     config.train.batch_size = 32768
     config.train.total_steps = 7_813     # the same 256M sequences as 256 x 1M
     config.train.long_from_step = 7_031  # 90%
@@ -153,7 +156,8 @@ def finetune_config(task: str) -> ml_collections.ConfigDict:
 
   Batch 32, 3 epochs, Adam with learning rate from {5e-5, 4e-5, 3e-5, 2e-5}
   (`bertjax.tools.sweep` tries them), 10% warmup then linear decay, weight decay
-  0.01, dropout as pre-trained (0.1).
+  0.01, dropout as pre-trained (0.1); Adam without bias correction, as the
+  original code's optimizer.
   """
   config = ml_collections.ConfigDict()
   config.task = task
@@ -180,6 +184,7 @@ def finetune_config(task: str) -> ml_collections.ConfigDict:
   config.train.weight_decay = 0.01
   config.train.eps = 1e-6
   config.train.max_grad_norm = 1.0
+  config.train.bias_correction = False  # as run_classifier.py's optimizer (optim.py)
   config.train.eval_batch_size = 64
 
   config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))

@@ -32,7 +32,8 @@ def get_config(arg: str | None = None):
   config.train.epochs = 5
   config.log_every_steps = 100
   # Fine-tuning settings that do not apply to a frozen encoder and an LSTM.
-  for name in ("warmup_proportion", "weight_decay", "eps", "eval_batch_size"):
+  for name in ("warmup_proportion", "weight_decay", "eps", "bias_correction",
+               "eval_batch_size"):
     del config.train[name]
   del config.model.hidden_dropout_prob, config.model.attention_dropout_prob
   return config

@@ -73,3 +73,77 @@ def test_lamb_trust_ratio_leaves_biases_and_layer_norm_out():
   np.testing.assert_allclose(float(jnp.abs(updates["norm"]["scale"][0])), 1.0, rtol=1e-4)
   # The kernel's step is scaled by ||w|| / ||update|| = 6 / 2.
   np.testing.assert_allclose(float(jnp.abs(updates["dense"]["kernel"][0, 0])), 3.0, rtol=1e-4)
+
+
+def _original_adam_weight_decay(params, grads_per_step, learning_rates, weight_decay=0.01,
+                                b1=0.9, b2=0.999, eps=1e-6, clip=1.0):
+  """google-research/bert optimization.py, in numpy: clip_by_global_norm, then
+  AdamWeightDecayOptimizer (no bias correction, decay off `bias`/LayerNorm)."""
+  params = {k: np.array(v, np.float64) for k, v in params.items()}
+  m = {k: np.zeros_like(v) for k, v in params.items()}
+  v = {k: np.zeros_like(p) for k, p in params.items()}
+  for grads, lr in zip(grads_per_step, learning_rates):
+    norm = np.sqrt(sum(np.sum(np.square(g)) for g in grads.values()))
+    scale = clip / max(norm, clip)  # tf.clip_by_global_norm
+    for name, grad in grads.items():
+      grad = np.asarray(grad, np.float64) * scale
+      m[name] = b1 * m[name] + (1 - b1) * grad
+      v[name] = b2 * v[name] + (1 - b2) * np.square(grad)
+      update = m[name] / (np.sqrt(v[name]) + eps)
+      if not name.endswith("bias"):
+        update += weight_decay * params[name]
+      params[name] = params[name] - lr * update
+  return params
+
+
+def test_adam_without_bias_correction_is_the_original_optimizer():
+  rng = np.random.default_rng(0)
+  params = {"kernel": rng.normal(size=(3, 4)).astype(np.float32),
+            "bias": rng.normal(size=4).astype(np.float32)}
+  grads = [{k: (rng.normal(size=p.shape) * 0.7).astype(np.float32) for k, p in params.items()}
+           for _ in range(6)]
+  schedule = optim.learning_rate_schedule(1e-2, 2, 6)
+  lrs = [float(schedule(step)) for step in range(6)]
+  expected = _original_adam_weight_decay(params, grads, lrs)
+  optimizer = optim.create_optimizer("adamw", schedule, bias_correction=False)
+  state = {k: jnp.asarray(p) for k, p in params.items()}
+  opt_state = optimizer.init(state)
+  for step_grads in grads:
+    updates, opt_state = optimizer.update(
+        {k: jnp.asarray(g) for k, g in step_grads.items()}, opt_state, state)
+    state = optax.apply_updates(state, updates)
+  for name in params:
+    np.testing.assert_allclose(np.asarray(state[name]), expected[name], rtol=1e-5, atol=1e-6)
+
+
+def test_bias_correction_sizes_the_first_steps():
+  """Against textbook Adam, the original's step 1 is (1-b1)/sqrt(1-b2) = 3.16x
+  larger, step 1,000 (1-0.9^1000)/sqrt(1-0.999^1000) = 1.26x, with the same
+  (constant) gradient."""
+  params = {"w": jnp.zeros(2)}
+  ratios = {}
+  for correction in (True, False):
+    optimizer = optim.create_optimizer("adamw", 1.0, weight_decay=0.0, max_grad_norm=None,
+                                       bias_correction=correction)
+    state, sizes = optimizer.init(params), []
+    for _ in range(1000):
+      updates, state = optimizer.update({"w": jnp.full(2, 0.5)}, state, params)
+      sizes.append(float(jnp.abs(updates["w"][0])))
+    ratios[correction] = np.array(sizes)
+  ratio = ratios[False] / ratios[True]
+  np.testing.assert_allclose(ratio[0], 0.1 / np.sqrt(0.001), rtol=1e-3)
+  np.testing.assert_allclose(ratio[999], (1 - 0.9**1000) / np.sqrt(1 - 0.999**1000), rtol=1e-3)
+  # Both keep optax's Adam state, so a checkpoint restores under either.
+  with_, without = (jax.tree.structure(optim.create_optimizer(
+      "adamw", 1.0, bias_correction=c).init(params)) for c in (True, False))
+  assert with_ == without
+
+
+def test_the_papers_configs_use_the_original_optimizer():
+  from configs import base_pretrain, glue, large_pretrain, squad
+
+  assert not base_pretrain.get_config().optimizer.bias_correction
+  assert not large_pretrain.get_config().optimizer.bias_correction
+  assert base_pretrain.get_config("lamb").optimizer.bias_correction  # LAMB's own
+  assert not glue.get_config("mrpc").train.bias_correction
+  assert not squad.get_config("v1.1").train.bias_correction

@@ -6,7 +6,7 @@ holds what they share: the loss of each kind of output layer, the pure jitted
 train and predict steps, the sharded state, and epoch batching.
 
 The recipe is the original `run_classifier.py`'s: AdamW (weight decay 0.01,
-not on LayerNorm and biases, epsilon 1e-6), linear warmup over
+not on LayerNorm and biases, epsilon 1e-6, no bias correction), linear warmup over
 `warmup_proportion` of the steps then linear decay to 0, global-norm clipping
 at 1, dropout as pre-trained. Training batches are reshuffled every epoch from
 the seed and the last partial batch is dropped (as on TPUs); prediction pads
@@ -178,6 +178,7 @@ class Recipe:
   weight_decay: float = 0.01
   eps: float = 1e-6
   max_grad_norm: float = 1.0
+  bias_correction: bool = False
   eval_batch_size: int = 64
 
   @classmethod
@@ -217,7 +218,8 @@ class FineTuner:
         self.total_steps)
     self.optimizer = optim.create_optimizer(
         "adamw", self.learning_rate_fn, weight_decay=recipe.weight_decay, b1=0.9, b2=0.999,
-        eps=recipe.eps, max_grad_norm=recipe.max_grad_norm)
+        eps=recipe.eps, max_grad_norm=recipe.max_grad_norm,
+        bias_correction=recipe.bias_correction)
     self.batch_sharding = sharding.batch_sharding(self.mesh)
     replicated = sharding.replicated(self.mesh)
     with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
