@@ -202,7 +202,8 @@ def _load_reference(path: str, config_file: str, do_lower_case: bool | None) -> 
       prefix = google_tf.find_checkpoint(path)
   config_path = os.path.join(path, config_file)
   values = read_json(config_path)
-  config = hf.config_from_dict(values, config_path)
+  reader = google_tf if config_file == google_tf.CONFIG_FILE else hf
+  config = reader.config_from_dict(values, config_path)
   if prefix is None:
     tensors, source = hf.read_weights(path)
   else:

@@ -33,7 +33,8 @@ def model_config(size: str, **overrides) -> ml_collections.ConfigDict:
   """
   if size not in PRESETS:
     raise ValueError(f"Unknown model size {size!r}; known: {', '.join(sorted(PRESETS))}")
-  fields = dict(vocab_size=30522, hidden_act="gelu", max_position_embeddings=512,
+  # "gelu_tanh": the original modeling.py's gelu (what Google's checkpoints ran).
+  fields = dict(vocab_size=30522, hidden_act="gelu_tanh", max_position_embeddings=512,
                 type_vocab_size=2, hidden_dropout_prob=0.1, attention_dropout_prob=0.1,
                 dtype="bfloat16", scan_layers=True, remat_policy="none",
                 attention_impl="xla")

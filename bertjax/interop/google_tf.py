@@ -7,6 +7,7 @@ read with `tf.train.load_checkpoint`, which needs the `[tf]` extra.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import logging
 import os
@@ -14,7 +15,15 @@ import re
 
 import numpy as np
 
+from bertjax.interop import hf
+from bertjax.models.config import BertConfig
+
 CONFIG_FILE = "bert_config.json"
+# `bert_config.json`'s activation names -> `BertConfig.hidden_act`. The
+# original `modeling.py` maps "gelu" to its `gelu`, the tanh approximation
+# (0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3)))), not the exact erf form that
+# Hugging Face's "gelu" means.
+_ACTIVATIONS = {"gelu": "gelu_tanh", "relu": "relu"}
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +35,21 @@ _MODEL_LEAVES = ("kernel", "bias", "gamma", "beta", "word_embeddings",
                  "output_bias")
 # TF2 object-based checkpoints (TF Model Garden) name variables after objects.
 _TF2_MARKERS = ("_CHECKPOINTABLE_OBJECT_GRAPH", ".ATTRIBUTES/VARIABLE_VALUE")
+
+
+def config_from_dict(values: dict, source: str) -> BertConfig:
+  """A `BertConfig` from a Google `bert_config.json`, in the original's meaning.
+
+  Its keys are the reference's (`bertjax.interop.hf.config_from_dict`), but
+  `hidden_act` names `modeling.py`'s functions: "gelu" is the tanh
+  approximation there.
+  """
+  activation = values.get("hidden_act", "gelu")
+  if activation not in _ACTIVATIONS:
+    raise ValueError(f"{source}: hidden_act={activation!r} is not supported; supported: "
+                     f"{sorted(_ACTIVATIONS)}")
+  config = hf.config_from_dict({**values, "hidden_act": "gelu"}, source)
+  return dataclasses.replace(config, hidden_act=_ACTIVATIONS[activation])
 
 
 def find_checkpoint(directory: str) -> str:

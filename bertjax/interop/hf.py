@@ -75,7 +75,8 @@ _SAFETENSORS_DTYPES = {
 
 
 def config_from_dict(values: dict[str, Any], source: str) -> BertConfig:
-  """A `BertConfig` from a reference `config.json` (or Google `bert_config.json`)."""
+  """A `BertConfig` from a reference `config.json` (Google's `bert_config.json`:
+  `bertjax.interop.google_tf.config_from_dict`)."""
   model_type = values.get("model_type", "bert")
   architectures = values.get("architectures") or []
   if model_type != "bert" or any(a not in CLASS_TO_TASK for a in architectures):

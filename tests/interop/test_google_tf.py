@@ -18,6 +18,10 @@ tf = pytest.importorskip("tensorflow", reason="the [tf] extra reads Google check
 
 CONFIG = dict(vocab_size=210, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
               intermediate_size=40, max_position_embeddings=40, type_vocab_size=2)
+# The reference computes what the original modeling.py did with
+# `"hidden_act": "gelu"`: its gelu is the tanh approximation, transformers'
+# "gelu_new".
+REFERENCE = dict(CONFIG, hidden_act="gelu_new")
 
 
 def _google_variables(model) -> dict[str, np.ndarray]:
@@ -82,7 +86,7 @@ def _inputs(batch):
 
 
 def test_pretraining_checkpoint_imports_and_matches(tmp_path):
-  model = reference.reference_model("BertForPreTraining", seed=11, **CONFIG)
+  model = reference.reference_model("BertForPreTraining", seed=11, **REFERENCE)
   directory = _write_checkpoint(model, tmp_path / "uncased_L-2_H-32_A-4")
   assert google_tf.find_checkpoint(str(directory)).endswith("bert_model.ckpt")
   bundle = bertjax.load_pretrained(directory)
@@ -96,8 +100,15 @@ def test_pretraining_checkpoint_imports_and_matches(tmp_path):
   np.testing.assert_allclose(out["nsp_logits"], expected.seq_relationship_logits, atol=1e-5,
                              rtol=0)
 
-  # Through to Hugging Face, and the prefix itself works as a path.
+  # Through to Hugging Face, which computes the same (its "gelu_new"), and
+  # the prefix itself works as a path.
   bertjax.export_hf(bundle, tmp_path / "hf")
+  import transformers
+  exported = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf").eval()
+  assert exported.config.hidden_act == "gelu_new"
+  with torch.no_grad():
+    np.testing.assert_allclose(exported(**_inputs(batch)).prediction_logits,
+                               expected.prediction_logits, atol=1e-5, rtol=0)
   again = bertjax.load_pretrained(str(directory / "bert_model.ckpt"))
   np.testing.assert_array_equal(
       again.params["bert"]["pooler"]["kernel"], bundle.params["bert"]["pooler"]["kernel"])
@@ -108,7 +119,7 @@ def test_pretraining_checkpoint_imports_and_matches(tmp_path):
     ("BertForQuestionAnswering", "question_answering"),
 ])
 def test_fine_tuned_checkpoints_import(tmp_path, class_name, task):
-  model = reference.reference_model(class_name, seed=12, **CONFIG)
+  model = reference.reference_model(class_name, seed=12, **REFERENCE)
   directory = _write_checkpoint(model, tmp_path / "cased_model", with_optimizer_slots=False)
   bundle = bertjax.load_pretrained(directory)
   assert bundle.task == task and not bundle.tokenizer.do_lower_case
@@ -119,6 +130,27 @@ def test_fine_tuned_checkpoints_import(tmp_path, class_name, task):
   for name in out:
     np.testing.assert_allclose(out[name], getattr(expected, name.replace("mlm_", "")),
                                atol=1e-5, rtol=0)
+
+
+def _original_gelu(x):
+  """modeling.py's gelu."""
+  return 0.5 * x * (1.0 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * np.power(x, 3))))
+
+
+def test_gelu_means_the_originals_tanh_approximation():
+  from bertjax.models.layers import activation
+
+  config = google_tf.config_from_dict(dict(CONFIG, hidden_act="gelu"), "bert_config.json")
+  assert config.hidden_act == "gelu_tanh"
+  x = np.linspace(-6, 6, 1001, dtype=np.float32)
+  np.testing.assert_allclose(activation(config.hidden_act)(x), _original_gelu(x), atol=2e-6)
+  exact = activation("gelu")(x)  # what Hugging Face's "gelu" means
+  assert np.abs(exact - _original_gelu(x)).max() > 1e-4
+  with pytest.raises(ValueError, match="bert_config.json: hidden_act='swish'"):
+    google_tf.config_from_dict(dict(CONFIG, hidden_act="swish"), "bert_config.json")
+  from configs import base_pretrain, large_pretrain
+  assert base_pretrain.get_config().model.hidden_act == "gelu_tanh"  # as the original trained
+  assert large_pretrain.get_config("ltr").model.hidden_act == "gelu_tanh"
 
 
 def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
