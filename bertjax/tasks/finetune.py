@@ -8,9 +8,11 @@ train and predict steps, the sharded state, and epoch batching.
 The recipe is the original `run_classifier.py`'s: AdamW (weight decay 0.01,
 not on LayerNorm and biases, epsilon 1e-6, no bias correction), linear warmup over
 `warmup_proportion` of the steps then linear decay to 0, global-norm clipping
-at 1, dropout as pre-trained. Training batches are reshuffled every epoch from
-the seed and the last partial batch is dropped (as on TPUs); prediction pads
-the last batch with rows of weight 0.
+at 1, dropout as pre-trained, and its step count, `int(examples / batch *
+epochs)`. Training batches are cut from one stream of the epochs, each
+reshuffled from the seed, so no example is dropped (a batch may span two
+epochs, as the original's repeated dataset's); prediction pads the last batch
+with rows of weight 0.
 """
 
 from __future__ import annotations
@@ -142,16 +144,56 @@ def load_model(config: ml_collections.ConfigDict, task: str,
 
 
 def num_train_steps(num_examples: int, batch_size: int, epochs: float) -> int:
-  return int(num_examples // batch_size * epochs)
+  """`run_classifier.py`'s count: `int(num_examples / batch_size * epochs)`.
+
+  The epochs' examples form one stream cut into batches, so a partial batch at
+  an epoch's end takes the next epoch's first examples and none is dropped.
+  `run_squad.py` counts questions here, not their windows.
+  """
+  return int(num_examples / batch_size * epochs)
 
 
-def epoch_batches(features: Features, batch_size: int, seed: int, epoch: int
+def run_steps(count: int, what: str, recipe: Recipe) -> int:
+  """`num_train_steps` of a run, or an error naming what is too small.
+
+  Args:
+    count: The examples counted (`what`: "training examples", "questions").
+    recipe: The run's batch size and epochs.
+  """
+  steps = num_train_steps(count, recipe.batch_size, recipe.epochs)
+  if steps < 1:
+    raise ValueError(f"{count} {what} x train.epochs={recipe.epochs} make no batch of "
+                     f"train.batch_size={recipe.batch_size}")
+  return steps
+
+
+def epoch_end_step(num_examples: int, batch_size: int, epoch: int) -> int:
+  """The step after which `epoch` (0-based) has been trained on, in the stream."""
+  return num_train_steps(num_examples, batch_size, epoch + 1)
+
+
+def train_batches(features: Features, batch_size: int, seed: int, start: int, stop: int
                   ) -> Iterator[Features]:
-  """An epoch's training batches: a fresh permutation, the last partial batch dropped."""
+  """The training batches of steps [start, stop): consecutive slices of one stream
+  that holds every epoch's permutation of the rows in turn (as the original's
+  `repeat()` before `batch()`), each epoch's permutation drawn from
+  (seed, epoch). Batch `k` is rows `k * batch_size` to `(k + 1) * batch_size - 1`
+  of the stream, whatever step the run starts from.
+  """
   count = len(features["input_ids"])
-  order = np.random.default_rng([seed, epoch]).permutation(count)
-  for start in range(0, count - batch_size + 1, batch_size):
-    rows = order[start:start + batch_size]
+  permutations: dict[int, np.ndarray] = {}
+
+  def permutation(epoch: int) -> np.ndarray:
+    if epoch not in permutations:
+      permutations.clear()  # batches move forward: two epochs at most at a time
+      permutations[epoch] = np.random.default_rng([seed, epoch]).permutation(count)
+    return permutations[epoch]
+
+  for step in range(start, stop):
+    positions = step * batch_size + np.arange(batch_size)
+    epochs, offsets = np.divmod(positions, count)
+    rows = np.concatenate([permutation(int(e))[offsets[epochs == e]]
+                           for e in np.unique(epochs)])
     yield {name: value[rows] for name, value in features.items()}
 
 
@@ -270,14 +312,16 @@ class FineTuner:
         self.batch_sharding, value[start:start + rows]) for name, value in batch.items()}
 
   def train_epoch(self, features: Features, epoch: int) -> None:
-    """One pass over the training features, logging every `log_every_steps`."""
+    """Trains up to the end of `epoch` in the stream of epochs (`train_batches`),
+    at most to the run's last step, logging every `log_every_steps`."""
     log_every = self.config.log_every_steps
     step = int(self.state.step)  # counted here, so the host never waits on the device
+    stop = min(self.total_steps,
+               epoch_end_step(len(features["input_ids"]), self.recipe.batch_size, epoch))
     window = (time.perf_counter(), step)
     pending = None
-    for batch in epoch_batches(features, self.recipe.batch_size, self.config.seed, epoch):
-      if step >= self.total_steps:
-        break
+    for batch in train_batches(features, self.recipe.batch_size, self.config.seed, step,
+                               stop):
       with self._axis_rules():
         self.state, step_metrics = self._train_step(self.state, self._global(batch))
       step += 1

@@ -122,10 +122,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   featurize_split = lambda examples: featurize(examples, spec, bundle.tokenizer, max_length)
   train_features = featurize_split(train_examples)
   recipe = finetune.Recipe.from_config(config)
-  total_steps = finetune.num_train_steps(len(train_examples), recipe.batch_size, recipe.epochs)
-  if total_steps < 1:
-    raise ValueError(f"{len(train_examples)} training examples make no full batch of "
-                     f"train.batch_size={recipe.batch_size}")
+  total_steps = finetune.run_steps(len(train_examples), "training examples", recipe)
   logging.info("%s: %d train examples, %s; %d steps of %d", spec.name, len(train_examples),
                ", ".join(f"{len(v)} {k}" for k, v in {**eval_splits, **test_splits}.items()),
                total_steps, recipe.batch_size)

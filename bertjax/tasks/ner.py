@@ -87,10 +87,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   split_features = {split: featurize(sentences) for split, sentences in splits.items()}
   recipe = finetune.Recipe.from_config(config)
   rows = len(train_features.arrays["input_ids"])
-  total_steps = finetune.num_train_steps(rows, recipe.batch_size, recipe.epochs)
-  if total_steps < 1:
-    raise ValueError(f"{rows} training rows make no full batch of "
-                     f"train.batch_size={recipe.batch_size}")
+  total_steps = finetune.run_steps(rows, "training rows", recipe)
   logging.info("%d training sentences in %d rows; %d steps; labels %s", len(train), rows,
                total_steps, labels)
   writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0)

@@ -251,10 +251,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         examples, tokenizer, config.max_seq_length, config.doc_stride, config.max_query_length,
         is_training=True)
     train_arrays = squad_data.feature_arrays(features, config.max_seq_length, tokenizer.pad_id)
-    total_steps = finetune.num_train_steps(len(features), recipe.batch_size, recipe.epochs)
-    if total_steps < 1:
-      raise ValueError(f"{len(features)} training windows make no full batch of "
-                       f"train.batch_size={recipe.batch_size}")
+    # run_squad.py counts questions, not windows: with long contexts split into
+    # several windows, "3 epochs" trains on fewer than 3 passes over the windows.
+    total_steps = finetune.run_steps(len(examples), "training questions", recipe)
     logging.info("%d training questions, %d windows, %d steps of %d", len(examples),
                  len(features), total_steps, recipe.batch_size)
   writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0)

@@ -45,10 +45,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                                                    config.max_seq_length)
   train_features, dev_features = featurize(train_examples), featurize(dev_examples)
   recipe = finetune.Recipe.from_config(config)
-  total_steps = finetune.num_train_steps(len(train_examples), recipe.batch_size, recipe.epochs)
-  if total_steps < 1:
-    raise ValueError(f"{len(train_examples)} training examples make no full batch of "
-                     f"train.batch_size={recipe.batch_size}")
+  total_steps = finetune.run_steps(len(train_examples), "training examples", recipe)
   writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0)
   tuner = finetune.FineTuner(bundle, "multiple_choice", recipe, total_steps, config, writer)
   labels = np.array([e.label for e in dev_examples])

@@ -127,8 +127,8 @@ def test_config_needs_a_task_and_a_sound_setup(tmp_path, pretrained_run):
   with pytest.raises(ValueError, match="needs a GLUE task as its argument, one of cola"):
     glue_config.get_config(None)
   data = str(tmp_path / "SST-2")
-  write_sst2(data, train=20)
-  with pytest.raises(ValueError, match="20 training examples make no full batch"):
+  write_sst2(data, train=7)  # int(7 / 32 * 4) = 0 steps
+  with pytest.raises(ValueError, match=r"7 training examples x train.epochs=4.0 make no batch"):
     glue.run(_glue_config("sst2", pretrained_run, data), str(tmp_path / "a"))
   with pytest.raises(ValueError, match="max_seq_length=512 is above"):
     glue.run(_glue_config("sst2", pretrained_run, data, max_seq_length=512),
