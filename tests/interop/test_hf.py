@@ -466,3 +466,32 @@ def test_load_options_are_checked(good_dir):
     bertjax.load_pretrained(good_dir, num_layers=1)
   with pytest.raises(ValueError, match="labels are for"):
     bertjax.load_pretrained(good_dir, labels=["a", "b"])
+
+
+def test_special_tokens_in_text_keep_each_formats_meaning(good_dir, tmp_path):
+  """A Hugging Face directory reads "[MASK]" in text as transformers does (the
+  token), a bare vocab.txt (a Google directory) as the original does (plain
+  text); an export tells transformers which (`split_special_tokens`)."""
+  import shutil
+
+  import transformers
+
+  text = "a [MASK] b " + "x" * 150
+  directory = _copy_with(good_dir, tmp_path / "hf")
+  (directory / "tokenizer_config.json").write_text('{"tokenizer_class": "BertTokenizer"}')
+  hf_style = bertjax.load_pretrained(directory).tokenizer
+  assert hf_style.tokenize(text) == transformers.AutoTokenizer.from_pretrained(
+      directory).tokenize(text)
+  assert "[MASK]" in hf_style.tokenize(text) and hf_style.tokenize(text)[-1] == "[UNK]"
+
+  google = tmp_path / "google"
+  shutil.copytree(directory, google)
+  os.remove(google / "tokenizer_config.json")
+  original_style = bertjax.load_pretrained(google).tokenizer
+  assert "[MASK]" not in original_style.tokenize(text)
+  assert original_style.tokenize(text)[-1] != "[UNK]"  # 150 characters: pieced
+  bertjax.export_hf(bertjax.load_pretrained(google), tmp_path / "exported")
+  exported = transformers.AutoTokenizer.from_pretrained(tmp_path / "exported")
+  assert exported.tokenize("a [MASK] b") == original_style.tokenize("a [MASK] b")
+  assert bertjax.load_pretrained(tmp_path / "exported").tokenizer.tokenize(
+      "a [MASK] b") == original_style.tokenize("a [MASK] b")
