@@ -71,7 +71,8 @@ def build_shard(task: dict[str, Any], progress=None) -> dict[str, Any]:
       if len(pieces) < len(document):
         stats.lines_skipped["sentence without tokens"] += len(document) - len(pieces)
       if len(pieces) < task["min_sentences"]:
-        stats.documents_skipped[f"fewer than {task['min_sentences']} sentences"] += 1
+        stats.documents_skipped["no sentences" if not pieces
+                                else f"fewer than {task['min_sentences']} sentences"] += 1
         continue
       writer.write(shards.encode_document(pieces, dtype))
       stats.documents_used += 1
@@ -143,10 +144,15 @@ def plan(spec: str, num_shards: int, stats: corpus.CorpusStats,
 
 def prepare(spec: str, output_dir: str, tokenizer, *, file_format: str = "sentences",
             num_shards: int = 16, num_workers: int = 1, num_hosts: int = 1,
-            host_index: int = 0, min_sentences: int = 2, max_line_chars: int = 100_000,
+            host_index: int = 0, min_sentences: int = 1, max_line_chars: int = 100_000,
             tfds_data_dir: str | None = None, overwrite: bool = False,
             show_progress: bool = True) -> corpus.CorpusStats:
   """Builds this host's shards; returns the counts over them.
+
+  Documents with fewer than `min_sentences` sentences are skipped and counted.
+  The default keeps every document with a sentence, as the original
+  `create_pretraining_data.py` does: a one-sentence document gives
+  random-next pairs only.
 
   Files are scanned (and counted) by every host; host 0 reports them.
 

@@ -17,7 +17,7 @@ before it and a restored loader recreates exactly the same instances.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Sequence
 
 import grain
 import numpy as np
@@ -90,7 +90,7 @@ def truncate_pair_at_random_ends(first: list[int], second: list[int], max_tokens
 
 
 def create_instances_from_document(
-    sentences: Sentences, document_index: int, num_documents: int,
+    sentences: Sentences, document_index: int, candidates: Sequence[int],
     random_document: Callable[[int], Sentences], max_seq_length: int,
     short_seq_prob: float, cls_id: int, sep_id: int, rng: np.random.Generator,
     stream_index: int = 0) -> list[Instance]:
@@ -99,7 +99,8 @@ def create_instances_from_document(
   Args:
     sentences: The document's sentences.
     document_index: Its index among all documents.
-    num_documents: How many documents there are to draw random B segments from.
+    candidates: The documents random B segments come from (by index): those of
+      the document's own split, so no held-out document reaches training.
     random_document: Sentences of a document by index.
     max_seq_length: Longest instance, special tokens included.
     short_seq_prob: Probability of a shorter target length for this document.
@@ -129,7 +130,7 @@ def create_instances_from_document(
         target_second = target_length - len(first)
         other = document_index
         for _ in range(10):
-          other = int(rng.integers(0, num_documents))
+          other = int(candidates[int(rng.integers(0, len(candidates)))])
           if other != document_index:
             break
         other_sentences = random_document(other)

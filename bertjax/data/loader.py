@@ -13,7 +13,8 @@ Every step is deterministic for a seed, and the iterator's state (a small JSON
 dict) restores it exactly: the batches after a restore are those that would
 have come next, across epoch boundaries and with worker processes (for the same
 worker count). Hosts read disjoint documents that together cover the dataset
-once per epoch; random B segments of next-sentence pairs come from any document.
+once per epoch; random B segments of next-sentence pairs come from any document
+of the same split (training or held-out evaluation).
 """
 
 from __future__ import annotations
@@ -123,13 +124,16 @@ class _NextSentenceInstances(grain.experimental.FlatMapTransform):
   def __init__(self, source: DocumentSource, config: LoaderConfig, cls_id: int, sep_id: int):
     self.source, self.config = source, config
     self.cls_id, self.sep_id = cls_id, sep_id
+    # Random B segments come from the same split: an evaluation document never
+    # shows up in a training instance, nor the reverse.
+    self.candidates = split_documents(len(source), config.split, config.eval_percent)
     # Part of grain's FlatMap interface; only its random-access flat map uses it.
     self.max_fan_out = 4 * config.max_seq_length
 
   def flat_map(self, document: instances.DocumentRef) -> list[instances.Instance]:
     rng = np.random.default_rng([self.config.seed, document.stream_index])
     return instances.create_instances_from_document(
-        document.sentences, document.index, len(self.source), self.source.__getitem__,
+        document.sentences, document.index, self.candidates, self.source.__getitem__,
         self.config.max_seq_length, self.config.short_seq_prob, self.cls_id, self.sep_id,
         rng, document.stream_index)
 

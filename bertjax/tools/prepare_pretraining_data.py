@@ -50,8 +50,9 @@ _NUM_WORKERS = flags.DEFINE_integer("num_workers", None, "Processes (default: al
 _NUM_HOSTS = flags.DEFINE_integer("num_hosts", 1, "Hosts sharing the work.")
 _HOST_INDEX = flags.DEFINE_integer("host_index", 0, "This host's index.")
 _MIN_SENTENCES = flags.DEFINE_integer(
-    "min_sentences", 2, "Documents with fewer sentences are skipped and counted (a "
-    "next-sentence pair needs two); 1 keeps them for the MLM-only objectives.")
+    "min_sentences", 1, "Documents with fewer sentences are skipped and counted. 1 "
+    "keeps every document, as the original code (a one-sentence document gives "
+    "random-next pairs only); 2 leaves those out.")
 _MAX_LINE_CHARS = flags.DEFINE_integer("max_line_chars", 100_000,
                                        "Longer lines are skipped and counted.")
 _TFDS_DATA_DIR = flags.DEFINE_string("tfds_data_dir", None, "data_dir for tfds: inputs.")

@@ -26,7 +26,7 @@ def _hostile_corpus(directory):
   (directory / "binary.txt").write_bytes(b"\x7fELF\x00\x01\x02" * 100)
   (directory / "hostile.txt").write_bytes(
       b"the quick brown fox.\nthe lazy dog.\n\n\n\n\n"             # a document
-      b"only one sentence here.\n\n"                              # too short for NSP
+      b"only one sentence here.\n\n"                              # kept, as the original
       b"zero\xe2\x80\x8bwidth hello.\n\xff\xfe broken\ncontrol\x07 world.\n\n"  # hostile lines
       + b"x" * 200_000 + b"\nhello world.\nthe fox.\n\n"           # a megabyte-ish line
       b"\x00\x01\x02\x03\n\n")                                    # tokens vanish: no sentences
@@ -53,10 +53,10 @@ def test_hostile_corpus_is_fully_accounted(tmp_path, vocab):
   assert stats.files_read == 2
   assert stats.files_skipped == {"empty file": 1, "binary file (NUL bytes)": 1}
   assert stats.documents_read == stats.documents_used + sum(stats.documents_skipped.values())
-  assert stats.documents_skipped == {"fewer than 2 sentences": 2}
+  assert stats.documents_skipped == {"no sentences": 1}
   assert stats.lines_skipped == {"invalid UTF-8": 1, "over 100000 characters": 1,
                                  "sentence without tokens": 1}
-  assert stats.documents_used == 30 + 3
+  assert stats.documents_used == 30 + 4
 
   # The shards hold exactly the tokenised sentences.
   documents = _documents(str(tmp_path / "out"))
@@ -64,11 +64,16 @@ def test_hostile_corpus_is_fully_accounted(tmp_path, vocab):
   assert sum(len(s) for d in documents for s in d) == stats.tokens
   expected = [tokenizer.encode_pieces(["the quick brown fox.", "the lazy dog."]),
               tokenizer.encode_pieces(["zero\u200bwidth hello.", "control\x07 world."]),
-              tokenizer.encode_pieces(["hello world.", "the fox."])]
+              tokenizer.encode_pieces(["hello world.", "the fox."]),
+              tokenizer.encode_pieces(["only one sentence here."])]
   for document in expected:
     assert document in documents
   assert shards.read_stats(str(tmp_path / "out")).to_dict() == {
       **stats.to_dict(), "files_read": 0, "files_skipped": {}}
+  # min_sentences=2 leaves out the one-sentence document, and says so.
+  two = builder.prepare(f"{inputs}/*.txt", str(tmp_path / "out2"), tokenizer, num_shards=3,
+                        min_sentences=2, show_progress=False)
+  assert two.documents_skipped == {"no sentences": 1, "fewer than 2 sentences": 1}
 
 
 def test_missing_input_fails_before_any_work(tmp_path, vocab):
@@ -188,7 +193,11 @@ def test_nothing_usable_is_an_error(tmp_path, vocab):
   (tmp_path / "one.txt").write_text("just one sentence.\n\nand another lonely one.\n")
   with pytest.raises(ValueError, match="no usable document"):
     builder.prepare(str(tmp_path / "one.txt"), str(tmp_path / "out"), WordPieceTokenizer(vocab),
-                    num_shards=1, show_progress=False)
+                    num_shards=1, min_sentences=2, show_progress=False)
+  (tmp_path / "none.txt").write_bytes(b"\x01\x02\n\n\x03\n")  # no tokens at all
+  with pytest.raises(ValueError, match="no usable document"):
+    builder.prepare(str(tmp_path / "none.txt"), str(tmp_path / "out3"),
+                    WordPieceTokenizer(vocab), num_shards=1, show_progress=False)
   with pytest.raises(ValueError, match="min_sentences must be >= 1"):
     builder.prepare(str(tmp_path / "one.txt"), str(tmp_path / "out2"),
                     WordPieceTokenizer(vocab), min_sentences=0, show_progress=False)

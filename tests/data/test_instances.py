@@ -20,13 +20,13 @@ def _corpus(num_documents=400, seed=0):
   return documents
 
 
-def _instances(documents, max_seq_length=64, short_seq_prob=0.1, seed=0):
+def _instances(documents, max_seq_length=64, short_seq_prob=0.1, seed=0, candidates=None):
   result = []
   for d, sentences in enumerate(documents):
     rng = np.random.default_rng([seed, d])
     result.append(instances.create_instances_from_document(
-        sentences, d, len(documents), documents.__getitem__, max_seq_length, short_seq_prob,
-        CLS, SEP, rng, stream_index=d))
+        sentences, d, candidates if candidates is not None else np.arange(len(documents)),
+        documents.__getitem__, max_seq_length, short_seq_prob, CLS, SEP, rng, stream_index=d))
   return result
 
 
@@ -45,6 +45,63 @@ def test_structure_and_next_sentence_labels():
         assert b[0] > a[-1]  # B continues A (ids grow within a document)
       else:
         assert (b // 10000 != d).all() and len(set(b // 10000)) == 1
+
+
+def test_random_next_segments_come_from_the_candidates_only():
+  documents = _corpus(200)
+  candidates = np.arange(0, 200, 3)  # e.g. the training split
+  sources = {int(i.token_ids[i.num_first] // 10000)
+             for created in _instances(documents, candidates=candidates)
+             for i in created if i.next_sentence_label == 1}
+  assert sources and sources <= set(candidates.tolist())
+
+
+def _original_statistics(documents, max_seq_length, short_seq_prob, seed):
+  """Instances per document, the share of random-next pairs and the mean
+  lengths of A and B, from Google's create_pretraining_data.py."""
+  import random
+
+  from tests import reference
+
+  original = reference.original("create_pretraining_data")
+  all_documents = [[[str(t) for t in s.tolist()] for s in d] for d in documents]
+  rng = random.Random(seed)
+  counts, random_next, a_lengths, b_lengths = [], [], [], []
+  for d in range(len(all_documents)):
+    # masked_lm_prob 0: the tokens stay as they are; only the pairs matter here.
+    created = original.create_instances_from_document(
+        all_documents, d, max_seq_length, short_seq_prob, 0.0, 0, ["x"], rng)
+    counts.append(len(created))
+    for instance in created:
+      random_next.append(instance.is_random_next)
+      a_lengths.append(instance.segment_ids.count(0) - 2)
+      b_lengths.append(instance.segment_ids.count(1) - 1)
+  return np.mean(counts), np.mean(random_next), np.mean(a_lengths), np.mean(b_lengths)
+
+
+def test_instances_are_distributed_as_the_originals():
+  """The same corpus through Google's generator and bertjax's: as many
+  instances a document, as many random-next pairs, the same segment lengths
+  (the random streams differ, so statistics, not instances, are compared).
+  A tenth of the documents have one sentence: the original keeps them."""
+  rng = np.random.default_rng(3)
+  documents = []
+  for d in range(4000):
+    count = 1 if d % 10 == 0 else int(rng.integers(2, 25))
+    documents.append([np.arange(rng.integers(3, 30), dtype=np.int32) + d * 10000 + 100
+                      + 30 * s for s in range(count)])
+  ours = _instances(documents, 64, 0.1)
+  flat = [i for created in ours for i in created]
+  statistics = (np.mean([len(c) for c in ours]),
+                np.mean([i.next_sentence_label for i in flat]),
+                np.mean([i.num_first - 2 for i in flat]),
+                np.mean([len(i.token_ids) - i.num_first - 1 for i in flat]))
+  expected = _original_statistics(documents, 64, 0.1, seed=5)
+  # Seed to seed, each statistic moves by up to about 1.5% at this size.
+  np.testing.assert_allclose(statistics, expected, rtol=0.03)
+  # A one-sentence document gives one instance, a random-next pair.
+  single = [ours[d] for d in range(0, 4000, 10)]
+  assert all(len(c) == 1 and c[0].next_sentence_label == 1 for c in single)
 
 
 def test_next_sentence_coin_is_fair():

@@ -123,6 +123,32 @@ def test_processes_read_disjoint_documents_covering_the_data():
   assert sorted(two[:100]) == sorted(two[100:]) == list(range(100)) and two[:100] != two[100:]
 
 
+@pytest.mark.parametrize("split", ["train", "eval"])
+def test_random_next_segments_stay_in_their_split(prepared_dir, split):
+  """A held-out document never lends a B segment to a training instance (nor a
+  training document to an evaluation one)."""
+  source = loader.DocumentSource(prepared_dir)
+  config = loader.LoaderConfig(prepared_dir, split=split, eval_percent=30.0, seed=3)
+  mine = set(loader.split_documents(len(source), split, 30.0).tolist())
+  streams = {d: np.concatenate(source[d]).tolist() for d in range(len(source))}
+
+  def sources_of(segment):  # the documents holding it, contiguous
+    n = len(segment)
+    return {d for d, ids in streams.items()
+            if any(ids[k:k + n] == segment for k in range(len(ids) - n + 1))}
+
+  make = loader._NextSentenceInstances(source, config, cls_id=2, sep_id=3)
+  random_next = 0
+  for position, d in enumerate(sorted(mine)):
+    for instance in make.flat_map(loader.instances.DocumentRef(position, d, source[d])):
+      if instance.next_sentence_label:
+        b = instance.token_ids[instance.num_first:-1].tolist()
+        found = sources_of(b[:8])
+        assert found and found <= mine, (d, found - mine)
+        random_next += 1
+  assert random_next > 20
+
+
 def test_one_epoch_of_ltr_holds_every_token(prepared_dir):
   config = loader.LoaderConfig(prepared_dir, objective="ltr", batch_size=1, num_epochs=1,
                                shuffle_window=1, short_seq_prob=0.0)
