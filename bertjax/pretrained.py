@@ -358,6 +358,11 @@ def export_hf(bundle: Pretrained, out_dir: str, overwrite: bool = False) -> None
   LM, span and token classification) is left out, with a log line. The
   directory is written under a temporary name and renamed when complete.
   """
+  if bundle.config.causal and bundle.task not in OPTIONAL_POOLER_TASKS:
+    raise ValueError(
+        f"export_hf: a left-to-right (causal) {bundle.task} model pools its last token; "
+        f"transformers' {hf.TASK_TO_CLASS[bundle.task]} pools [CLS] and would compute "
+        "something else. Export the encoder (task='encoder') or keep the bertjax format")
   reference = mapping.params_to_reference(_checked_looped_params(bundle))
   if bundle.task in OPTIONAL_POOLER_TASKS:
     pooler = [name for name in reference if name.startswith("bert.pooler.")]

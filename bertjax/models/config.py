@@ -58,7 +58,8 @@ class BertConfig:
       "dot_product" (`jax.nn.dot_product_attention`, its XLA implementation) or
       "cudnn" (its cuDNN flash kernel on NVIDIA GPUs; bfloat16 or float16). The
       last two have no attention dropout.
-    causal: Left-to-right attention mask (the paper's "LTR & No NSP" ablation).
+    causal: Left-to-right attention mask (the paper's "LTR & No NSP" ablation);
+      the pooler then reads the last real token, not [CLS] (`encoder.pool`).
     return_hidden_states: Also return the embedding output and every layer's
       output (the feature-based approach).
   """

@@ -21,6 +21,20 @@ Array = jax.Array
 SCANNED_LAYERS = "layers"  # Name of the scanned subtree and of its stacked axis.
 
 
+def pool(x: Array, attention_mask: Array, causal: bool) -> Array:
+  """The position whose vector sums up the input: [batch, length, embed] -> [batch, embed].
+
+  [CLS] (position 0) in a bidirectional model. Under a causal mask [CLS] sees
+  only itself, and every input would give the same summary; there the last real
+  token (the final [SEP]), the one position that has seen the whole input.
+  """
+  if not causal:
+    return x[:, 0]
+  length = attention_mask.shape[1]
+  last = length - 1 - jnp.argmax(attention_mask[:, ::-1] > 0, axis=-1)  # [batch]
+  return jnp.take_along_axis(x, last[:, None, None], axis=1)[:, 0]
+
+
 @flax.struct.dataclass
 class EncoderOutput:
   """What the encoder computes.
@@ -28,6 +42,7 @@ class EncoderOutput:
   Attributes:
     sequence_output: [batch, length, embed] last layer, compute dtype.
     pooled_output: [batch, embed] tanh(dense([CLS])), or None without a pooler.
+      A causal (left-to-right) model pools its last real token instead (`pool`).
     hidden_states: [num_layers + 1, batch, length, embed], the embedding output
       then every layer's output, when `config.return_hidden_states`; else None.
   """
@@ -136,7 +151,8 @@ class BertEncoder(nn.Module):
       hidden_states = jnp.concatenate([embedded[None], stacked])
     pooled = None
     if self.add_pooler:
-      pooled = jnp.tanh(self.pooler(x[:, 0]).astype(jnp.float32)).astype(config.dtype)
+      summary = pool(x, attention_mask, config.causal)  # [batch, embed]
+      pooled = jnp.tanh(self.pooler(summary).astype(jnp.float32)).astype(config.dtype)
     return EncoderOutput(sequence_output=x, pooled_output=pooled,
                          hidden_states=hidden_states)
 

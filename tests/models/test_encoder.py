@@ -140,6 +140,37 @@ def test_causal_mask_hides_the_future(params):
   assert not np.allclose(before[:, 6:], after[:, 6:])
 
 
+def test_a_causal_model_pools_its_last_real_token(params):
+  """Under the causal mask [CLS] sees only itself: pooling it gives every input
+  the same logits. The last real token (rows of different lengths here) has
+  seen the whole input."""
+  from bertjax.models import build_model
+
+  config = CONFIG.replace(causal=True)
+  input_ids, attention_mask, token_type_ids = BATCH
+  model = build_model(config, "sequence_classification", 3)
+  variables = init_params(model, jax.random.key(1))
+  logits = model.apply({"params": variables}, input_ids, attention_mask,
+                       token_type_ids)["logits"]
+  other = model.apply({"params": variables}, input_ids.at[:, 1:].set(9), attention_mask,
+                      token_type_ids)["logits"]
+  assert not np.allclose(logits, other, atol=1e-3)  # the input counts
+  # The pooled vector is the pooler on each row's last real position.
+  encoder = BertEncoder(config)
+  out = encoder.apply({"params": params["bert"]}, input_ids, attention_mask, token_type_ids)
+  last = np.asarray(attention_mask).sum(-1) - 1  # padding is at the end
+  pooler = params["bert"]["pooler"]
+  rows = np.asarray(out.sequence_output)[np.arange(len(last)), last]
+  np.testing.assert_allclose(out.pooled_output, np.tanh(rows @ pooler["kernel"] + pooler["bias"]),
+                             atol=1e-5, rtol=0)
+  # A bidirectional model pools [CLS].
+  out = BertEncoder(CONFIG).apply({"params": params["bert"]}, *BATCH)
+  np.testing.assert_allclose(
+      out.pooled_output,
+      np.tanh(np.asarray(out.sequence_output)[:, 0] @ pooler["kernel"] + pooler["bias"]),
+      atol=1e-5, rtol=0)
+
+
 def test_hidden_states_and_length_check(params):
   encoded = _encode(CONFIG, params["bert"])
   assert encoded.hidden_states.shape == (4, 4, 12, 32)  # layers + 1, batch, length, embed

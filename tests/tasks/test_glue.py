@@ -54,13 +54,13 @@ def _glue_config(task, init_checkpoint, data_dir, **changes):
                      changes.pop("max_seq_length", 16), **changes)
 
 
-@pytest.fixture(scope="module")
-def pretrained_run(prepared_dir, tmp_path_factory):
+def _pretrain(prepared_dir, workdir, objective="mlm_nsp"):
   """A short bertjax pre-training run (L2/H32 on the test vocabulary)."""
   from configs import demo
   from bertjax.tasks import pretrain
 
   config = demo.get_config()
+  config.objective = objective
   config.data.dir = prepared_dir
   config.model.vocab_size = 210
   config.model.hidden_size, config.model.num_heads, config.model.intermediate_size = 32, 2, 64
@@ -68,9 +68,13 @@ def pretrained_run(prepared_dir, tmp_path_factory):
   config.train.max_seq_length, config.train.max_predictions = 32, 5
   config.train.total_steps, config.optimizer.warmup_steps = 20, 2
   config.eval.every_steps = 0
-  workdir = str(tmp_path_factory.mktemp("pretrained"))
   pretrain.run(config, workdir)
   return workdir
+
+
+@pytest.fixture(scope="module")
+def pretrained_run(prepared_dir, tmp_path_factory):
+  return _pretrain(prepared_dir, str(tmp_path_factory.mktemp("pretrained")))
 
 
 def test_fine_tunes_from_a_pretraining_run(pretrained_run, tmp_path, caplog):
@@ -97,6 +101,26 @@ def test_fine_tunes_from_a_pretraining_run(pretrained_run, tmp_path, caplog):
   import bertjax
   tuned = bertjax.load_pretrained(os.path.join(workdir, "model"))
   assert tuned.task == "sequence_classification" and tuned.labels == ["0", "1"]
+
+
+def test_a_left_to_right_model_fine_tunes(prepared_dir, tmp_path):
+  """Table 5's "LTR & No NSP" row: the causal model keeps its mask and its
+  classifier reads the last token, which has seen the whole input ([CLS], under
+  the causal mask, sees only itself: every input would get the same logits)."""
+  import bertjax
+  from bertjax.tasks import glue
+
+  run = _pretrain(prepared_dir, str(tmp_path / "ltr"), objective="ltr")
+  data = str(tmp_path / "SST-2")
+  write_sst2(data)
+  result = glue.run(_glue_config("sst2", run, data), str(tmp_path / "run"))
+  assert result["dev"]["accuracy"] > 90.0, result
+  tuned = bertjax.load_pretrained(str(tmp_path / "run" / "model"))
+  assert tuned.config.causal and tuned.task == "sequence_classification"
+  # transformers' classifier pools [CLS]: no export that would compute otherwise.
+  with pytest.raises(ValueError, match="pools its last token"):
+    bertjax.export_hf(tuned, str(tmp_path / "hf"))
+  assert not os.path.exists(tmp_path / "hf")
 
 
 def test_fine_tunes_an_imported_hugging_face_checkpoint_with_main(tiny_hf_checkpoint, tmp_path):
