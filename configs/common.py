@@ -79,6 +79,11 @@ def pretrain_config(size: str = "bert_base") -> ml_collections.ConfigDict:
   config.data.worker_count = 0
   config.data.eval_percent = 1.0  # documents held out for evaluation
   config.data.host_sharding = "documents"  # or "rows": batches independent of host count
+  # The original's regime: mask once, into `static_dupe_factor` copies of the
+  # training documents' instances, written beside the documents for each
+  # phase's length before the run (and reused after); evaluation masks anew.
+  config.data.static = False
+  config.data.static_dupe_factor = 10
 
   config.train = ml_collections.ConfigDict()
   config.train.batch_size = 256           # sequences per step, all hosts together
@@ -120,11 +125,13 @@ def apply_options(config: ml_collections.ConfigDict, options: dict[str, str]) ->
 
   - `no_nsp`: the paper's "No NSP" (masked LM only, packed sequences);
   - `ltr`: "LTR & No NSP" (a left-to-right LM, causal attention);
+  - `static`: the original's static masking (`data.static`): each phase's
+    instances masked once, 10 copies;
   - `lamb`: large-batch LAMB: 32k sequences a step for the same 256M sequences
     as the paper's recipe (a starting point; tune steps and learning rate);
   - `size=<preset>`: another model size (Table 6 grid, small BERTs).
   """
-  known = {"no_nsp", "ltr", "lamb", "size"}
+  known = {"no_nsp", "ltr", "lamb", "size", "static"}
   unknown = sorted(set(options) - known)
   if unknown:
     raise ValueError(f"unknown config arguments {unknown}; known: {sorted(known)}")
@@ -139,6 +146,8 @@ def apply_options(config: ml_collections.ConfigDict, options: dict[str, str]) ->
     config.objective = "mlm"
   if "ltr" in options:
     config.objective = "ltr"
+  if "static" in options:
+    config.data.static = True
   if "lamb" in options:
     config.optimizer.name = "lamb"
     config.optimizer.bias_correction = True  # LAMB's paper and NVIDIA's code correct

@@ -213,7 +213,7 @@ def _prepare_in(spec: str, output_dir: str, tokenizer, publish_to: str | None, *
         if not overwrite:
           raise ValueError(f"{output_dir} holds a different dataset ({info_path}); pass "
                            "--overwrite to replace it, or choose another --output_dir")
-        stale = ("documents-", "instances-", shards.STATIC_INFO_FILE)
+        stale = ("documents-", "instances")  # the documents, every length's instances
         for directory in (output_dir, publish_to) if publish_to else (output_dir,):
           for name in files.listdir(directory):
             if name.startswith(stale):
@@ -307,9 +307,10 @@ def build_static_shard(task: dict[str, Any], progress=None) -> dict[str, Any]:
       task["data_dir"], objective=task["objective"], max_seq_length=task["max_seq_length"],
       batch_size=256, masking=MaskingConfig(**task["masking"]),
       short_seq_prob=task["short_seq_prob"], seed=task["seed"],
-      num_epochs=task["dupe_factor"], shuffle_window=1, drop_remainder=False)
-  path = os.path.join(task["data_dir"], shards.shard_name(task["shard"], task["num_shards"],
-                                                          "instances"))
+      num_epochs=task["dupe_factor"], shuffle_window=1, drop_remainder=False,
+      split="train", eval_percent=task["eval_percent"])
+  path = os.path.join(task["data_dir"], shards.shard_name(
+      task["shard"], task["num_shards"], shards.static_kind(task["max_seq_length"])))
   count = 0
   num_documents = len(loader.DocumentSource(task["data_dir"]))
   batches = []  # a shard beyond the number of documents stays empty
@@ -330,10 +331,17 @@ def build_static_shard(task: dict[str, Any], progress=None) -> dict[str, Any]:
 
 def prepare_static(data_dir: str, *, objective: str, max_seq_length: int, masking,
                    dupe_factor: int, short_seq_prob: float = 0.1, seed: int = 0,
-                   num_workers: int = 1, num_hosts: int = 1, host_index: int = 0,
-                   show_progress: bool = True) -> int:
+                   eval_percent: float = 1.0, num_workers: int = 1, num_hosts: int = 1,
+                   host_index: int = 0, show_progress: bool = True) -> int:
   """Writes statically masked instances, as the original code did (`dupe_factor`
   differently masked copies of the data), from finished document shards.
+
+  The instances of each length have their own files (`shards.static_kind`), so
+  one directory holds both phases'. They come from the training split: the
+  `eval_percent` of documents held out for evaluation (`loader.split_documents`)
+  stay out, and evaluation masks them on the fly. Instances already written
+  with the same settings are kept (a rerun finishes what is missing); with other
+  settings they are replaced.
 
   Returns the number of instances this host wrote.
   """
@@ -350,8 +358,10 @@ def prepare_static(data_dir: str, *, objective: str, max_seq_length: int, maskin
   num_shards = info["num_shards"]
   settings = {"objective": objective, "max_seq_length": max_seq_length,
               "masking": dataclasses.asdict(masking), "short_seq_prob": short_seq_prob,
-              "seed": seed, "dupe_factor": dupe_factor, "num_shards": num_shards}
-  existing = os.path.join(data_dir, shards.STATIC_INFO_FILE)
+              "seed": seed, "dupe_factor": dupe_factor, "eval_percent": eval_percent,
+              "num_shards": num_shards}
+  kind, info_file = shards.static_kind(max_seq_length), shards.static_info_file(max_seq_length)
+  existing = os.path.join(data_dir, info_file)
   if os.path.isfile(existing):
     from bertjax.files import read_json
     written = {k: v for k, v in read_json(existing).items()
@@ -359,21 +369,21 @@ def prepare_static(data_dir: str, *, objective: str, max_seq_length: int, maskin
     if written != json.loads(json.dumps(settings)):
       if num_hosts > 1:
         raise ValueError(f"{existing} describes other static instances; with several hosts, "
-                         "delete them (instances-* and this file) first")
+                         f"delete them ({kind}-* and this file) first")
       # On gs:// the old settings file goes first, then the old instances: a
       # reader never pairs the new settings with old shards.
       for directory in (publish_to, data_dir) if publish_to else (data_dir,):
         if publish_to and directory == publish_to:
-          files.remove(files.join(publish_to, shards.STATIC_INFO_FILE))
+          files.remove(files.join(publish_to, info_file))
         for name in files.listdir(directory):
-          if name.startswith("instances-"):
+          if name.startswith(f"{kind}-"):
             files.remove(files.join(directory, name))
-  shards.write_info(data_dir, settings, shards.STATIC_INFO_FILE)
-  _publish_files(data_dir, publish_to, [shards.STATIC_INFO_FILE])
+  shards.write_info(data_dir, settings, info_file)
+  _publish_files(data_dir, publish_to, [info_file])
   tasks = []
   for index in range(host_index, num_shards, num_hosts):
     done = shards.stats_path(os.path.join(data_dir, shards.shard_name(index, num_shards,
-                                                                      "instances")))
+                                                                      kind)))
     if not os.path.isfile(done):
       tasks.append({"shard": index, "num_shards": num_shards, "data_dir": data_dir,
                     "publish_to": publish_to, **settings})
@@ -381,7 +391,7 @@ def prepare_static(data_dir: str, *, objective: str, max_seq_length: int, maskin
   total = 0
   for index in range(host_index, num_shards, num_hosts):
     path = shards.stats_path(os.path.join(data_dir, shards.shard_name(index, num_shards,
-                                                                      "instances")))
+                                                                      kind)))
     with open(path, encoding="utf-8") as f:
       total += json.load(f)["instances"]
   return total

@@ -384,11 +384,17 @@ def _static_dataset(config: LoaderConfig, process_index: int,
   from bertjax.files import read_json
 
   records = grain.sources.ArrayRecordDataSource(
-      shards.complete_shards(config.data_dir, "instances"))
-  written = read_json(os.path.join(config.data_dir, shards.STATIC_INFO_FILE))
+      shards.complete_shards(config.data_dir, shards.static_kind(config.max_seq_length)))
+  written = read_json(os.path.join(config.data_dir,
+                                   shards.static_info_file(config.max_seq_length)))
+  if config.split == "eval":
+    raise ValueError("static instances are of the training split; evaluate with dynamic "
+                     "masking (static=False)")
   wanted = {"objective": config.objective, "max_seq_length": config.max_seq_length,
             "masking": dataclasses.asdict(config.masking)}
-  got = {key: written[key] for key in wanted}
+  if config.split == "train":  # the held-out documents must be those left out
+    wanted["eval_percent"] = config.eval_percent
+  got = {key: written.get(key) for key in wanted}
   if got != wanted:
     raise ValueError(f"{config.data_dir}: the static instances were written for {got}, "
                      f"not {wanted}; rebuild them or use dynamic masking (static=False)")

@@ -8,9 +8,9 @@ A prepared directory holds
 - `documents-SSSSS-of-NNNNN.stats.json` beside each finished shard: its
   `CorpusStats` (its presence marks the shard complete).
 
-With static masking (`--static_dupe_factor`), `instances-*.array_record` shards
-hold masked examples for one objective and length, described by
-`instances_info.json`.
+With static masking (`--static_dupe_factor`), `instances<L>-*.array_record`
+shards hold masked examples of length L (`static_kind`), described by
+`instances<L>_info.json`: one directory holds those of both phases (128, 512).
 
 A document record is little-endian bytes: one byte giving the id width (2 or
 4), three zero bytes, uint32 sentence count `n`, `n` uint32 sentence lengths,
@@ -32,7 +32,8 @@ import numpy as np
 from bertjax.data.corpus import CorpusStats
 
 INFO_FILE = "dataset_info.json"
-STATIC_INFO_FILE = "instances_info.json"  # settings of statically masked instances
+# Statically masked instances from before the length was part of their name.
+OLD_STATIC_INFO_FILE = "instances_info.json"
 FORMAT = "bertjax-documents"
 FORMAT_VERSION = 1
 _HEADER = struct.Struct("<B3xI")
@@ -40,6 +41,16 @@ _HEADER = struct.Struct("<B3xI")
 
 def shard_name(index: int, count: int, kind: str = "documents") -> str:
   return f"{kind}-{index:05d}-of-{count:05d}.array_record"
+
+
+def static_kind(max_seq_length: int) -> str:
+  """The shard kind of the statically masked instances of one length."""
+  return f"instances{max_seq_length}"
+
+
+def static_info_file(max_seq_length: int) -> str:
+  """The settings file of the statically masked instances of one length."""
+  return f"{static_kind(max_seq_length)}_info.json"
 
 
 def stats_path(shard_path: str) -> str:
@@ -165,12 +176,16 @@ def complete_shards(directory: str, kind: str = "documents") -> list[str]:
     ValueError: some shards are missing or unfinished.
   """
   info = read_info(directory)
-  if kind == "instances":
+  if kind != "documents":  # static instances: `static_kind`
     from bertjax import files
-    path = os.path.join(directory, STATIC_INFO_FILE)
+    path = os.path.join(directory, f"{kind}_info.json")
     if not files.exists(path):
-      raise FileNotFoundError(f"{directory}: no statically masked instances ({STATIC_INFO_FILE}); "
-                              "build them with --static_dupe_factor")
+      older = (" (its instances_info.json is from an older bertjax: rebuild)"
+               if files.exists(os.path.join(directory, OLD_STATIC_INFO_FILE)) else "")
+      raise FileNotFoundError(
+          f"{directory}: no statically masked instances of length {kind[len('instances'):]} "
+          f"({kind}_info.json){older}; build them with prepare_pretraining_data "
+          "--static_dupe_factor, or let the run build them (data.static)")
     info = files.read_json(path)
   count = info["num_shards"]
   paths = [os.path.join(directory, shard_name(i, count, kind)) for i in range(count)]

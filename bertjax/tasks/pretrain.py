@@ -84,6 +84,12 @@ def validate(config: ml_collections.ConfigDict, mesh_devices: int) -> tuple[int,
                        "model.max_position_embeddings or shorten the sequences")
     if config.objective != "ltr":
       masking_config(config, phase.max_predictions).check_length(phase.max_seq_length)
+  if config.data.static and config.objective == "ltr":
+    raise ValueError("data.static masks the data once, for the masked-LM objectives; the ltr "
+                     "objective has nothing to mask: set --config.data.static=false")
+  if config.data.static and config.data.static_dupe_factor < 1:
+    raise ValueError(f"data.static_dupe_factor must be >= 1, got "
+                     f"{config.data.static_dupe_factor}")
   if config.train.total_steps < 1:
     raise ValueError(f"train.total_steps must be positive, got {config.train.total_steps}")
   for name, value in (("checkpoint.every_steps", config.checkpoint.every_steps),
@@ -112,15 +118,44 @@ def loader_config(config: ml_collections.ConfigDict, data_dir: str, phase: Phase
       masking=masking_config(config, phase.max_predictions),
       short_seq_prob=data.short_seq_prob, seed=config.seed + 1000 * phase.index + seed_offset,
       shuffle_window=data.shuffle_window, worker_count=data.worker_count, split=split,
-      eval_percent=data.eval_percent, host_sharding=data.host_sharding)
+      eval_percent=data.eval_percent, host_sharding=data.host_sharding,
+      static=bool(data.get("static", False)) and split == "train")
 
 
 def prepare_data(config: ml_collections.ConfigDict, workdir: str) -> str:
-  """The prepared data directory; built first when the config says how (the demo)."""
+  """The prepared data directory (a local copy of a gs:// one): built first when
+  the config says how (the demo), with each phase's statically masked
+  instances when `data.static` asks for them."""
   data_dir = config.data.dir or files.join(workdir, "data")
-  if files.exists(files.join(data_dir, shards.INFO_FILE)) or not config.data.build_from:
-    shards.complete_shards(data_dir)  # a clear error if it is not there
-    return shards.local_directory(data_dir)
+  if not files.exists(files.join(data_dir, shards.INFO_FILE)) and config.data.build_from:
+    _build_documents(config, workdir, data_dir)
+  shards.complete_shards(data_dir)  # a clear error if it is not there
+  if config.data.static:
+    _build_static(config, data_dir)
+  return shards.local_directory(data_dir)
+
+
+def _build_static(config: ml_collections.ConfigDict, data_dir: str) -> None:
+  """Each phase's statically masked instances (the original's regime: masked once,
+  `data.static_dupe_factor` copies), built by every host for its shards unless
+  there already with these settings."""
+  from bertjax.data import builder
+
+  for phase in phases(config):
+    count = builder.prepare_static(
+        data_dir, objective=config.objective, max_seq_length=phase.max_seq_length,
+        masking=masking_config(config, phase.max_predictions),
+        dupe_factor=config.data.static_dupe_factor, short_seq_prob=config.data.short_seq_prob,
+        seed=config.seed + 1000 * phase.index, eval_percent=config.data.eval_percent,
+        num_workers=os.cpu_count() or 1, num_hosts=jax.process_count(),
+        host_index=jax.process_index(), show_progress=False)
+    logging.info("Static instances of length %d: %d on this host", phase.max_seq_length,
+                 count)
+    _sync(f"static instances {phase.max_seq_length}")
+
+
+def _build_documents(config: ml_collections.ConfigDict, workdir: str, data_dir: str) -> None:
+  """Trains a vocabulary on `data.build_from` and prepares it into `data_dir` (host 0)."""
   if jax.process_index() == 0:
     from bertjax.data import builder, vocabulary
     from bertjax.data.tokenizers import tokenizer_from_vocab_file
@@ -136,7 +171,6 @@ def prepare_data(config: ml_collections.ConfigDict, workdir: str) -> str:
                             num_shards=4, num_workers=1, show_progress=False)
     logging.info("Prepared data:\n%s", stats.summary())
   _sync("prepared data")
-  return shards.local_directory(data_dir)
 
 
 def check_vocabulary(config: ml_collections.ConfigDict, data_dir: str) -> None:

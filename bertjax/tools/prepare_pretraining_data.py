@@ -17,9 +17,11 @@ The closing summary accounts for every file, document and line.
 
 The loader masks anew every epoch. `--static_dupe_factor=N` also writes N
 differently masked copies of the instances for one objective and length, as the
-original `create_pretraining_data.py` did (read them with the loader's
-`static=True`); with several hosts, run it after every host has finished its
-document shards.
+original `create_pretraining_data.py` did, from the training documents (those
+not held out by `--eval_percent`); run it once per length (128, then 512: each
+length has its own files). A run with `data.static` reads them, or builds them
+itself. With several hosts, run it after every host has finished its document
+shards.
 """
 
 from __future__ import annotations
@@ -74,6 +76,9 @@ _WHOLE_WORD_MASKING = flags.DEFINE_bool("whole_word_masking", False,
 _SHORT_SEQ_PROB = flags.DEFINE_float("short_seq_prob", 0.1,
                                      "Static instances: probability of a shorter length.")
 _SEED = flags.DEFINE_integer("seed", 12345, "Static instances: random seed.")
+_EVAL_PERCENT = flags.DEFINE_float(
+    "eval_percent", 1.0, "Static instances: documents held out for evaluation, in percent "
+    "(the run's data.eval_percent; they get no static instances).")
 
 
 def main(argv):
@@ -98,7 +103,8 @@ def main(argv):
                                 max_predictions=_MAX_PREDICTIONS.value,
                                 whole_word=_WHOLE_WORD_MASKING.value),
           dupe_factor=_STATIC_DUPE_FACTOR.value, short_seq_prob=_SHORT_SEQ_PROB.value,
-          seed=_SEED.value, num_workers=_NUM_WORKERS.value or os.cpu_count() or 1,
+          seed=_SEED.value, eval_percent=_EVAL_PERCENT.value,
+          num_workers=_NUM_WORKERS.value or os.cpu_count() or 1,
           num_hosts=_NUM_HOSTS.value, host_index=_HOST_INDEX.value)
       print(f"instances:  {count} statically masked ({_STATIC_DUPE_FACTOR.value} copies)")
   except (ValueError, OSError) as e:

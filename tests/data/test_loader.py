@@ -212,8 +212,9 @@ def test_static_masking_writes_what_the_dynamic_pipeline_makes(prepared_dir, tmp
   # One process reads what the builder split over its shards: instances and
   # masks depend on (seed, epoch, document) only, not on who reads them.
   dynamic = []
+  # Of the training split: the held-out documents (1% by default) get none.
   config = loader.LoaderConfig(str(data), batch_size=64, num_epochs=2, shuffle_window=1,
-                               seed=4, drop_remainder=False)
+                               seed=4, drop_remainder=False, split="train")
   for batch in loader.make_dataset(config):
     rows = len(batch["input_ids"])
     dynamic += [{k: v[row] for k, v in batch.items()} for row in range(rows)]
@@ -238,5 +239,10 @@ def test_static_masking_writes_what_the_dynamic_pipeline_makes(prepared_dir, tmp
   _assert_same(_take(restored, 3), expected)
   with pytest.raises(ValueError, match="static instances were written for"):
     loader.make_dataset(loader.LoaderConfig(str(data), static=True, objective="mlm"))
-  with pytest.raises(FileNotFoundError, match="no statically masked instances"):
+  with pytest.raises(FileNotFoundError, match="no statically masked instances of length 128"):
     loader.make_dataset(loader.LoaderConfig(prepared_dir, static=True))
+  with pytest.raises(ValueError, match="static instances were written for"):  # other held-out
+    loader.make_dataset(loader.LoaderConfig(str(data), static=True, split="train",
+                                            eval_percent=5.0))
+  with pytest.raises(ValueError, match="evaluate with dynamic masking"):
+    loader.make_dataset(loader.LoaderConfig(str(data), static=True, split="eval"))
