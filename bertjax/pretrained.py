@@ -35,7 +35,8 @@ from bertjax.models.bert import (LABELLED_TASKS, OPTIONAL_POOLER_TASKS, TASK_MOD
 BERTJAX_FILE = "bertjax.json"
 TRAINING_CHECKPOINTS = "checkpoints"  # in a `python -m bertjax.main` workdir
 # Pre-training objective -> the task model holding its weights.
-OBJECTIVE_TASKS = {"mlm_nsp": "pretraining", "mlm": "masked_lm", "ltr": "masked_lm"}
+OBJECTIVE_TASKS = {"mlm_nsp": "pretraining", "mlm_pairs": "masked_lm", "mlm": "masked_lm",
+                   "ltr": "masked_lm"}
 FORMAT_VERSION = 1
 # `BertConfig` fields that change how the weights are computed, not which
 # weights there are: the ones `load_pretrained` lets you override.

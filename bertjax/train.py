@@ -51,14 +51,14 @@ class TrainState:
   consecutive_skipped: Array
 
 
-OBJECTIVES = ("mlm_nsp", "mlm", "ltr")
+OBJECTIVES = ("mlm_nsp", "mlm_pairs", "mlm", "ltr")
 
 
 def pretraining_model(config: BertConfig, objective: str) -> nn.Module:
   """The model of an objective: MLM + NSP heads, MLM only, or a causal LM."""
   if objective == "mlm_nsp":
     return BertForPreTraining(config)
-  if objective == "mlm":
+  if objective in ("mlm", "mlm_pairs"):
     return BertForMaskedLM(config)
   if objective == "ltr":
     return BertForMaskedLM(config.replace(causal=True))

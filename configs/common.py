@@ -64,7 +64,8 @@ def pretrain_config(size: str = "bert_base") -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.task = "pretrain"
   config.seed = 0
-  # "mlm_nsp" (the paper), "mlm" (No NSP ablation), "ltr" (LTR & No NSP).
+  # "mlm_nsp" (the paper), "mlm_pairs" (No NSP), "mlm" (No NSP, packed text),
+  # "ltr" (LTR & No NSP).
   config.objective = "mlm_nsp"
   config.model = model_config(size)
 
@@ -123,7 +124,10 @@ def pretrain_config(size: str = "bert_base") -> ml_collections.ConfigDict:
 def apply_options(config: ml_collections.ConfigDict, options: dict[str, str]) -> None:
   """The ablations and variants every pre-training config accepts.
 
-  - `no_nsp`: the paper's "No NSP" (masked LM only, packed sequences);
+  - `no_nsp`: the paper's "No NSP" as it reads: the next-sentence pairs
+    (half with a random second segment), the masked LM alone;
+  - `no_nsp_packed`: "No NSP" on contiguous text packed to the length, with no
+    random segments (RoBERTa's FULL-SENTENCES);
   - `ltr`: "LTR & No NSP" (a left-to-right LM, causal attention);
   - `static`: the original's static masking (`data.static`): each phase's
     instances masked once, 10 copies;
@@ -131,18 +135,21 @@ def apply_options(config: ml_collections.ConfigDict, options: dict[str, str]) ->
     as the paper's recipe (a starting point; tune steps and learning rate);
   - `size=<preset>`: another model size (Table 6 grid, small BERTs).
   """
-  known = {"no_nsp", "ltr", "lamb", "size", "static"}
+  known = {"no_nsp", "no_nsp_packed", "ltr", "lamb", "size", "static"}
   unknown = sorted(set(options) - known)
   if unknown:
     raise ValueError(f"unknown config arguments {unknown}; known: {sorted(known)}")
-  if {"no_nsp", "ltr"} <= set(options):
-    raise ValueError("choose one of the ablations no_nsp and ltr")
+  ablations = sorted({"no_nsp", "no_nsp_packed", "ltr"} & set(options))
+  if len(ablations) > 1:
+    raise ValueError(f"choose one of the ablations {ablations}")
   if "size" in options:
     if options["size"] not in PRESETS:
       raise ValueError(f"Unknown model size {options['size']!r}; known: "
                        f"{', '.join(sorted(PRESETS))}")
     config.model.update(PRESETS[options["size"]])  # layers and widths only
   if "no_nsp" in options:
+    config.objective = "mlm_pairs"
+  if "no_nsp_packed" in options:
     config.objective = "mlm"
   if "ltr" in options:
     config.objective = "ltr"

@@ -153,3 +153,24 @@ def test_summarize_eval():
   assert values["mlm_loss"] == 2.0 and values["mlm_accuracy"] == 0.3
   np.testing.assert_allclose(values["mlm_perplexity"], np.exp(2.0))
   assert values["nsp_accuracy"] == 0.8 and values["nsp_loss"] == 0.6
+
+
+def test_no_nsp_objectives_train_the_masked_lm_alone():
+  """"No NSP" in both readings: no next-sentence head and no NSP loss; the
+  loss is the masked LM's mean over the predictions."""
+  from configs import base_pretrain
+  from bertjax.models import BertForMaskedLM
+
+  assert base_pretrain.get_config("no_nsp").objective == "mlm_pairs"  # the paper's reading
+  assert base_pretrain.get_config("no_nsp_packed").objective == "mlm"
+  with pytest.raises(ValueError, match="choose one of the ablations"):
+    base_pretrain.get_config("no_nsp,no_nsp_packed")
+  batch = {k: v for k, v in _batch().items() if k != "next_sentence_labels"}
+  model = train.pretraining_model(CONFIG, "mlm_pairs")
+  assert isinstance(model, BertForMaskedLM)
+  state = nn.meta.unbox(train.create_train_state(model, optim.create_optimizer("adamw", 0.0), 0))
+  _, metrics = train.train_step(state, batch, model=model,
+                                optimizer=optim.create_optimizer("adamw", 0.0),
+                                learning_rate_fn=lambda step: 0.0, objective="mlm_pairs")
+  assert "nsp_loss" not in metrics
+  np.testing.assert_allclose(metrics["loss"], metrics["mlm_loss"], rtol=1e-6)

@@ -5,8 +5,12 @@
   segment A from consecutive sentences, B the true continuation half of the
   time and otherwise a span of a random other document (A's unused sentences go
   back to the pool), pairs truncated at a random end, `[CLS] A [SEP] B [SEP]`.
-- `mlm` ("No NSP"): `PackedSequences` packs contiguous sentences up to the
-  length, crossing documents with a `[SEP]` between them: `[CLS] ... [SEP]`.
+- `mlm_pairs` (the paper's "No NSP", as it reads: "trained using the masked
+  LM but without the NSP task"): the `mlm_nsp` pairs, half of them with a
+  random B, and no next-sentence loss.
+- `mlm` ("No NSP", packed): `PackedSequences` packs contiguous sentences up to
+  the length, crossing documents with a `[SEP]` between them: `[CLS] ... [SEP]`
+  (no random segments; RoBERTa's FULL-SENTENCES input).
 - `ltr` ("LTR & No NSP"): packed like `mlm`; the targets are the next tokens.
 
 Randomness comes from a `numpy.random.Generator` per document (seeded by the
@@ -22,7 +26,8 @@ from typing import Callable, NamedTuple, Sequence
 import grain
 import numpy as np
 
-OBJECTIVES = ("mlm_nsp", "mlm", "ltr")
+OBJECTIVES = ("mlm_nsp", "mlm_pairs", "mlm", "ltr")
+PAIR_OBJECTIVES = ("mlm_nsp", "mlm_pairs")  # instances from the next-sentence generator
 
 Sentences = list[np.ndarray]  # one int32 array of token ids per sentence
 

@@ -41,7 +41,8 @@ class LoaderConfig:
 
   Attributes:
     data_dir: A directory written by `bertjax.tools.prepare_pretraining_data`.
-    objective: "mlm_nsp" (the paper), "mlm" (No NSP) or "ltr" (LTR & No NSP).
+    objective: "mlm_nsp" (the paper), "mlm_pairs" (No NSP: its pairs, no NSP
+      labels), "mlm" (No NSP on packed sequences) or "ltr" (LTR & No NSP).
     max_seq_length: Tokens per sequence (128, then 512 in the paper).
     batch_size: Sequences per batch on this process.
     masking: Masking rates (ignored by "ltr").
@@ -316,7 +317,7 @@ def make_dataset(config: LoaderConfig, process_index: int = 0,
   cls_id, sep_id = tokenizer.cls_id, tokenizer.sep_id
 
   stream = document_stream(source, config, process_index, process_count)
-  if config.objective == "mlm_nsp":
+  if config.objective in instances.PAIR_OBJECTIVES:
     stream = grain.experimental.FlatMapIterDataset(
         stream, _NextSentenceInstances(source, config, cls_id, sep_id))
   else:

@@ -65,7 +65,7 @@ _OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace an existing, differe
 _STATIC_DUPE_FACTOR = flags.DEFINE_integer(
     "static_dupe_factor", 0, "If > 0, also write this many differently masked copies of "
     "the instances (read with the loader's static=True).")
-_OBJECTIVE = flags.DEFINE_enum("objective", "mlm_nsp", ["mlm_nsp", "mlm"],
+_OBJECTIVE = flags.DEFINE_enum("objective", "mlm_nsp", ["mlm_nsp", "mlm_pairs", "mlm"],
                                "Static instances: the objective.")
 _MAX_SEQ_LENGTH = flags.DEFINE_integer("max_seq_length", 128, "Static instances: length.")
 _MAX_PREDICTIONS = flags.DEFINE_integer("max_predictions", 20,

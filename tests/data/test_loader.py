@@ -28,6 +28,8 @@ def _assert_same(a, b):
                  "masked_ids", "masked_weights", "next_sentence_labels"}),
     ("mlm", {"input_ids", "attention_mask", "token_type_ids", "masked_positions",
              "masked_ids", "masked_weights"}),
+    ("mlm_pairs", {"input_ids", "attention_mask", "token_type_ids", "masked_positions",
+                   "masked_ids", "masked_weights"}),
     ("ltr", {"input_ids", "attention_mask", "token_type_ids", "lm_labels", "lm_weights"}),
 ])
 @pytest.mark.parametrize("length", [128, 512])
@@ -147,6 +149,18 @@ def test_random_next_segments_stay_in_their_split(prepared_dir, split):
         assert found and found <= mine, (d, found - mine)
         random_next += 1
   assert random_next > 20
+
+
+def test_no_nsp_pairs_are_the_next_sentence_pairs_without_labels(prepared_dir):
+  """The paper's "No NSP": the same pairs and masks as mlm_nsp (half with a
+  random B), only the next-sentence labels left out."""
+  batches = {objective: _take(iter(loader.make_dataset(loader.LoaderConfig(
+      prepared_dir, objective=objective, batch_size=16, seed=2))), 4)
+      for objective in ("mlm_nsp", "mlm_pairs")}
+  assert any(b["next_sentence_labels"].any() for b in batches["mlm_nsp"])
+  _assert_same([{k: v for k, v in b.items() if k != "next_sentence_labels"}
+                for b in batches["mlm_nsp"]], batches["mlm_pairs"])
+  assert all(b["token_type_ids"].any(axis=1).all() for b in batches["mlm_pairs"])  # pairs
 
 
 def test_one_epoch_of_ltr_holds_every_token(prepared_dir):
