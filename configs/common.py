@@ -74,9 +74,17 @@ def pretrain_config(size: str = "bert_base") -> ml_collections.ConfigDict:
   config.data.build_from = ""     # if set and `dir` is empty: build <workdir>/data from it
   config.data.vocab_size = 30522  # of the vocabulary trained for `build_from`
   config.data.masked_lm_prob = 0.15
+  # Of the predicted tokens: replaced by [MASK], by a random token; the rest
+  # stay (80/10/10, the paper's Table 8 varies them).
+  config.data.mask_rate = 0.8
+  config.data.random_rate = 0.1
   config.data.whole_word_masking = False
   config.data.short_seq_prob = 0.1
-  config.data.shuffle_window = 1000
+  # Instances shuffled together: a batch of 256 from a 50,000 window holds
+  # instances of 248 documents at ~11 instances a document (254 fully shuffled,
+  # 91 from 1,000), for ~31 MiB at length 128 (benchmarks/shuffle_mixing.py,
+  # docs/benchmarks.md); a start or restore makes a window's instances first.
+  config.data.shuffle_window = 50_000
   config.data.worker_count = 0
   config.data.eval_percent = 1.0  # documents held out for evaluation
   config.data.host_sharding = "documents"  # or "rows": batches independent of host count

@@ -106,6 +106,8 @@ def validate(config: ml_collections.ConfigDict, mesh_devices: int) -> tuple[int,
 def masking_config(config: ml_collections.ConfigDict, max_predictions: int) -> MaskingConfig:
   return MaskingConfig(masked_lm_prob=config.data.masked_lm_prob,
                        max_predictions=max_predictions,
+                       mask_rate=config.data.mask_rate,
+                       random_rate=config.data.random_rate,
                        whole_word=config.data.whole_word_masking)
 
 
