@@ -28,7 +28,7 @@ from bertjax import checkpoint, files
 from bertjax.data.tokenizers import Tokenizer, tokenizer_from_settings
 from bertjax.files import atomic_directory, read_json, write_json
 from bertjax.interop import google_tf, hf, mapping
-from bertjax.models import BertConfig, build_model, to_layout
+from bertjax.models import BertConfig, build_model, init_params, to_layout
 from bertjax.models.bert import (LABELLED_TASKS, OPTIONAL_POOLER_TASKS, TASK_MODELS,
                                  abstract_params)
 
@@ -240,6 +240,9 @@ def _retarget(bundle: Pretrained, task: str, labels: list[str] | None, seed: int
   labels = labels if labels is not None else bundle.labels
   if task not in LABELLED_TASKS:
     labels = None
+  if bundle.config.span_bilstm:
+    raise ValueError(f"{path}: a question-answering model with a span BiLSTM loads only as "
+                     f"question_answering, not {task}")
   reference = mapping.params_to_reference(to_layout(bundle.params, False))
   same_head = task == bundle.task and (labels is None or bundle.labels is None
                                        or len(labels) == len(bundle.labels))
@@ -252,6 +255,27 @@ def _retarget(bundle: Pretrained, task: str, labels: list[str] | None, seed: int
       rng=jax.random.key(seed), add_pooler=add_pooler)
   report.log(path)
   return Pretrained(bundle.config, params, bundle.tokenizer, task, labels)
+
+
+def add_span_bilstm(bundle: Pretrained, seed: int = 0) -> Pretrained:
+  """The question-answering bundle with a randomly initialised BiLSTM between
+  its encoder and span layer (the paper's Table 5 "+ BiLSTM"; the other weights
+  stay). A bundle that has one is returned as it is."""
+  if bundle.task != "question_answering":
+    raise ValueError(f"a span BiLSTM is for question answering, not {bundle.task}")
+  if bundle.config.span_bilstm:
+    return bundle
+  config = bundle.config.replace(span_bilstm=True)
+  model = build_model(config.replace(scan_layers=False), bundle.task, bundle.num_labels,
+                      bundle.has_pooler)
+  fresh = nn.meta.unbox(init_params(model, jax.random.key(seed)))
+  looped = to_layout(jax.device_get(bundle.params), False)
+  params = {**fresh, **{name: value for name, value in looped.items()}}
+  logger.info("initialised randomly: %s", ", ".join(
+      jax.tree_util.keystr(path) for path, _ in
+      jax.tree_util.tree_leaves_with_path(fresh["span_bilstm"])))
+  return Pretrained(config, to_layout(params, config.scan_layers), bundle.tokenizer,
+                    bundle.task, bundle.labels)
 
 
 def _check_vocabulary(bundle: Pretrained, path: str) -> None:
@@ -359,6 +383,9 @@ def export_hf(bundle: Pretrained, out_dir: str, overwrite: bool = False) -> None
   LM, span and token classification) is left out, with a log line. The
   directory is written under a temporary name and renamed when complete.
   """
+  if bundle.config.span_bilstm:
+    raise ValueError("export_hf: transformers' BertForQuestionAnswering has no BiLSTM "
+                     "(span_bilstm); keep the bertjax format")
   if bundle.config.causal and bundle.task not in OPTIONAL_POOLER_TASKS:
     raise ValueError(
         f"export_hf: a left-to-right (causal) {bundle.task} model pools its last token; "

@@ -39,6 +39,9 @@ def get_config(arg: str | None = None):
   # stored value, else 0. A value given here is used as it is.
   config.null_score_diff_threshold = config_dict.placeholder(float)
   config.tune_null_threshold = False
+  # Table 5's "+ BiLSTM": a randomly initialised BiLSTM between the encoder and
+  # the span layer (the paper adds it to the LTR model).
+  config.model.span_bilstm = False
   config.train.learning_rate = 5e-5
   if arg == "v2.0":
     config.train.batch_size = 48

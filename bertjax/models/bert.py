@@ -114,6 +114,10 @@ class BertForQuestionAnswering(nn.Module):
 
   def setup(self):
     self.bert = BertEncoder(self.config, add_pooler=self.add_pooler)
+    if self.config.span_bilstm:
+      units = self.config.hidden_size // 2
+      self.span_bilstm = nn.Bidirectional(nn.RNN(nn.OptimizedLSTMCell(units)),
+                                          nn.RNN(nn.OptimizedLSTMCell(units)))
     self.span = OutputLayer(self.config, 2)
 
   def __call__(self, input_ids: Array, attention_mask: Array | None = None,
@@ -122,7 +126,13 @@ class BertForQuestionAnswering(nn.Module):
     """Returns `start_logits` and `end_logits`, each [batch, length]."""
     encoded = self.bert(input_ids, attention_mask, token_type_ids,
                         deterministic=deterministic)
-    logits = self.span(encoded.sequence_output)  # [batch, length, 2]
+    x = encoded.sequence_output  # [batch, length, embed]
+    if self.config.span_bilstm:
+      lengths = (jnp.sum(attention_mask, axis=-1) if attention_mask is not None
+                 else jnp.full(x.shape[:1], x.shape[1]))
+      x = self.span_bilstm(x.astype(jnp.float32), seq_lengths=lengths.astype(jnp.int32))
+      x = x.astype(encoded.sequence_output.dtype)  # [batch, length, 2 * (embed // 2)]
+    logits = self.span(x)  # [batch, length, 2]
     return {"start_logits": logits[..., 0], "end_logits": logits[..., 1]}
 
 

@@ -62,6 +62,9 @@ class BertConfig:
       the pooler then reads the last real token, not [CLS] (`encoder.pool`).
     return_hidden_states: Also return the embedding output and every layer's
       output (the feature-based approach).
+    span_bilstm: A BiLSTM (hidden_size / 2 units each way) between the encoder
+      and the span layer of question answering: the paper's Table 5
+      "+ BiLSTM" row, randomly initialised for fine-tuning.
   """
 
   vocab_size: int = 30522
@@ -84,6 +87,7 @@ class BertConfig:
   attention_impl: str = "xla"
   causal: bool = False
   return_hidden_states: bool = False
+  span_bilstm: bool = False
 
   def __post_init__(self):
     self.validate()
@@ -111,6 +115,9 @@ class BertConfig:
           f"BertConfig.hidden_size={self.hidden_size} is not divisible by "
           f"num_heads={self.num_heads}; choose num_heads dividing hidden_size "
           f"(the paper uses hidden_size / 64).")
+    if self.span_bilstm and self.hidden_size % 2:
+      raise ValueError(f"BertConfig.span_bilstm needs an even hidden_size (two directions "
+                       f"of hidden_size / 2), got {self.hidden_size}")
     for name in ("hidden_dropout_prob", "attention_dropout_prob"):
       value = getattr(self, name)
       if not 0.0 <= value < 1.0:

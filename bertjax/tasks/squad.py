@@ -34,7 +34,7 @@ import numpy as np
 from bertjax import files, metrics
 from bertjax.data import squad as squad_data
 from bertjax.evaluation import squad as squad_eval
-from bertjax.pretrained import Pretrained, save_pretrained
+from bertjax.pretrained import Pretrained, add_span_bilstm, save_pretrained
 from bertjax.tasks import finetune
 
 THRESHOLD_FILE = "squad.json"
@@ -232,6 +232,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                      f"{config.data.version!r}")
   version_2 = config.data.version == "v2.0"
   bundle = finetune.load_model(config, "question_answering")
+  if config.model.span_bilstm:
+    bundle = add_span_bilstm(bundle, config.seed)
   tokenizer = bundle.tokenizer
   threshold = config.null_score_diff_threshold
   stored = os.path.join(config.init_checkpoint, THRESHOLD_FILE)

@@ -171,6 +171,26 @@ def test_a_causal_model_pools_its_last_real_token(params):
       atol=1e-5, rtol=0)
 
 
+def test_a_span_bilstm_lets_a_causal_model_see_the_right_context():
+  """Table 5's "LTR & No NSP + BiLSTM": under the causal mask a position's
+  start score cannot depend on later tokens; a BiLSTM over the sequence output
+  gives it the right context (and stops at the padding)."""
+  from bertjax.models import build_model
+
+  input_ids, attention_mask, token_type_ids = BATCH
+  later = input_ids.at[:, 6:].set(7)
+  for span_bilstm in (False, True):
+    config = CONFIG.replace(causal=True, span_bilstm=span_bilstm)
+    model = build_model(config, "question_answering")
+    variables = init_params(model, jax.random.key(2))
+    start = lambda ids: model.apply({"params": variables}, ids, attention_mask,
+                                    token_type_ids)["start_logits"][:, :6]
+    assert np.allclose(start(input_ids), start(later), atol=1e-6) != span_bilstm
+  assert "span_bilstm" in variables
+  with pytest.raises(ValueError, match="span_bilstm needs an even hidden_size"):
+    BertConfig(hidden_size=33, num_heads=3, span_bilstm=True)
+
+
 def test_hidden_states_and_length_check(params):
   encoded = _encode(CONFIG, params["bert"])
   assert encoded.hidden_states.shape == (4, 4, 12, 32)  # layers + 1, batch, length, embed

@@ -132,6 +132,28 @@ def test_squad_v1_fine_tunes_and_scores_like_the_official_script(tiny_hf_checkpo
   assert nbest["q0"][0]["text"] == predictions["q0"]
 
 
+def test_squad_with_a_span_bilstm(tiny_hf_checkpoint, tmp_path):
+  """Table 5's "+ BiLSTM" row: a randomly initialised BiLSTM under the span
+  layer, fine-tuned with the rest, saved with the model and used when it
+  predicts again."""
+  import bertjax
+
+  train = write_squad(tmp_path / "train.json", 400, 0, "1.1")
+  dev = write_squad(tmp_path / "dev.json", 100, 1, "1.1")
+  workdir = str(tmp_path / "run")
+  config = _config("v1.1", tiny_hf_checkpoint, train_file=train, predict_file=dev)
+  config.model.span_bilstm = True
+  results = squad.run(config, workdir)
+  assert results["dev"]["exact_match"] > 90.0, results
+  tuned = bertjax.load_pretrained(os.path.join(workdir, "model"))
+  assert tuned.config.span_bilstm and "span_bilstm" in tuned.params
+  again = squad.run(_config("v1.1", os.path.join(workdir, "model"), predict_file=dev),
+                    str(tmp_path / "again"))
+  assert again["dev"] == results["dev"]
+  with pytest.raises(ValueError, match="has no BiLSTM"):
+    bertjax.export_hf(tuned, str(tmp_path / "hf"))
+
+
 def test_squad_v2_tunes_stores_and_reuses_the_null_threshold(tiny_hf_checkpoint, tmp_path, capsys):
   from bertjax.tools import evaluate_squad
 
