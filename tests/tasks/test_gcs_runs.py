@@ -98,16 +98,24 @@ def test_prepared_data_in_the_bucket_is_the_local_data(gcs_data, prepared_dir):
           os.path.join(prepared_dir, name), "rb").read(), name
 
 
-def test_killed_and_rerun_on_gcs_matches_a_local_run(gcs, gcs_data, local_run):
-  expected = {step: values[0] for step, values in _losses(local_run).items()}
+@pytest.fixture(scope="module")
+def killed_run(gcs, gcs_data):
+  """A run on gs:// killed with -9 after step 30, then rerun to the end:
+  (workdir, the step the first run's metrics reached)."""
   workdir = gcs.url_of("runs/killed")
   args = _args(workdir, gcs_data, **RUN)
   process = _start_until(args, _env_with(gcs), workdir, 30)
   process.send_signal(signal.SIGKILL)
   process.wait(timeout=60)
   killed_at = max(_losses(workdir))
-  assert 30 <= killed_at < TOTAL
   _run(args, _env_with(gcs))
+  return workdir, killed_at
+
+
+def test_killed_and_rerun_on_gcs_matches_a_local_run(killed_run, local_run):
+  expected = {step: values[0] for step, values in _losses(local_run).items()}
+  workdir, killed_at = killed_run
+  assert 30 <= killed_at < TOTAL
   losses = _losses(workdir)
   assert sorted(losses) == list(range(1, TOTAL + 1))  # every step, the first run's kept
   for step, values in losses.items():
@@ -158,14 +166,12 @@ def test_a_storage_outage_mid_run_is_survived_or_resumed(gcs, gcs_data, local_ru
     assert values == [expected[step]] * len(values), step
 
 
-def test_load_pretrained_from_gcs_equals_the_local_run(gcs, local_run, gcs_data):
+def test_load_pretrained_from_gcs_equals_the_local_run(killed_run, local_run):
   import jax
 
   import bertjax
 
-  workdir = gcs.url_of("runs/killed")
-  if not files.exists(files.join(workdir, "config.json")):
-    pytest.skip("needs the run of test_killed_and_rerun_on_gcs_matches_a_local_run")
+  workdir, _ = killed_run  # trained on gs://, read there in place
   remote, local = bertjax.load_pretrained(workdir), bertjax.load_pretrained(local_run)
   jax.tree.map(np.testing.assert_array_equal, remote.params, local.params)
   assert remote.tokenizer.tokenize("the quick fox") == local.tokenizer.tokenize("the quick fox")
