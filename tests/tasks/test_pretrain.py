@@ -161,7 +161,8 @@ def test_static_masking_from_the_config_runs_and_resumes_exactly(uninterrupted, 
   data = str(tmp_path / "data")
   shutil.copytree(prepared_dir, data)
   static = {"data.dir": data, "data.static": True, "data.static_dupe_factor": 2,
-            "train.total_steps": 80, "train.long_from_step": 40, "eval.every_steps": 40}
+            "train.total_steps": 40, "train.long_from_step": 20, "eval.every_steps": 20,
+            "checkpoint.every_steps": 10}
   whole = str(tmp_path / "whole")
   _run(_args(whole, data, **static), _env())
   assert sorted(n for n in os.listdir(data) if n.endswith("_info.json")) == [
@@ -169,18 +170,18 @@ def test_static_masking_from_the_config_runs_and_resumes_exactly(uninterrupted, 
   built = {n: os.path.getmtime(os.path.join(data, n)) for n in os.listdir(data)
            if n.startswith("instances") and n.endswith(".array_record")}
   expected = {step: values[0] for step, values in _losses(whole).items()}
-  assert sorted(expected) == list(range(1, 81))
+  assert sorted(expected) == list(range(1, 41))
   # Step 1 (learning rate 0) is the same model on another batch than the
   # dynamic pipeline's: the static instances were read.
   assert expected[1] != _losses(uninterrupted)[1][0]
 
   workdir = str(tmp_path / "killed")
   args = _args(workdir, data, **static)
-  code, _ = _start_and_stop(args, _env(), workdir, 50, signal.SIGKILL)
+  code, _ = _start_and_stop(args, _env(), workdir, 25, signal.SIGKILL)
   assert code == -signal.SIGKILL
   _run(args, _env())
   losses = _losses(workdir)
-  assert sorted(losses) == list(range(1, 81))
+  assert sorted(losses) == list(range(1, 41))
   for step, values in losses.items():
     assert values == [expected[step]] * len(values), step
   assert {n: os.path.getmtime(os.path.join(data, n)) for n in built} == built  # reused
