@@ -121,7 +121,7 @@ def loader_config(config: ml_collections.ConfigDict, data_dir: str, phase: Phase
       short_seq_prob=data.short_seq_prob, seed=config.seed + 1000 * phase.index + seed_offset,
       shuffle_window=data.shuffle_window, worker_count=data.worker_count, split=split,
       eval_percent=data.eval_percent, host_sharding=data.host_sharding,
-      static=bool(data.get("static", False)) and split == "train")
+      static=data.static and split == "train")
 
 
 def prepare_data(config: ml_collections.ConfigDict, workdir: str) -> str:
