@@ -270,7 +270,7 @@ def add_span_bilstm(bundle: Pretrained, seed: int = 0) -> Pretrained:
                       bundle.has_pooler)
   fresh = nn.meta.unbox(init_params(model, jax.random.key(seed)))
   looped = to_layout(jax.device_get(bundle.params), False)
-  params = {**fresh, **{name: value for name, value in looped.items()}}
+  params = {**fresh, **looped}  # every trained weight kept; the BiLSTM's are new
   logger.info("initialised randomly: %s", ", ".join(
       jax.tree_util.keystr(path) for path, _ in
       jax.tree_util.tree_leaves_with_path(fresh["span_bilstm"])))
