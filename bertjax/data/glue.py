@@ -4,16 +4,17 @@ Each task reads its train, dev and test files in the layout of GLUE's
 `download_glue_data.py` (the files the original BERT code reads), with the
 original's columns and label sets; AX, the diagnostic set, is test-only and is
 predicted with the MNLI model. Rows that do not fit the layout (too few
-columns, a label outside the set, an unparsable score) are skipped, counted by
-reason and reported with the file and line of the first few; nothing is
-dropped silently. TSV fields are taken verbatim (`csv`'s QUOTE_NONE), as the
-original reader does.
+columns, a label outside the set, a score that is not a number, not finite
+or outside STS-B's 0 to 5) are skipped, counted by reason and reported with
+the file and line of the first few; nothing is dropped silently. TSV fields
+are taken verbatim (`csv`'s QUOTE_NONE), as the original reader does.
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+import math
 import os
 import sys
 from typing import Any, Sequence
@@ -56,6 +57,7 @@ class TaskSpec:
     test_columns: (text_a, text_b or None) of test rows.
     tfds_name: The TFDS dataset, and its text features.
     submission: The file name of the GLUE server's predictions.
+    score_range: The (lowest, highest) score of a regression task.
   """
 
   name: str
@@ -67,6 +69,7 @@ class TaskSpec:
   tfds_name: str
   tfds_features: tuple[str, str | None]
   submission: dict[str, str]
+  score_range: tuple[float, float] | None = None
 
   @property
   def is_regression(self) -> bool:
@@ -90,7 +93,8 @@ TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in (
              tfds_features=("sentence1", "sentence2"), submission={"test": "MRPC.tsv"}),
     TaskSpec("stsb", None, _STANDARD, header=True, columns=(7, 8, -1),
              test_columns=(7, 8), tfds_name="glue/stsb",
-             tfds_features=("sentence1", "sentence2"), submission={"test": "STS-B.tsv"}),
+             tfds_features=("sentence1", "sentence2"), submission={"test": "STS-B.tsv"},
+             score_range=(0.0, 5.0)),
     TaskSpec("qqp", _BINARY, _STANDARD, header=True, columns=(3, 4, 5),
              test_columns=(1, 2), tfds_name="glue/qqp",
              tfds_features=("question1", "question2"), submission={"test": "QQP.tsv"}),
@@ -212,6 +216,14 @@ def read_tsv(spec: TaskSpec, task_dir: str, split: str,
           label = float(raw)
         except ValueError:
           report.skip(where, "a score that is not a number")
+          continue
+        # float() reads "nan" and "inf"; either would make the loss NaN.
+        if not math.isfinite(label):
+          report.skip(where, "a score that is not finite")
+          continue
+        low, high = spec.score_range or (-math.inf, math.inf)
+        if not low <= label <= high:
+          report.skip(where, f"a score outside {low:g} to {high:g}")
           continue
       elif raw not in spec.labels:
         report.skip(where, "a label outside " + "/".join(spec.labels))

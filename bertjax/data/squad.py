@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -100,8 +101,9 @@ def read_examples(source: str | dict[str, Any], is_training: bool,
   """The examples of SQuAD data: a JSON file (v1.1 or v2.0) or its parsed dict.
 
   Training needs one answer per answerable question whose offsets point at its
-  text; questions whose answer cannot be found there are skipped and counted,
-  as the original did. Evaluation keeps every question with all its answers.
+  text; questions whose answer cannot be found there, or is blank, are skipped
+  and counted, as the original did. Evaluation keeps every question with all
+  its answers.
 
   Args:
     source: A path, or the data as a dict (`{"data": [...]}`).
@@ -110,8 +112,10 @@ def read_examples(source: str | dict[str, Any], is_training: bool,
     name: What to call a dict source in messages.
 
   Raises:
-    ValueError: naming the file and the article, paragraph and question of a
-      record without the fields SQuAD has.
+    ValueError: naming the file, the article, paragraph and question (with the
+      article's title and the question's id) of a record without the fields
+      SQuAD has or with a field of the wrong type (a null context, a question
+      that is not text, an `answer_start` that is not an integer).
   """
   if isinstance(source, dict):
     data, path = source, name or "<SQuAD data>"
@@ -120,52 +124,140 @@ def read_examples(source: str | dict[str, Any], is_training: bool,
   own_report = report is None
   report = report or SkipReport()
   examples = []
-  for a, article in enumerate(data["data"]):
-    for p, paragraph in enumerate(_field(article, "paragraphs", path, f"data[{a}]")):
-      where = f"{path}: data[{a}].paragraphs[{p}]"
-      context = _field(paragraph, "context", path, where)
-      words, char_to_word = split_passage(context)
-      for q, qa in enumerate(_field(paragraph, "qas", path, where)):
-        qwhere = f"{where}.qas[{q}]"
-        qas_id = str(_field(qa, "id", path, qwhere))
-        question = _field(qa, "question", path, qwhere)
-        answers = _field(qa, "answers", path, qwhere)
-        is_impossible = bool(qa.get("is_impossible", False))
-        example = Example(qas_id, question, words,
-                          [str(_field(x, "text", path, qwhere)) for x in answers],
-                          is_impossible=is_impossible)
-        if is_training and not is_impossible:
-          if not answers:
-            report.skip(qwhere, "no answer to train on (and not marked is_impossible)")
-            continue
-          answer = answers[0]
-          text = str(_field(answer, "text", path, qwhere))
-          start = _field(answer, "answer_start", path, qwhere)
-          if not isinstance(start, int) or not 0 <= start < len(context) or not text:
-            report.skip(qwhere, "answer_start outside the context")
-            continue
-          end_char = start + len(text) - 1
-          if end_char >= len(char_to_word):
-            report.skip(qwhere, "answer runs past the context")
-            continue
-          first, last = char_to_word[start], char_to_word[end_char]
-          actual = " ".join(words[first:last + 1])
-          if actual.find(" ".join(text.split())) == -1:
-            report.skip(qwhere, "answer text not found at its answer_start")
-            continue
-          example.orig_answer_text = text
-          example.start_position, example.end_position = first, last
-        examples.append(example)
+  for context, questions in iter_paragraphs(data, path):
+    words, char_to_word = split_passage(context)
+    for question in questions:
+      example = Example(question.qas_id, question.text, words,
+                        [answer["text"] for answer in question.answers],
+                        is_impossible=question.is_impossible)
+      if is_training and not question.is_impossible:
+        located = _locate_answer(question, context, words, char_to_word, path)
+        if isinstance(located, str):
+          report.skip(_place(path, question.where, question.note), located)
+          continue
+        example.orig_answer_text, example.start_position, example.end_position = located
+      examples.append(example)
   if own_report:
     report.log(path, len(examples), "questions")
   return examples
 
 
-def _field(record: Any, key: str, path: str, where: str) -> Any:
-  if not isinstance(record, dict) or key not in record:
-    raise ValueError(f"{where if where.startswith(path) else path + ': ' + where}: "
-                     f"missing {key!r}")
-  return record[key]
+@dataclasses.dataclass
+class Question:
+  """One record of a paragraph's "qas", its fields checked.
+
+  Attributes:
+    where: Its place in the file (`data[a].paragraphs[p].qas[q]`).
+    note: Its article's title and its id, to show before `where`.
+    qas_id: The question's id.
+    text: The question.
+    answers: The answer records, each with a string "text".
+    is_impossible: SQuAD v2.0's unanswerable question.
+  """
+
+  where: str
+  note: str
+  qas_id: str
+  text: str
+  answers: list[dict[str, Any]]
+  is_impossible: bool
+
+
+def iter_paragraphs(data: Any, path: str) -> Iterator[tuple[str, list[Question]]]:
+  """(context, questions) of each paragraph of SQuAD data, every field
+  the readers use checked for presence and type.
+
+  Args:
+    data: The parsed JSON (`{"data": [...]}`).
+    path: The file, for messages.
+
+  Raises:
+    ValueError: naming the file and the place of the first malformed record.
+  """
+  articles = data.get("data") if isinstance(data, dict) else None
+  if not isinstance(articles, list):
+    raise ValueError(f'{path}: no top-level "data" list of articles; give a SQuAD v1.1 or '
+                     "v2.0 JSON file")
+  for a, article in enumerate(articles):
+    title = article.get("title") if isinstance(article, dict) else None
+    article_note = f"article {title!r}" if isinstance(title, str) else ""
+    for p, paragraph in enumerate(
+        _field(article, "paragraphs", list, path, f"data[{a}]", article_note)):
+      where = f"data[{a}].paragraphs[{p}]"
+      context = _field(paragraph, "context", str, path, where, article_note)
+      questions = []
+      for q, qa in enumerate(_field(paragraph, "qas", list, path, where, article_note)):
+        qwhere = f"{where}.qas[{q}]"
+        qas_id = _field(qa, "id", (str, int), path, qwhere, article_note)
+        note = ", ".join(filter(None, (article_note, f"question {str(qas_id)!r}")))
+        text = _field(qa, "question", str, path, qwhere, note)
+        answers = _field(qa, "answers", list, path, qwhere, note)
+        for i, answer in enumerate(answers):
+          _field(answer, "text", str, path, f"{qwhere}.answers[{i}]", note)
+        is_impossible = qa.get("is_impossible", False)
+        if not isinstance(is_impossible, bool):
+          raise ValueError(f"{_place(path, qwhere, note)}: 'is_impossible' is "
+                           f"{_shown(is_impossible)}, not true or false; write it as a JSON "
+                           "boolean")
+        questions.append(Question(qwhere, note, str(qas_id), text, answers, is_impossible))
+      yield context, questions
+
+
+def _locate_answer(question: Question, context: str, words: Sequence[str],
+                   char_to_word: Sequence[int], path: str) -> tuple[str, int, int] | str:
+  """(answer text, first word, last word) of a question's first answer, or why
+  it cannot be trained on."""
+  if not question.answers:
+    return "no answer to train on (and not marked is_impossible)"
+  answer = question.answers[0]
+  text = answer["text"]
+  start = _field(answer, "answer_start", int, path, f"{question.where}.answers[0]",
+                 question.note)
+  if not text.strip():
+    return "blank answer text"
+  if not 0 <= start < len(context):
+    return "answer_start outside the context"
+  end_char = start + len(text) - 1
+  if end_char >= len(char_to_word):
+    return "answer runs past the context"
+  first, last = char_to_word[start], char_to_word[end_char]
+  actual = " ".join(words[first:last + 1])
+  if actual.find(" ".join(text.split())) == -1:
+    return "answer text not found at its answer_start"
+  return text, first, last
+
+
+def _place(path: str, where: str, note: str) -> str:
+  """`path: note at where` (`train.json: article 'Normans', question '56dd' at
+  data[0].paragraphs[0].qas[1]`), without the parts that are empty."""
+  place = f"{note} at {where}" if note else where
+  return f"{path}: {place}" if path else place
+
+
+def _shown(value: Any) -> str:
+  """A value as the JSON file writes it, cut to 40 characters."""
+  shown = json.dumps(value, ensure_ascii=False, default=repr)
+  return shown if len(shown) <= 40 else shown[:37] + "..."
+
+
+_JSON_TYPES = {str: "a string", int: "an integer", list: "a list", dict: "an object"}
+
+
+def _field(record: Any, key: str, kind: type | tuple[type, ...], path: str, where: str,
+           note: str = "") -> Any:
+  """`record[key]`, which must be of type `kind`."""
+  place = _place(path, where, note)
+  if not isinstance(record, dict):
+    raise ValueError(f"{place}: expected an object with {key!r}, got {_shown(record)}; "
+                     "fix or remove the record")
+  if key not in record:
+    raise ValueError(f"{place}: missing {key!r}")
+  value = record[key]
+  kinds = kind if isinstance(kind, tuple) else (kind,)
+  if isinstance(value, bool) or not isinstance(value, kinds):
+    raise ValueError(f"{place}: {key!r} is {_shown(value)}, not "
+                     f"{' or '.join(_JSON_TYPES[k] for k in kinds)}; fix or remove the record")
+  return value
 
 
 def _improve_answer_span(doc_pieces: Sequence[int], start: int, end: int,

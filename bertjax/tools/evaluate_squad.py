@@ -16,6 +16,7 @@ import json
 import sys
 
 from bertjax import files
+from bertjax.data import squad as squad_data
 from bertjax.evaluation import squad
 
 
@@ -48,8 +49,11 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
   args = _parse_args(sys.argv[1:] if argv is None else argv)
   data = _load_json(args.data_file, "Data file")
-  if not isinstance(data, dict) or not isinstance(data.get("data"), list):
-    raise SystemExit(f"{args.data_file}: not SQuAD data (no top-level \"data\" list)")
+  try:
+    for _ in squad_data.iter_paragraphs(data, args.data_file):
+      pass  # every record the scorer reads has its fields, of their types
+  except ValueError as e:
+    raise SystemExit(f"malformed SQuAD data: {e}") from None
   predictions = _load_json(args.pred_file, "Prediction file")
   if not isinstance(predictions, dict):
     raise SystemExit(f"{args.pred_file}: predictions must be a JSON object id -> answer")
