@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import struct
 from typing import Any
@@ -154,8 +155,9 @@ def read_safetensors(path: str) -> dict[str, np.ndarray]:
   """All tensors of a safetensors file, as numpy arrays (bfloat16 included).
 
   Raises:
-    ValueError naming the file (and the tensor, when its data is cut off) for a
-    truncated or malformed file.
+    ValueError naming the file, and the tensor when its header entry is at
+    fault (an unknown dtype, a negative or fractional size, offsets outside the
+    file's data or not matching the shape), for a truncated or malformed file.
   """
   size = os.path.getsize(path)
   with open(path, "rb") as f:
@@ -177,25 +179,55 @@ def read_safetensors(path: str) -> dict[str, np.ndarray]:
   buffer = np.memmap(path, dtype=np.uint8, mode="r")
   tensors = {}
   for name, info in header.items():
-    try:
-      dtype = np.dtype(_SAFETENSORS_DTYPES[info["dtype"]])
-      begin, end = info["data_offsets"]
-      shape = tuple(info["shape"])
-    except (KeyError, TypeError, ValueError):
-      raise ValueError(f"{path}: tensor {name} has a malformed header entry {info!r}") from None
-    if data_start + end > size:
-      raise ValueError(f"{path}: truncated safetensors file: tensor {name} needs bytes "
-                       f"up to {data_start + end}, the file has {size}")
-    if end - begin != int(np.prod(shape)) * dtype.itemsize:
-      raise ValueError(f"{path}: tensor {name} of shape {shape} and dtype {info['dtype']} "
-                       f"does not match its {end - begin} bytes")
+    dtype, shape, begin, end = _tensor_entry(path, name, info, data_start, size)
     raw = buffer[data_start + begin:data_start + end]
     tensors[name] = np.frombuffer(raw, dtype).reshape(shape)
   return tensors
 
 
+def _is_count(value: Any) -> bool:
+  """Whether a header value is a whole number of at least 0 (JSON `true` is not)."""
+  return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _tensor_entry(path: str, name: str, info: Any, data_start: int,
+                  size: int) -> tuple[np.dtype, tuple[int, ...], int, int]:
+  """(dtype, shape, begin, end) of a safetensors header entry, each checked:
+  the data of a tensor lies within the file's data, after the header, and holds
+  exactly its shape's elements."""
+  if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
+    raise ValueError(f"{path}: tensor {name} has a malformed header entry {info!r} (it needs "
+                     "dtype, shape and data_offsets)")
+  if not isinstance(info["dtype"], str) or info["dtype"] not in _SAFETENSORS_DTYPES:
+    raise ValueError(f"{path}: tensor {name} has dtype {info['dtype']!r}, which bertjax does "
+                     f"not read ({', '.join(_SAFETENSORS_DTYPES)}); convert it to F32")
+  dtype = np.dtype(_SAFETENSORS_DTYPES[info["dtype"]])
+  shape, offsets = info["shape"], info["data_offsets"]
+  if not isinstance(shape, list) or not all(_is_count(n) for n in shape):
+    raise ValueError(f"{path}: tensor {name} has shape {shape!r}, not a list of sizes of at "
+                     "least 0; the file is corrupt, download or export it again")
+  if (not isinstance(offsets, list) or len(offsets) != 2 or not all(map(_is_count, offsets))
+      or offsets[0] > offsets[1]):
+    raise ValueError(f"{path}: tensor {name} has data_offsets {offsets!r}, not [begin, end] "
+                     "with 0 <= begin <= end; the file is corrupt, download or export it again")
+  begin, end = offsets
+  if data_start + end > size:
+    raise ValueError(f"{path}: truncated safetensors file: tensor {name} needs bytes "
+                     f"up to {data_start + end}, the file has {size}")
+  if end - begin != math.prod(shape) * dtype.itemsize:
+    raise ValueError(f"{path}: tensor {name} of shape {tuple(shape)} and dtype "
+                     f"{info['dtype']} does not match its {end - begin} bytes")
+  return dtype, tuple(shape), begin, end
+
+
 def read_weights(directory: str) -> tuple[dict[str, np.ndarray], str]:
-  """Reads the weights of a reference directory; returns (tensors, source file)."""
+  """Reads the weights of a reference directory; returns (tensors, source file).
+
+  Raises:
+    ValueError: for a malformed weight file, or an index that names a shard
+      outside `directory` (an absolute path, or one through `..`).
+    FileNotFoundError: for a missing weight file or shard.
+  """
   index = os.path.join(directory, SAFETENSORS_INDEX_FILE)
   single = os.path.join(directory, SAFETENSORS_FILE)
   if os.path.isfile(single):
@@ -205,8 +237,9 @@ def read_weights(directory: str) -> tuple[dict[str, np.ndarray], str]:
     if not isinstance(weight_map, dict):
       raise ValueError(f"{index}: no 'weight_map' object")
     tensors = {}
-    for shard in sorted(set(weight_map.values())):
-      shard_path = os.path.join(directory, str(shard))
+    shards = {_shard_file(index, tensor, shard) for tensor, shard in weight_map.items()}
+    for shard in sorted(shards):
+      shard_path = os.path.join(directory, shard)
       if not os.path.isfile(shard_path):
         raise FileNotFoundError(f"{index}: shard {shard} is missing")
       tensors.update(read_safetensors(shard_path))
@@ -219,6 +252,20 @@ def read_weights(directory: str) -> tuple[dict[str, np.ndarray], str]:
     return _read_pickle(pickle), pickle
   raise FileNotFoundError(f"{directory}: no {SAFETENSORS_FILE}, {SAFETENSORS_INDEX_FILE} "
                           f"or {PICKLE_FILE}")
+
+
+def _shard_file(index: str, tensor: str, shard: Any) -> str:
+  """The file an index maps `tensor` to, which must lie in the index's
+  directory: a relative name without `..` (an index could otherwise make the
+  loader read any file)."""
+  if not isinstance(shard, str) or not shard:
+    raise ValueError(f"{index}: tensor {tensor} is mapped to {shard!r}, not a shard file name")
+  parts = shard.replace("\\", "/").split("/")  # a Windows-written name too
+  if os.path.isabs(shard) or not parts[0] or ".." in parts:
+    raise ValueError(f"{index}: shard {shard!r} (of tensor {tensor}) is outside the model "
+                     "directory; an index names its shards relative to its own directory, "
+                     "without '..'")
+  return shard
 
 
 def _read_pickle(path: str) -> dict[str, np.ndarray]:

@@ -2,15 +2,19 @@
 place in it, or skipped and counted in the reader's summary; none is read as
 data.
 
-SQuAD JSON and GLUE STS-B scores.
+SQuAD JSON, GLUE STS-B scores, safetensors headers and the shard names of a
+`model.safetensors.index.json`.
 """
 
 import json
+import struct
 
+import numpy as np
 import pytest
 
 from bertjax.data import glue, squad
 from bertjax.data.skips import SkipReport
+from bertjax.interop import hf
 from bertjax.tools import evaluate_squad
 
 CONTEXT = "The Normans were the people who gave their name to Normandy, a region in France."
@@ -127,3 +131,54 @@ def test_stsb_scores_that_are_not_finite_or_outside_0_to_5_are_skipped_and_count
   path = tmp_path / "train.tsv"
   located = [example.split(": ")[0] for example in report.examples]
   assert located == [f"{path}:{line}" for line in (3, 4, 5, 6, 7, 8)]
+
+
+def _safetensors(path, header, data=b""):
+  raw = json.dumps(header).encode()
+  path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+  return str(path)
+
+
+SIXTEEN_BYTES = np.arange(4, dtype=np.float32).tobytes()
+
+
+@pytest.mark.parametrize("entry", [
+    {"dtype": "F32", "shape": [-2, -2], "data_offsets": [0, 16]},  # (-2) * (-2) * 4 = 16
+    {"dtype": "F32", "shape": [-4], "data_offsets": [16, 0]},  # -4 * 4 = 0 - 16
+    {"dtype": "F32", "shape": ["4"], "data_offsets": [0, 16]},
+    {"dtype": "F32", "shape": [4.0], "data_offsets": [0, 16]},
+    {"dtype": "F32", "shape": [4], "data_offsets": [0.0, 16.0]},
+    # Reaches back into the header: 16 bytes, but 8 of them are not the tensor's.
+    {"dtype": "F32", "shape": [4], "data_offsets": [-8, 8]},
+])
+def test_malformed_safetensors_entry_names_file_and_tensor(tmp_path, entry):
+  path = _safetensors(tmp_path / "model.safetensors", {"bert.pooler.dense.bias": entry},
+                      SIXTEEN_BYTES)
+  with pytest.raises(ValueError) as error:
+    hf.read_safetensors(path)
+  message = str(error.value)
+  assert path in message and "bert.pooler.dense.bias" in message, message
+
+
+def _sharded_directory(tmp_path, shard_name):
+  """A model directory whose index names `shard_name`, with a readable
+  safetensors file at the place that name points to."""
+  model = tmp_path / "model"
+  (model / "sub").mkdir(parents=True)
+  outside = tmp_path / "outside.safetensors"
+  _safetensors(outside, {"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}},
+               SIXTEEN_BYTES)
+  name = str(outside) if shard_name == "ABSOLUTE" else shard_name
+  (model / hf.SAFETENSORS_INDEX_FILE).write_text(json.dumps(
+      {"metadata": {}, "weight_map": {"w": name}}))
+  return str(model), name
+
+
+@pytest.mark.parametrize("shard_name", ["../outside.safetensors", "ABSOLUTE",
+                                        "sub/../../outside.safetensors"])
+def test_index_naming_a_shard_outside_the_model_directory_is_refused(tmp_path, shard_name):
+  directory, name = _sharded_directory(tmp_path, shard_name)
+  with pytest.raises(ValueError) as error:
+    hf.read_weights(directory)
+  message = str(error.value)
+  assert hf.SAFETENSORS_INDEX_FILE in message and name in message, message
