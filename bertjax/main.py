@@ -29,7 +29,7 @@ from absl import app, flags, logging
 import jax
 from ml_collections import config_flags
 
-from bertjax import metrics, tasks
+from bertjax import metrics, tasks, usage
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (get_config(arg)); "
                                           "`path.py:arg` passes an argument.",
@@ -55,7 +55,7 @@ def _on_cloud_tpu() -> bool:
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    usage.fail(f"unexpected arguments {argv[1:]}: settings go in --config.<field>=<value>")
   metrics.quiet_checkpoint_logs()  # orbax's INFO lines only with --verbosity=1
   if _COORDINATOR.value or _NUM_PROCESSES.value:
     jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
@@ -65,13 +65,9 @@ def main(argv):
                jax.process_count(), jax.local_device_count(), jax.device_count())
 
   config = _CONFIG.value
-  try:
-    task = tasks.task_module(config.task)
-  except ValueError as e:
-    raise app.UsageError(str(e)) from None
-  # The task saves the resolved config to <workdir>/config.json first.
-  task.run(config, _WORKDIR.value)
+  # A usage error (a setting to change, a missing file) ends as one line.
+  usage.run(lambda: tasks.task_module(config.task).run(config, _WORKDIR.value))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=usage.parse_flags)

@@ -40,6 +40,8 @@ from typing import Any
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from bertjax import usage
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Pre-training config file.",
                                           lock_config=True)
 _TOPOLOGY = flags.DEFINE_string("topology", None, "gcloud accelerator type (v4-32, "
@@ -577,26 +579,11 @@ def summary_line(key: str, result: dict[str, Any], report: dict[str, Any]) -> st
   return line
 
 
-def _parse_flags(argv: list[str]) -> list[str]:
-  """absl's parsing, with a flag mistake as a one-line usage error (exit 2)."""
-  try:
-    return flags.FLAGS(argv)
-  except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
-    # config_flags raises AttributeError for an unknown --config.* field.
-    message = str(e.args[0]) if e.args else str(e)
-    message = message.replace("\\n", " ").replace("\\'", "'")
-    if len(message) > 1 and message[0] == message[-1] == "'":
-      message = message[1:-1]
-    print(f"error: {' '.join(message.split())}", file=sys.stderr)
-    sys.exit(2)
-
-
 def main(argv):
   import jax
 
   if len(argv) > 1:
-    print(f"error: unexpected arguments {argv[1:]}", file=sys.stderr)
-    sys.exit(2)
+    usage.fail(f"unexpected arguments {argv[1:]}")
   # The chips are libtpu's description of the slice: never claim a local TPU
   # (a run may be using it) or wait for one, and let other processes load
   # libtpu meanwhile (it takes a lock for the chips otherwise).
@@ -606,11 +593,10 @@ def main(argv):
     report = run(_CONFIG.value, _TOPOLOGY.value, _NUM_SLICES.value, _FIND_MAX_BATCH.value,
                  _EVAL.value)
   except UsageError as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+    usage.fail(str(e))
   print(json.dumps(report), flush=True)
   sys.exit(0 if report["fits"] else 1)
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=_parse_flags)
+  app.run(main, flags_parser=usage.parse_flags)
