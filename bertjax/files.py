@@ -16,7 +16,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import secrets
 import shutil
+import socket
 import tempfile
 from typing import Any, Callable, Iterable, Iterator
 
@@ -103,6 +106,18 @@ def open_text(path: str, newline: str | None = None) -> Iterator[Any]:
       yield f
 
 
+def staging_name(path: str) -> str:
+  """A name beside `path` to write it under before renaming it into place.
+
+  Unique per host, process and call (`.NAME.tmp-HOST-PID-RANDOM`): hosts that
+  share a file system never write to the same staging file, and readers that
+  list a directory skip it (its name starts with a dot and holds ".tmp").
+  """
+  directory, name = os.path.split(os.fspath(path))
+  host = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())[:64] or "host"
+  return os.path.join(directory, f".{name}.tmp-{host}-{os.getpid()}-{secrets.token_hex(4)}")
+
+
 def upload(local: str, remote: str) -> None:
   """Copies a local file to a URL."""
   from etils import epath
@@ -126,7 +141,7 @@ def download(remote: str, local: str, mtime: float | None = None) -> None:
   """Copies a remote file to `local` (written under a temporary name, then
   renamed), with the remote's modification time when given."""
   os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
-  staging = f"{local}.tmp-{os.getpid()}"
+  staging = staging_name(local)
   try:
     with _epath(remote).open("rb") as source, open(staging, "wb") as target:
       shutil.copyfileobj(source, target, 16 << 20)
@@ -202,10 +217,15 @@ def write_bytes(path: str, data: bytes) -> None:
   if is_remote(path):
     _epath(path).write_bytes(data)
     return
-  staging = f"{path}.tmp-{os.getpid()}"
-  with open(staging, "wb") as f:
-    f.write(data)
-  os.replace(staging, path)
+  staging = staging_name(path)
+  try:
+    with open(staging, "wb") as f:
+      f.write(data)
+    os.replace(staging, path)
+  except BaseException:
+    if os.path.exists(staging):
+      os.remove(staging)
+    raise
 
 
 def write_text(path: str, text: str) -> None:
@@ -261,7 +281,7 @@ def atomic_directory(out_dir: str, overwrite: bool = False,
                           "pass overwrite=True")
   parent = os.path.dirname(out_dir)
   os.makedirs(parent, exist_ok=True)
-  staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=parent)
+  staging = tempfile.mkdtemp(prefix=os.path.basename(staging_name(out_dir)) + "-", dir=parent)
   try:
     yield staging
     # mkdtemp makes a private (0700) directory; give it the usual permissions.

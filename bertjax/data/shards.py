@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from bertjax import files
 from bertjax.data.corpus import CorpusStats
 
 INFO_FILE = "dataset_info.json"
@@ -67,7 +68,7 @@ def shard_writer(path: str) -> Iterator[Any]:
   """
   from array_record.python.array_record_module import ArrayRecordWriter
 
-  staging = f"{path}.tmp-{os.getpid()}"
+  staging = files.staging_name(path)
   writer = ArrayRecordWriter(staging, "group_size:1")  # records are read at random
   try:
     yield writer
@@ -86,9 +87,10 @@ def shard_writer(path: str) -> Iterator[Any]:
 def mark_finished(shard_path: str, stats: dict[str, Any]) -> None:
   """Writes a shard's stats (atomically): the shard is complete."""
   path = stats_path(shard_path)
-  with open(path + ".tmp", "w", encoding="utf-8") as f:
+  staging = files.staging_name(path)
+  with open(staging, "w", encoding="utf-8") as f:
     json.dump(stats, f)
-  os.replace(path + ".tmp", path)
+  os.replace(staging, path)
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -147,7 +149,7 @@ def decode_instance(record: bytes) -> tuple[np.ndarray, int, int, np.ndarray, np
 def write_info(directory: str, info: dict[str, Any], name: str = INFO_FILE) -> None:
   """Writes `dataset_info.json` (or another info file) atomically."""
   path = os.path.join(directory, name)
-  staging = f"{path}.tmp-{os.getpid()}"
+  staging = files.staging_name(path)
   with open(staging, "w", encoding="utf-8") as f:
     json.dump({"format": FORMAT, "format_version": FORMAT_VERSION, **info}, f, indent=2)
   os.replace(staging, path)
@@ -155,8 +157,6 @@ def write_info(directory: str, info: dict[str, Any], name: str = INFO_FILE) -> N
 
 def read_info(directory: str) -> dict[str, Any]:
   """The `dataset_info.json` of a prepared directory, checked."""
-  from bertjax import files
-
   path = os.path.join(directory, INFO_FILE)
   if not files.exists(path):
     raise FileNotFoundError(f"{directory}: no {INFO_FILE}; not a prepared pre-training "
@@ -177,7 +177,6 @@ def complete_shards(directory: str, kind: str = "documents") -> list[str]:
   """
   info = read_info(directory)
   if kind != "documents":  # static instances: `static_kind`
-    from bertjax import files
     path = os.path.join(directory, f"{kind}_info.json")
     if not files.exists(path):
       older = (" (its instances_info.json is from an older bertjax: rebuild)"
@@ -189,8 +188,6 @@ def complete_shards(directory: str, kind: str = "documents") -> list[str]:
     info = files.read_json(path)
   count = info["num_shards"]
   paths = [os.path.join(directory, shard_name(i, count, kind)) for i in range(count)]
-  from bertjax import files
-
   missing = [os.path.basename(p) for p in paths if not files.exists(stats_path(p))]
   if missing:
     raise ValueError(f"{directory}: {len(missing)} of {count} shards are missing or "
@@ -210,8 +207,6 @@ def local_directory(directory: str, names: Callable[[str], bool] | None = None) 
   Args:
     names: Which files to copy (default: all but temporary ones).
   """
-  from bertjax import files
-
   if not files.is_remote(directory):
     return directory
   local = files.cache_path(directory)
