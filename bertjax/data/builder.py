@@ -7,18 +7,23 @@ to the shard under a temporary name, renamed when complete; its `CorpusStats`
 beside it mark it finished. Shards run in parallel worker processes (one core
 each) and, on several hosts, by shard index modulo the host count. The command
 line is `python -m bertjax.tools.prepare_pretraining_data`.
+
+Nothing is marked finished unless the host's shards hold a usable document:
+a shard with none is marked only once another has one. A dataset that
+replaces another (`overwrite`) is built in a staging directory beside it and
+moved in only then, so input that turns out unusable leaves the old one whole.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import multiprocessing
 import os
 import queue
 import shutil
-import sys
 import tempfile
 from typing import Any
 
@@ -27,30 +32,66 @@ import numpy as np
 
 from bertjax import files
 from bertjax.data import corpus, shards
+from bertjax.data.progress import Progress
 
 _SENTENCE_BATCH = 4096  # sentences per call of the Rust tokenizer
 
 
-def _documents(task: dict[str, Any], stats: corpus.CorpusStats):
-  """The raw documents of one shard's task."""
+_STALE = ("documents-", "instances")  # a dataset's shards, every length's instances
+
+
+class NoDocumentsError(ValueError):
+  """The input holds no usable document; no shard was marked finished.
+
+  Attributes:
+    line: One line naming the input, the cause and what became of the output.
+    stats: The account of every file, document and line (`summary()`).
+  """
+
+  def __init__(self, spec: str, stats: corpus.CorpusStats, outcome: str, where: str = ""):
+    skipped = sum(stats.files_skipped.values())
+    cause = (f"all {skipped} input files were skipped" if skipped and not stats.files_read
+             else f"{stats.documents_read} documents read, none usable")
+    self.line = f"{spec}: no usable document{where} ({cause}); {outcome}"
+    self.stats = stats
+    super().__init__(f"{self.line}\n{stats.summary()}")
+
+
+def _documents(task: dict[str, Any], stats: corpus.CorpusStats, progress):
+  """The raw documents of one shard's task; `progress(n)` counts the input
+  read (bytes of files, records of TFDS, documents of the demo corpus)."""
   source = task["source"]
   if source["kind"] == "files":
     for file_range in source["ranges"]:
       yield from corpus.read_range(corpus.FileRange(*file_range), task["file_format"],
-                                   stats, task["max_line_chars"])
+                                   stats, task["max_line_chars"], progress)
   elif source["kind"] == "tfds":
     data = corpus.tfds_source(source["name"], source["split"], source["data_dir"])
     yield from corpus.tfds_documents(data, source["start"], source["end"], stats,
-                                     task["max_line_chars"])
+                                     task["max_line_chars"], progress)
   else:  # demo: every worker parses the (small) corpus and keeps its share.
     for index, document in enumerate(corpus.stdlib_documents()):
       if index % task["num_shards"] == task["shard"]:
         stats.documents_read += 1
+        progress(1)
         yield document
 
 
+def _work(source: dict[str, Any]) -> int | None:
+  """How much input a shard reads, in `_documents`' progress units, if known."""
+  if source["kind"] == "files":
+    return sum(end - start for _, start, end, *_ in source["ranges"])
+  if source["kind"] == "tfds":
+    return source["end"] - source["start"]
+  return None
+
+
 def build_shard(task: dict[str, Any], progress=None) -> dict[str, Any]:
-  """Tokenises one shard's documents into its array_record file; returns stats."""
+  """Tokenises one shard's documents into its array_record file; returns stats.
+
+  A shard with a usable document is marked finished; an empty one is left for
+  the caller to mark once it knows the dataset is not empty.
+  """
   from bertjax.data.tokenizers import tokenizer_from_settings
 
   tokenizer = tokenizer_from_settings(task["output_dir"], task["tokenizer"])
@@ -59,7 +100,8 @@ def build_shard(task: dict[str, Any], progress=None) -> dict[str, Any]:
   path = os.path.join(task["output_dir"], shards.shard_name(task["shard"],
                                                             task["num_shards"]))
   pending: list[list[str]] = []
-  reported = [0, 0]
+  read = [0]  # input read, in `_documents`' units
+  reported = [0, 0, 0]  # input, documents, tokens
 
   def flush(writer):
     sentences = [s for document in pending for s in document]
@@ -80,20 +122,25 @@ def build_shard(task: dict[str, Any], progress=None) -> dict[str, Any]:
       stats.tokens += sum(len(p) for p in pieces)
     pending.clear()
     if progress is not None:
-      progress.put((stats.documents_read - reported[0], stats.tokens - reported[1]))
-      reported[:] = [stats.documents_read, stats.tokens]
+      progress.put((read[0] - reported[0], {"documents": stats.documents_used - reported[1],
+                                            "tokens": stats.tokens - reported[2]}))
+      reported[:] = [read[0], stats.documents_used, stats.tokens]
+
+  def advance(amount: int) -> None:
+    read[0] += amount
 
   with shards.shard_writer(path) as writer:
     pending_sentences = 0
-    for document in _documents(task, stats):
+    for document in _documents(task, stats, advance):
       pending.append(document)
       pending_sentences += len(document)
       if pending_sentences >= _SENTENCE_BATCH:
         flush(writer)
         pending_sentences = 0
     flush(writer)
-  shards.mark_finished(path, stats.to_dict())
-  _publish(task, path)
+  if stats.documents_used:
+    shards.mark_finished(path, stats.to_dict())
+    _publish(task, path)
   return stats.to_dict()
 
 
@@ -122,9 +169,14 @@ def _in_worker(args):
   return function(task, progress)
 
 
-def plan(spec: str, num_shards: int, stats: corpus.CorpusStats,
-         tfds_data_dir: str | None) -> list[dict[str, Any]]:
-  """The source part of every shard; checks the input before any work."""
+def plan(spec: str, num_shards: int, stats: corpus.CorpusStats, tfds_data_dir: str | None,
+         outcome: str = "nothing was written") -> list[dict[str, Any]]:
+  """The source part of every shard; checks the input before any work.
+
+  Raises:
+    NoDocumentsError: every input file is skipped (`outcome` says what that
+      left of the output).
+  """
   if spec.startswith("demo:"):
     if spec != "demo:stdlib":
       raise ValueError(f"{spec}: the only demo corpus is demo:stdlib")
@@ -137,7 +189,7 @@ def plan(spec: str, num_shards: int, stats: corpus.CorpusStats,
              "start": bounds[i], "end": bounds[i + 1]} for i in range(num_shards)]
   inputs = corpus.scan_files(corpus.expand_inputs(spec), stats)
   if not inputs:
-    raise ValueError(f"{spec}: no readable input files ({stats.summary()})")
+    raise NoDocumentsError(spec, stats, outcome)
   return [{"kind": "files", "ranges": [dataclasses.astuple(r) for r in part]}
           for part in corpus.plan_ranges(inputs, num_shards)]
 
@@ -192,59 +244,134 @@ def _prepare_in(spec: str, output_dir: str, tokenizer, publish_to: str | None, *
   if overwrite and num_hosts > 1:
     raise ValueError("overwrite with several hosts would race (one host deleting what "
                      "another writes); empty the output directory first")
+  info_path = os.path.join(output_dir, shards.INFO_FILE)
+  existing = shards.read_info(output_dir) if os.path.isfile(info_path) else None
+  kept = f"the dataset in {publish_to or output_dir} is kept" if existing else None
   file_stats = corpus.CorpusStats()
-  sources = plan(spec, num_shards, file_stats, tfds_data_dir)
+  sources = plan(spec, num_shards, file_stats, tfds_data_dir, kept or "nothing was written")
 
-  # The tokenizer's files go to a staging directory first: they replace the
+  # The tokenizer's files go to a scratch directory first: they replace the
   # directory's own only once the dataset is known to be this one.
-  with tempfile.TemporaryDirectory() as staging:
-    settings = tokenizer.save(staging)
-    info = {"tokenizer": settings, "tokenizer_sha256": _digest(staging),
+  with tempfile.TemporaryDirectory() as scratch:
+    settings = tokenizer.save(scratch)
+    info = {"tokenizer": settings, "tokenizer_sha256": _digest(scratch),
             "num_shards": num_shards, "vocab_size": tokenizer.vocab_size,
             "token_dtype": shards.token_dtype(tokenizer.vocab_size).name, "input": spec,
             "file_format": file_format, "min_sentences": min_sentences,
             "max_line_chars": max_line_chars}
+    build = functools.partial(
+        _build_shards, spec, sources=sources, info=info, file_stats=file_stats,
+        host_index=host_index, num_hosts=num_hosts, num_workers=num_workers,
+        show_progress=show_progress)
+    if existing is not None and {k: v for k, v in existing.items() if k not in (
+        "format", "format_version")} != json.loads(json.dumps(info)):
+      if not overwrite:
+        raise ValueError(f"{output_dir} holds a different dataset ({info_path}); pass "
+                         "--overwrite to replace it, or choose another --output_dir")
+      return _replace(build, scratch, info, output_dir, publish_to, kept)
+
+    created = existing is None and num_hosts == 1  # this run starts the dataset
+    made = not os.path.isdir(output_dir)
     os.makedirs(output_dir, exist_ok=True)
-    info_path = os.path.join(output_dir, shards.INFO_FILE)
-    if os.path.isfile(info_path):
-      existing = {k: v for k, v in shards.read_info(output_dir).items()
-                  if k not in ("format", "format_version")}
-      if existing != json.loads(json.dumps(info)):
-        if not overwrite:
-          raise ValueError(f"{output_dir} holds a different dataset ({info_path}); pass "
-                           "--overwrite to replace it, or choose another --output_dir")
-        stale = ("documents-", "instances")  # the documents, every length's instances
-        for directory in (output_dir, publish_to) if publish_to else (output_dir,):
-          for name in files.listdir(directory):
-            if name.startswith(stale):
-              files.remove(files.join(directory, name))
-    for name in os.listdir(staging):
-      shutil.copyfile(os.path.join(staging, name), os.path.join(output_dir, f".{name}.tmp"))
-      os.replace(os.path.join(output_dir, f".{name}.tmp"), os.path.join(output_dir, name))
-    tokenizer_files = os.listdir(staging)
+    tokenizer_files = _install(scratch, output_dir)
   shards.write_info(output_dir, info)
   _publish_files(output_dir, publish_to, tokenizer_files + [shards.INFO_FILE])
+  try:
+    return build(output_dir, publish_to, outcome=kept or (
+        "nothing was written" if created else "no shard was marked finished"))
+  except NoDocumentsError:
+    if created:  # leave nothing that would refuse the corrected input
+      for directory in (publish_to, output_dir) if publish_to else (output_dir,):
+        for name in [shards.INFO_FILE] + tokenizer_files:  # the dataset's mark first
+          if files.exists(files.join(directory, name)):
+            files.remove(files.join(directory, name))
+      if made and not os.listdir(output_dir):
+        os.rmdir(output_dir)
+    raise
 
-  tasks = []
-  for index in range(host_index, num_shards, num_hosts):
-    done = shards.stats_path(os.path.join(output_dir, shards.shard_name(index, num_shards)))
-    if os.path.isfile(done):
-      continue  # finished by an earlier run
-    tasks.append({"shard": index, "num_shards": num_shards, "source": sources[index],
-                  "output_dir": output_dir, "publish_to": publish_to, "tokenizer": settings,
-                  "token_dtype": info["token_dtype"], "file_format": file_format,
-                  "min_sentences": min_sentences, "max_line_chars": max_line_chars})
+
+def _install(scratch: str, directory: str) -> list[str]:
+  """Copies the files of `scratch` into `directory`, each renamed into place."""
+  names = sorted(os.listdir(scratch))
+  for name in names:
+    staging = files.staging_name(os.path.join(directory, name))
+    shutil.copyfile(os.path.join(scratch, name), staging)
+    os.replace(staging, os.path.join(directory, name))
+  return names
+
+
+def _replace(build, scratch: str, info: dict[str, Any], output_dir: str,
+             publish_to: str | None, kept: str) -> corpus.CorpusStats:
+  """Builds a dataset in a staging directory beside `output_dir` and moves it in
+  place of the old one only once it holds a usable document."""
+  parent = os.path.dirname(os.path.abspath(output_dir))
+  staging = tempfile.mkdtemp(prefix=os.path.basename(files.staging_name(output_dir)) + "-",
+                             dir=parent)
+  try:
+    _install(scratch, staging)
+    shards.write_info(staging, info)
+    stats = build(staging, None, outcome=kept)
+    # The old dataset's mark goes first, so no reader pairs it with new shards;
+    # the new one's comes last, after each shard and then its stats.
+    names = sorted(os.listdir(staging), key=lambda name: (
+        name == shards.INFO_FILE, name.endswith(".stats.json"), name))
+    for directory in (publish_to, output_dir) if publish_to else (output_dir,):
+      if files.exists(files.join(directory, shards.INFO_FILE)):
+        files.remove(files.join(directory, shards.INFO_FILE))
+      for name in files.listdir(directory):
+        if name.startswith(_STALE):
+          files.remove(files.join(directory, name))
+    for name in names:
+      os.replace(os.path.join(staging, name), os.path.join(output_dir, name))
+    _publish_files(output_dir, publish_to, names)
+  finally:
+    shutil.rmtree(staging, ignore_errors=True)
+  return stats
+
+
+def _build_shards(spec: str, directory: str, publish_to: str | None, *,
+                  sources: list[dict[str, Any]], info: dict[str, Any],
+                  file_stats: corpus.CorpusStats, host_index: int, num_hosts: int,
+                  num_workers: int, show_progress: bool, outcome: str) -> corpus.CorpusStats:
+  """Builds this host's unfinished shards into `directory` (holding the
+  tokenizer and `info`); returns the counts over all of the host's shards.
+
+  Raises:
+    NoDocumentsError: the host's shards hold no usable document; the empty
+      shards this run wrote are removed, none is marked finished.
+  """
+  num_shards = info["num_shards"]
+  indices = range(host_index, num_shards, num_hosts)
+  path = {i: os.path.join(directory, shards.shard_name(i, num_shards)) for i in indices}
+  finished = [i for i in indices if os.path.isfile(shards.stats_path(path[i]))]
+  tasks = [{"shard": i, "num_shards": num_shards, "source": sources[i],
+            "output_dir": directory, "publish_to": publish_to, "tokenizer": info["tokenizer"],
+            "token_dtype": info["token_dtype"], "file_format": info["file_format"],
+            "min_sentences": info["min_sentences"], "max_line_chars": info["max_line_chars"]}
+           for i in indices if i not in finished]
   logging.info("Building %d of this host's %d shards with %d workers", len(tasks),
-               len(range(host_index, num_shards, num_hosts)), num_workers)
-  _run(tasks, num_workers, show_progress)
+               len(indices), num_workers)
+  work = [_work(task["source"]) for task in tasks]
+  with Progress("building", show_progress, None if None in work else sum(work),
+                "bytes" if sources[0]["kind"] == "files" else "documents") as bar:
+    results = _run(tasks, num_workers, bar)
 
   stats = file_stats if host_index == 0 else corpus.CorpusStats()
-  for index in range(host_index, num_shards, num_hosts):
-    path = shards.stats_path(os.path.join(output_dir, shards.shard_name(index, num_shards)))
-    with open(path, encoding="utf-8") as f:
+  for index in finished:
+    with open(shards.stats_path(path[index]), encoding="utf-8") as f:
       stats.merge(corpus.CorpusStats.from_dict(json.load(f)))
+  for result in results:
+    stats.merge(corpus.CorpusStats.from_dict(result))
+  empty = [(task, result) for task, result in zip(tasks, results)
+           if not result["documents_used"]]
   if stats.documents_used == 0:
-    raise ValueError(f"{spec}: no usable document in this host's shards\n{stats.summary()}")
+    for task, _ in empty:
+      os.remove(path[task["shard"]])
+    raise NoDocumentsError(spec, stats, outcome,
+                           " in this host's shards" if num_hosts > 1 else "")
+  for task, result in empty:
+    shards.mark_finished(path[task["shard"]], result)
+    _publish(task, path[task["shard"]])
   return stats
 
 
@@ -258,43 +385,38 @@ def _digest(directory: str) -> str:
   return digest.hexdigest()
 
 
-def _run(tasks: list[dict[str, Any]], num_workers: int, show_progress: bool,
-         function=None, unit: str = "tokens") -> None:
-  """Runs `function(task, progress)` (default: `build_shard`) over the tasks."""
-  from tqdm import tqdm
-
+def _run(tasks: list[dict[str, Any]], num_workers: int, bar: Progress,
+         function=None) -> list[Any]:
+  """Runs `function(task, progress)` (default: `build_shard`) over the tasks;
+  returns their results. A task reports progress as (work done, {name: count})."""
   function = function or build_shard
-  bar = tqdm(total=None, unit=f" {unit}", unit_scale=True, disable=not show_progress,
-             file=sys.stderr, desc="building")
+  sink = _ListQueue(bar)
   if num_workers <= 1:
-    sink = _ListQueue(bar)
-    for task in tasks:
-      function(task, sink)
-    bar.close()
-    return
+    return [function(task, sink) for task in tasks]
   context = multiprocessing.get_context("spawn")
   with context.Manager() as manager:
-    progress = manager.Queue()
+    queue_ = manager.Queue()
     with context.Pool(num_workers, initializer=_worker_init) as pool:
-      pending = pool.map_async(_in_worker, [(function, t, progress) for t in tasks])
-      while not pending.ready() or not progress.empty():
+      pending = pool.map_async(_in_worker, [(function, t, queue_) for t in tasks])
+      while not pending.ready() or not queue_.empty():
         try:
-          _, count = progress.get(timeout=0.2)
-          bar.update(count)
+          sink.put(queue_.get(timeout=0.2))
         except queue.Empty:
           pass
-      pending.get()  # re-raises a worker's error
-  bar.close()
+      return pending.get()  # re-raises a worker's error
 
 
 class _ListQueue:
-  """The progress queue of an in-process build."""
+  """The progress queue of an in-process build: straight to the bar."""
 
-  def __init__(self, bar):
+  def __init__(self, bar: Progress):
     self._bar = bar
 
-  def put(self, item):
-    self._bar.update(item[1])
+  def put(self, item: tuple[int, dict[str, int]]) -> None:
+    done, counts = item
+    self._bar.advance(done)
+    for name, count in counts.items():
+      self._bar.count(name, count)
 
 
 def build_static_shard(task: dict[str, Any], progress=None) -> dict[str, Any]:
@@ -323,7 +445,7 @@ def build_static_shard(task: dict[str, Any], progress=None) -> dict[str, Any]:
         writer.write(shards.encode_instance({k: v[row] for k, v in batch.items()}))
       count += rows
       if progress is not None:
-        progress.put((0, rows))
+        progress.put((rows, {}))
   shards.mark_finished(path, {"instances": count})
   _publish(task, path)
   return {"instances": count}
@@ -387,7 +509,8 @@ def prepare_static(data_dir: str, *, objective: str, max_seq_length: int, maskin
     if not os.path.isfile(done):
       tasks.append({"shard": index, "num_shards": num_shards, "data_dir": data_dir,
                     "publish_to": publish_to, **settings})
-  _run(tasks, num_workers, show_progress, build_static_shard, "instances")
+  with Progress(f"masking {kind}", show_progress, unit="instances") as bar:
+    _run(tasks, num_workers, bar, build_static_shard)
   total = 0
   for index in range(host_index, num_shards, num_hosts):
     path = shards.stats_path(os.path.join(data_dir, shards.shard_name(index, num_shards,

@@ -12,7 +12,10 @@ Sources, named by one string (`--input` of the builder):
 
 Large inputs are read in parallel as byte ranges: a range owns the documents
 whose first line starts inside it, and reads past its end to finish the last.
-Everything not used is counted with its reason in `CorpusStats`.
+Files compressed with gzip, bzip2 or xz, and UTF-16 or UTF-32 text with a
+byte-order mark, are read too, each whole by one reader. Everything not used is
+counted with its reason in `CorpusStats`, and the first few skipped files are
+named.
 """
 
 from __future__ import annotations
@@ -23,14 +26,16 @@ import dataclasses
 import functools
 import glob
 import io
+import math
 import os
 import sysconfig
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
+from bertjax.data import textfiles
 from bertjax.data.sentences import split_sentences
 
 FILE_FORMATS = ("sentences", "documents")
-_BINARY_PROBE_BYTES = 8192
+_NAMED_FILES = 5  # skipped files named in the summary, per reason
 _BACKSCAN_CHUNK = 4096
 # ASCII whitespace and every non-ASCII byte: what remains is visible ASCII.
 _NOT_VISIBLE_ASCII = b" \t\r\n\x0b\x0c" + bytes(range(0x80, 0x100))
@@ -55,12 +60,24 @@ class CorpusStats:
   lines_skipped: collections.Counter = dataclasses.field(default_factory=collections.Counter)
   sentences: int = 0
   tokens: int = 0
+  # [reason, path] of the first few skipped files of each reason.
+  skipped_file_names: list = dataclasses.field(default_factory=list)
+
+  def skip_file(self, path: str, reason: str) -> None:
+    """Counts a skipped file, and names it if it is among its reason's first few."""
+    self.files_skipped[reason] += 1
+    if sum(r == reason for r, _ in self.skipped_file_names) < _NAMED_FILES:
+      self.skipped_file_names.append([reason, path])
 
   def merge(self, other: CorpusStats) -> None:
     for field in dataclasses.fields(self):
       mine = getattr(self, field.name)
       if isinstance(mine, collections.Counter):
         mine.update(getattr(other, field.name))
+      elif isinstance(mine, list):
+        for reason, path in getattr(other, field.name):
+          if sum(r == reason for r, _ in mine) < _NAMED_FILES:
+            mine.append([reason, path])
       else:
         setattr(self, field.name, mine + getattr(other, field.name))
 
@@ -74,39 +91,66 @@ class CorpusStats:
     return cls(**{k: collections.Counter(v) if isinstance(v, dict) else v
                   for k, v in values.items()})
 
-  def summary(self) -> str:
-    """A human-readable account of every file and document."""
+  def summary(self, tokens: bool = True) -> str:
+    """A human-readable account of every file and document, naming the first
+    skipped files of each reason.
+
+    Args:
+      tokens: Whether to include the token count (a vocabulary trainer has none).
+    """
     lines = [
         f"files:      {self.files_read} read, "
         f"{sum(self.files_skipped.values())} skipped",
         f"documents:  {self.documents_read} read = {self.documents_used} used + "
         f"{sum(self.documents_skipped.values())} skipped",
         f"sentences:  {self.sentences} used",
-        f"tokens:     {self.tokens} used",
-    ]
+    ] + ([f"tokens:     {self.tokens} used"] if tokens else [])
     for title, counter in (("skipped files", self.files_skipped),
                            ("skipped documents", self.documents_skipped),
                            ("skipped lines", self.lines_skipped)):
       for reason, count in sorted(counter.items()):
-        lines.append(f"  {title}: {count} ({reason})")
+        line = f"  {title}: {count} ({reason})"
+        if counter is self.files_skipped:
+          line += _named(count, [path for r, path in self.skipped_file_names if r == reason])
+        lines.append(line)
     return "\n".join(lines)
+
+
+def _named(count: int, paths: list[str]) -> str:
+  """": a, b and 3 more" for `count` files of which `paths` are known."""
+  if not paths:
+    return ""
+  more = f" and {count - len(paths)} more" if count > len(paths) else ""
+  return ": " + ", ".join(paths) + more
+
+
+class InputFile(NamedTuple):
+  """A file worth reading: its size, compression ("" for none) and encoding."""
+
+  path: str
+  size: int
+  compression: str = ""
+  encoding: str = "utf-8"
 
 
 @dataclasses.dataclass(frozen=True)
 class FileRange:
-  """Bytes [start, end) of one file of `size` bytes: a unit of parallel reading."""
+  """Bytes [start, end) of one file of `size` bytes: a unit of parallel reading.
+
+  A compressed file, or one not in UTF-8, is read whole: [0, size).
+  """
 
   path: str
   start: int
   end: int
   size: int
+  compression: str = ""
+  encoding: str = "utf-8"
 
-
-def _open(path: str, mode: str = "rb"):
-  if "://" in path:
-    from etils import epath
-    return epath.Path(path).open(mode)
-  return open(path, mode)
+  @property
+  def whole(self) -> bool:
+    """Whether the file is read whole (no byte offsets into its text)."""
+    return bool(self.compression) or self.encoding != "utf-8"
 
 
 def expand_inputs(spec: str) -> list[str]:
@@ -165,38 +209,47 @@ def _size(path: str) -> int:
   return os.path.getsize(path)
 
 
-def scan_files(paths: Sequence[str], stats: CorpusStats) -> list[tuple[str, int]]:
-  """(path, size) of the files worth reading; empty and binary files counted out."""
+def scan_files(paths: Sequence[str], stats: CorpusStats) -> list[InputFile]:
+  """The files worth reading; the others counted out with their reason, and named.
+
+  A file is judged by its first 8 KB, decompressed (gzip, bzip2, xz) and
+  decoded (UTF-8, or UTF-16/UTF-32 after a byte-order mark): binary (a share
+  of control characters no text has), not UTF-8 (mostly undecodable bytes),
+  UTF-16 without a byte-order mark, an archive this reader does not open, CR-only
+  line endings, or empty.
+  """
   usable = []
   for path in paths:
     size = _size(path)
-    if size == 0:
-      stats.files_skipped["empty file"] += 1
-      continue
-    with _open(path) as f:
-      probe = f.read(_BINARY_PROBE_BYTES)
-    if b"\x00" in probe:
-      stats.files_skipped["binary file (NUL bytes)"] += 1
-      continue
-    if b"\r" in probe and b"\n" not in probe:
-      stats.files_skipped["CR-only line endings (convert them to \\n)"] += 1
+    found = textfiles.inspect(path) if size else "empty file"
+    if isinstance(found, str):
+      stats.skip_file(path, found)
       continue
     stats.files_read += 1
-    usable.append((path, size))
+    usable.append(InputFile(path, size, *found))
   return usable
 
 
-def plan_ranges(files: Sequence[tuple[str, int]], num_parts: int) -> list[list[FileRange]]:
-  """Splits files into `num_parts` runs of byte ranges of about equal size."""
-  total = sum(size for _, size in files)
+def plan_ranges(files: Sequence[tuple], num_parts: int) -> list[list[FileRange]]:
+  """Splits files into `num_parts` runs of byte ranges of about equal size.
+
+  Args:
+    files: `InputFile`s, or (path, size) pairs of UTF-8 text. A file that is
+      compressed or in another encoding goes whole to the part where it starts.
+  """
+  total = sum(file[1] for file in files)
   bounds = [round(total * i / num_parts) for i in range(num_parts + 1)]
   parts: list[list[FileRange]] = [[] for _ in range(num_parts)]
   offset = 0
-  for path, size in files:
+  for file in files:
+    path, size, compression, encoding = InputFile(*file)
+    entire = FileRange(path, 0, size, size, compression, encoding)
     for part in range(num_parts):
       start, end = max(bounds[part], offset), min(bounds[part + 1], offset + size)
-      if start < end:
+      if start < end and not entire.whole:
         parts[part].append(FileRange(path, start - offset, end - offset, size))
+      elif start < end and start == offset:
+        parts[part].append(entire)
     offset += size
   return parts
 
@@ -245,9 +298,8 @@ def _previous_line_is_blank(f, position: int) -> bool:
 
 
 def _first_line_start(f, start: int) -> int:
-  """The first line start at or after `start`; leaves `f` there."""
+  """The first line start at or after `start`; leaves `f` there (`f` is new)."""
   if start == 0:
-    f.seek(0)
     return 0
   f.seek(start - 1)
   f.readline()  # The rest of the line holding byte start-1 (just "\n" if it ends there).
@@ -255,92 +307,128 @@ def _first_line_start(f, start: int) -> int:
 
 
 def read_range(file_range: FileRange, file_format: str, stats: CorpusStats,
-               max_line_chars: int = 100_000) -> Iterator[Document]:
+               max_line_chars: int = 100_000,
+               progress: Callable[[int], None] | None = None) -> Iterator[Document]:
   """Yields the documents a byte range owns, as lists of sentences.
 
   Args:
     file_range: The bytes to read.
     file_format: "sentences" (one sentence per line, blank line between
       documents) or "documents" (one document per line).
-    stats: Counts lines skipped (invalid UTF-8, too long) and documents read.
+    stats: Counts lines skipped (invalid UTF-8, NUL bytes, too long) and
+      documents read.
     max_line_chars: Longer lines are skipped and counted (their bytes are never
       held in memory).
+    progress: Called with the number of the range's bytes read since its last
+      call; over the whole range, they add up to its length.
   """
   if file_format not in FILE_FORMATS:
     raise ValueError(f"file format must be one of {FILE_FORMATS}, got {file_format!r}")
-  limit = 4 * max_line_chars  # bytes: UTF-8 takes at most 4 per character
   size = _size(file_range.path)
   if size != file_range.size:
     raise ValueError(f"{file_range.path} changed while being read ({file_range.size} bytes "
                      f"when the work was planned, {size} now); build from files that are "
                      "complete")
-  with _open(file_range.path) as raw:
-    f = raw if isinstance(raw, io.BufferedIOBase) else io.BufferedReader(raw)
-    position = _first_line_start(f, file_range.start)
+  length = file_range.end - file_range.start
+  reported = 0
+  with textfiles.open_binary(file_range.path) as raw:
+    if file_range.whole:
+      f = textfiles.Utf8Lines(raw, file_range.compression, file_range.encoding,
+                              stats.lines_skipped)
+      end, consumed = math.inf, f.consumed
+    else:
+      f = raw if isinstance(raw, io.BufferedIOBase) else io.BufferedReader(raw)
+      end, consumed = file_range.end, lambda: f.tell() - file_range.start
 
-    def decode(line: bytes) -> str | None:
-      try:
-        text = line.decode("utf-8")
-      except UnicodeDecodeError:
-        stats.lines_skipped["invalid UTF-8"] += 1
-        return None
-      if len(text) > max_line_chars:
-        stats.lines_skipped[f"over {max_line_chars} characters"] += 1
-        return None
-      return text
+    def report(done: int) -> None:
+      nonlocal reported
+      done = min(done, length)
+      if progress is not None and done > reported:
+        progress(done - reported)
+        reported = done
 
-    if file_format == "documents":
-      while position < file_range.end:
-        line, too_long = _read_line(f, limit)
-        position = f.tell()
-        if too_long:
-          stats.documents_read += 1
-          stats.documents_skipped[f"over {max_line_chars} characters"] += 1
-          continue
-        if not line:
-          break
-        if _is_blank(line):
-          continue
-        stats.documents_read += 1
-        text = decode(line)
-        if text is None:
-          stats.documents_skipped["unreadable line"] += 1
-          continue
-        yield split_sentences(text)
-      return
+    for document in _lines(f, _first_line_start(f, file_range.start), end, file_format,
+                           f"invalid {file_range.encoding.upper()}", stats, max_line_chars):
+      yield document
+      if progress is not None:
+        report(consumed())
+    report(length)
 
-    # One sentence per line. Skip the tail of a document owned by the range
-    # before; a document belongs to the range holding its first line.
-    if not _previous_line_is_blank(f, position):
-      while True:
-        line, too_long = _read_line(f, limit)
-        if not too_long and _is_blank(line):
-          break
-    in_document, document = False, []
-    while True:
-      line_start = f.tell()
+
+def _lines(f, position: int, end: float, file_format: str, invalid: str, stats: CorpusStats,
+           max_line_chars: int) -> Iterator[Document]:
+  """The documents of `read_range`, from line start `position` of `f`, each
+  starting before `end`."""
+  limit = 4 * max_line_chars  # bytes: UTF-8 takes at most 4 per character
+
+  def decode(line: bytes) -> str | None:
+    if b"\x00" in line:
+      stats.lines_skipped["NUL bytes"] += 1
+      return None
+    try:
+      text = line.decode("utf-8")
+    except UnicodeDecodeError:
+      stats.lines_skipped[invalid] += 1
+      return None
+    if len(text) > max_line_chars:
+      stats.lines_skipped[f"over {max_line_chars} characters"] += 1
+      return None
+    return text
+
+  if file_format == "documents":
+    while position < end:
       line, too_long = _read_line(f, limit)
-      if not too_long and _is_blank(line):  # a blank line or the end of the file
-        if in_document:
-          stats.documents_read += 1
-          if document:
-            yield document
-          else:
-            stats.documents_skipped["no readable lines"] += 1
-        in_document, document = False, []
-        if not line:
-          break
-        continue
-      if not in_document:
-        if line_start >= file_range.end:
-          break  # The next document belongs to the next range.
-        in_document = True
+      position = f.tell()
       if too_long:
-        stats.lines_skipped[f"over {max_line_chars} characters"] += 1
+        stats.documents_read += 1
+        stats.documents_skipped[f"over {max_line_chars} characters"] += 1
         continue
+      if not line:
+        break
+      if _is_blank(line):
+        continue
+      stats.documents_read += 1
       text = decode(line)
-      if text is not None:
-        document.append(text.strip())
+      if text is None:
+        stats.documents_skipped["unreadable line"] += 1
+        continue
+      yield split_sentences(text)
+    return
+
+  # One sentence per line. Skip the tail of a document owned by the range
+  # before; a document belongs to the range holding its first line.
+  if not _previous_line_is_blank(f, position):
+    while True:
+      line, too_long = _read_line(f, limit)
+      if not too_long and _is_blank(line):
+        break
+  in_document, document = False, []
+  while True:
+    line_start = f.tell()
+    line, too_long = _read_line(f, limit)
+    if not too_long and _is_blank(line):  # a blank line or the end of the file
+      if in_document:
+        stats.documents_read += 1
+        if not line and getattr(f, "broken", False):
+          stats.documents_skipped["cut short by a damaged file"] += 1
+        elif document:
+          yield document
+        else:
+          stats.documents_skipped["no readable lines"] += 1
+      in_document, document = False, []
+      if not line:
+        break
+      continue
+    if not in_document:
+      if line_start >= end:
+        break  # The next document belongs to the next range.
+      in_document = True
+    if too_long:
+      stats.lines_skipped[f"over {max_line_chars} characters"] += 1
+      continue
+    text = decode(line)
+    if text is not None:
+      document.append(text.strip())
 
 
 def stdlib_documents() -> Iterator[Document]:
@@ -420,9 +508,16 @@ def tfds_source(name: str, split: str = "train", data_dir: str | None = None):
 
 
 def tfds_documents(source, start: int, end: int, stats: CorpusStats,
-                   max_line_chars: int = 100_000) -> Iterator[Document]:
-  """Documents [start, end) of a TFDS text source, split into sentences."""
+                   max_line_chars: int = 100_000,
+                   progress: Callable[[int], None] | None = None) -> Iterator[Document]:
+  """Documents [start, end) of a TFDS text source, split into sentences.
+
+  Args:
+    progress: Called with 1 for each record read.
+  """
   for index in range(start, end):
+    if progress is not None:
+      progress(1)
     record = source[index]
     text = record["text"]
     if isinstance(text, bytes):

@@ -13,7 +13,10 @@ per line), `tfds:NAME[:SPLIT]`, or `demo:stdlib`. Shards are built in parallel
 over `--num_workers` processes; on several hosts, give each its
 `--host_index` of `--num_hosts` and it builds the shards with that index
 modulo the host count. Finished shards are kept, so an interrupted run resumes.
-The closing summary accounts for every file, document and line.
+The closing summary accounts for every file, document and line. Input with no
+usable document is an error after the summary, and marks nothing finished;
+with `--overwrite`, the new dataset is built beside the old one and replaces it
+only then, so the old one survives unusable input.
 
 The loader masks anew every epoch. `--static_dupe_factor=N` also writes N
 differently masked copies of the instances for one objective and length, as the
@@ -107,6 +110,9 @@ def main(argv):
           num_workers=_NUM_WORKERS.value or os.cpu_count() or 1,
           num_hosts=_NUM_HOSTS.value, host_index=_HOST_INDEX.value)
       print(f"instances:  {count} statically masked ({_STATIC_DUPE_FACTOR.value} copies)")
+  except builder.NoDocumentsError as e:
+    print(e.stats.summary())
+    sys.exit(f"prepare_pretraining_data: {e.line}")
   except (ValueError, OSError) as e:
     sys.exit(f"prepare_pretraining_data: {e}")
 

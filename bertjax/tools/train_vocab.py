@@ -8,12 +8,14 @@ r"""Train a WordPiece `vocab.txt` or a SentencePiece model on a corpus.
 Inputs are those of `bertjax.tools.prepare_pretraining_data`. The vocabulary
 starts with BERT's special tokens ([PAD] [UNK] [CLS] [SEP] [MASK]); a
 SentencePiece model gets them as pieces, so `SentencePieceTokenizer` accepts it.
-The output is written under a temporary name and renamed when complete.
+The summary accounts for every file and document, as the builder's. An existing
+output is replaced only with `--overwrite`, and never by a vocabulary of the
+special tokens and a handful more (input with next to no usable text is an
+error). The output is written under a temporary name and renamed when complete.
 """
 
 from __future__ import annotations
 
-import itertools
 import sys
 
 from absl import app, flags
@@ -33,24 +35,27 @@ _FILE_FORMAT = flags.DEFINE_enum("file_format", "sentences", list(corpus.FILE_FO
 _MAX_SENTENCES = flags.DEFINE_integer("max_sentences", 10_000_000,
                                       "Train on at most this many sentences.")
 _TFDS_DATA_DIR = flags.DEFINE_string("tfds_data_dir", None, "data_dir for tfds: inputs.")
+_OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace an existing --output.")
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   stats = corpus.CorpusStats()
-
-  def texts():  # WordPiece reads the corpus twice
-    return itertools.islice(vocabulary.sentences(_INPUT.value, _FILE_FORMAT.value, stats,
-                                                 _TFDS_DATA_DIR.value), _MAX_SENTENCES.value)
-
   try:
-    train = (vocabulary.train_wordpiece if _MODEL.value == "wordpiece"
-             else vocabulary.train_sentencepiece)
-    train(texts, _OUTPUT.value, _VOCAB_SIZE.value, _DO_LOWER_CASE.value)
+    size = vocabulary.train(
+        _INPUT.value, _OUTPUT.value, model=_MODEL.value, vocab_size=_VOCAB_SIZE.value,
+        do_lower_case=_DO_LOWER_CASE.value, file_format=_FILE_FORMAT.value,
+        max_sentences=_MAX_SENTENCES.value, tfds_data_dir=_TFDS_DATA_DIR.value,
+        overwrite=_OVERWRITE.value, stats=stats)
+  except vocabulary.UnusableTextError as e:
+    print(stats.summary(tokens=False))
+    sys.exit(f"train_vocab: {e}")
   except (ValueError, OSError) as e:
     sys.exit(f"train_vocab: {e}")
-  print(f"Wrote {_OUTPUT.value} ({_MODEL.value}, {_VOCAB_SIZE.value} tokens requested)")
+  print(stats.summary(tokens=False))
+  print(f"Wrote {_OUTPUT.value} ({_MODEL.value}, {size} tokens of {_VOCAB_SIZE.value} "
+        "requested)")
 
 
 if __name__ == "__main__":

@@ -29,7 +29,8 @@ def _hostile_corpus(directory):
       b"only one sentence here.\n\n"                              # kept, as the original
       b"zero\xe2\x80\x8bwidth hello.\n\xff\xfe broken\ncontrol\x07 world.\n\n"  # hostile lines
       + b"x" * 200_000 + b"\nhello world.\nthe fox.\n\n"           # a megabyte-ish line
-      b"\x00\x01\x02\x03\n\n")                                    # tokens vanish: no sentences
+      b"\x00\x01\x02\x03\n\n"                                      # a NUL: its line skipped
+      b"\x01\x02\x03\n\n")                                        # tokens vanish: no sentences
   write_corpus(directory / "plain.txt", num_documents=30, seed=1)
   return directory
 
@@ -51,11 +52,15 @@ def test_hostile_corpus_is_fully_accounted(tmp_path, vocab):
   stats = builder.prepare(f"{inputs}/*.txt", str(tmp_path / "out"), tokenizer,
                                            num_shards=3, show_progress=False)
   assert stats.files_read == 2
-  assert stats.files_skipped == {"empty file": 1, "binary file (NUL bytes)": 1}
+  assert stats.files_skipped == {"empty file": 1,
+                                 "binary file (over 5% control characters)": 1}
+  assert sorted(stats.skipped_file_names) == [
+      ["binary file (over 5% control characters)", str(inputs / "binary.txt")],
+      ["empty file", str(inputs / "empty.txt")]]
   assert stats.documents_read == stats.documents_used + sum(stats.documents_skipped.values())
-  assert stats.documents_skipped == {"no sentences": 1}
+  assert stats.documents_skipped == {"no readable lines": 1, "no sentences": 1}
   assert stats.lines_skipped == {"invalid UTF-8": 1, "over 100000 characters": 1,
-                                 "sentence without tokens": 1}
+                                 "NUL bytes": 1, "sentence without tokens": 1}
   assert stats.documents_used == 30 + 4
 
   # The shards hold exactly the tokenised sentences.
@@ -69,11 +74,12 @@ def test_hostile_corpus_is_fully_accounted(tmp_path, vocab):
   for document in expected:
     assert document in documents
   assert shards.read_stats(str(tmp_path / "out")).to_dict() == {
-      **stats.to_dict(), "files_read": 0, "files_skipped": {}}
+      **stats.to_dict(), "files_read": 0, "files_skipped": {}, "skipped_file_names": []}
   # min_sentences=2 leaves out the one-sentence document, and says so.
   two = builder.prepare(f"{inputs}/*.txt", str(tmp_path / "out2"), tokenizer, num_shards=3,
                         min_sentences=2, show_progress=False)
-  assert two.documents_skipped == {"no sentences": 1, "fewer than 2 sentences": 1}
+  assert two.documents_skipped == {"no readable lines": 1, "no sentences": 1,
+                                   "fewer than 2 sentences": 1}
 
 
 def test_missing_input_fails_before_any_work(tmp_path, vocab):
@@ -122,6 +128,27 @@ def test_resume_and_refusing_another_dataset(tmp_path, vocab):
                              num_shards=4, overwrite=True, show_progress=False)
   assert replaced.documents_used == 40
   assert (out / "vocab.txt").read_bytes() == swapped.read_bytes()
+
+
+def test_overwrite_replaces_the_dataset_and_nothing_else(tmp_path, vocab):
+  """Built beside the old dataset, then moved in: no staging directory stays,
+  files that are not the builder's stay."""
+  out = tmp_path / "out"
+  first = write_corpus(tmp_path / "a.txt", num_documents=10, seed=1)
+  second = write_corpus(tmp_path / "b.txt", num_documents=7, seed=2)
+  builder.prepare(str(first), str(out), WordPieceTokenizer(vocab), num_shards=3,
+                  show_progress=False)
+  (out / "notes.txt").write_text("mine")  # not the builder's: left alone
+  stats = builder.prepare(str(second), str(out), WordPieceTokenizer(vocab), num_shards=2,
+                          overwrite=True, show_progress=False)
+  assert stats.documents_used == 7
+  assert len(shards.complete_shards(str(out))) == 2
+  assert shards.read_info(str(out))["input"] == str(second)
+  assert sorted(os.listdir(out)) == sorted(
+      ["dataset_info.json", "vocab.txt", "notes.txt"]
+      + [shards.shard_name(i, 2) for i in range(2)]
+      + [shards.stats_path(shards.shard_name(i, 2)) for i in range(2)])
+  assert not [n for n in os.listdir(tmp_path) if n.startswith(".out")]
 
 
 def test_hosts_split_the_shards(tmp_path, vocab):

@@ -63,6 +63,11 @@ def test_plan_ranges_covers_every_byte_once():
     covered = {(r.path, b) for part in plan for r in part for b in range(r.start, r.end)}
     assert all(r.size == sizes[r.path] for part in plan for r in part)
     assert covered == {(p, b) for p, size in files for b in range(size)}
+  # A compressed file, or one in UTF-16, is read whole, by the part where it starts.
+  plan = corpus.plan_ranges([corpus.InputFile("a", 10), corpus.InputFile("z", 30, "gzip"),
+                             corpus.InputFile("w", 20, "", "utf-16"), ("c", 5)], 4)
+  assert [[(r.path, r.start, r.end) for r in part] for part in plan] == [
+      [("a", 0, 10), ("z", 0, 30)], [], [("w", 0, 20)], [("c", 0, 5)]]
 
 
 def test_hostile_lines_are_counted(tmp_path):
@@ -92,9 +97,10 @@ def test_inputs_are_checked_before_any_work(tmp_path):
   paths = corpus.expand_inputs(f"{tmp_path}/*.txt,{tmp_path / 'c.bin'}")
   stats = corpus.CorpusStats()
   usable = corpus.scan_files(paths, stats)
-  assert [p for p, _ in usable] == [str(tmp_path / "a.txt")]
+  assert [file.path for file in usable] == [str(tmp_path / "a.txt")]
   assert stats.files_read == 1
-  assert stats.files_skipped == {"empty file": 1, "binary file (NUL bytes)": 1}
+  assert stats.files_skipped == {"empty file": 1,
+                                 "binary file (over 5% control characters)": 1}
 
 
 def test_stats_round_trip_and_merge():

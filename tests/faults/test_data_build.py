@@ -1,0 +1,318 @@
+"""Faults in building data and vocabularies: nothing lost, and one clear message.
+
+Each test is a fault a user meets (unusable input over an existing dataset or
+vocabulary, a stray NUL byte, UTF-16 or gzip files, hosts sharing a file
+system) and checks that finished work survives and the message says what to do.
+"""
+
+import gzip
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+from tqdm import tqdm
+
+from bertjax import files
+from bertjax.data import builder, corpus, shards, vocabulary
+from bertjax.data.tokenizers import WordPieceTokenizer
+from tests import reference
+from tests.conftest import write_corpus
+
+# Lines that read as text but hold no token: every document of it is skipped.
+_UNUSABLE = "\u200b\u200b\n\n\u200c\u200d\n\n   \n\u2060\n".encode()
+
+
+@pytest.fixture()
+def vocab(tmp_path):
+  path = tmp_path / "vocab.txt"
+  reference.write_vocab(str(path))
+  return str(path)
+
+
+def _tool(name, *args):
+  return subprocess.run([sys.executable, "-m", f"bertjax.tools.{name}", *args],
+                        capture_output=True, text=True, timeout=300)
+
+
+def _error_line(result):
+  """The tool's error: the last line of stderr, after which nothing follows."""
+  assert result.returncode != 0, result.stdout + result.stderr
+  assert "Traceback" not in result.stderr, result.stderr
+  return result.stderr.strip().splitlines()[-1]
+
+
+def _snapshot(directory):
+  return {name: (directory / name).read_bytes() for name in sorted(os.listdir(directory))}
+
+
+def test_failed_overwrite_keeps_the_old_dataset(tmp_path, vocab):
+  good = write_corpus(tmp_path / "good.txt", num_documents=20)
+  out = tmp_path / "out"
+  builder.prepare(str(good), str(out), WordPieceTokenizer(vocab), num_shards=2,
+                  show_progress=False)
+  before = _snapshot(out)
+  junk = tmp_path / "junk.txt"
+  junk.write_bytes(_UNUSABLE)
+  result = _tool("prepare_pretraining_data", f"--input={junk}", f"--vocab={vocab}",
+                 f"--output_dir={out}", "--num_shards=2", "--num_workers=1", "--overwrite")
+  line = _error_line(result)
+  assert line.startswith("prepare_pretraining_data: ") and str(junk) in line, line
+  assert "no usable document" in line and "kept" in line, line
+  assert "documents:  3 read = 0 used + 3 skipped" in result.stdout  # the summary, as ever
+  assert _snapshot(out) == before  # the old dataset, byte for byte
+  assert len(shards.complete_shards(str(out))) == 2
+  assert not [n for n in os.listdir(tmp_path) if n.startswith(".out")]  # no staging left
+
+
+def test_failed_overwrite_on_gcs_keeps_the_old_dataset(tmp_path, vocab, gcs):
+  """On gs:// the new dataset is uploaded only once it holds a usable document."""
+  remote = gcs.url_of("overwrite/out")
+  good = write_corpus(tmp_path / "good.txt", num_documents=12)
+  builder.prepare(str(good), remote, WordPieceTokenizer(vocab), num_shards=2,
+                  show_progress=False)
+  before = {name: files.read_bytes(files.join(remote, name)) for name in files.listdir(remote)}
+  junk = tmp_path / "junk.txt"
+  junk.write_bytes(_UNUSABLE)
+  with pytest.raises(ValueError, match="no usable document") as error:
+    builder.prepare(str(junk), remote, WordPieceTokenizer(vocab), num_shards=3,
+                    overwrite=True, show_progress=False)
+  assert {name: files.read_bytes(files.join(remote, name))
+          for name in files.listdir(remote)} == before
+  assert f"the dataset in {remote} is kept" in str(error.value)
+  other = write_corpus(tmp_path / "other.txt", num_documents=5, seed=3)
+  builder.prepare(str(other), remote, WordPieceTokenizer(vocab), num_shards=3, overwrite=True,
+                  show_progress=False)
+  assert len(shards.complete_shards(remote)) == 3
+  assert not [n for n in files.listdir(remote) if "-of-00002" in n]  # the old shards are gone
+  assert shards.read_stats(shards.local_directory(remote)).documents_used == 5
+
+
+def test_no_document_is_never_marked_finished(tmp_path, vocab):
+  junk = tmp_path / "junk.txt"
+  junk.write_bytes(_UNUSABLE)
+  out = tmp_path / "out"
+  with pytest.raises(ValueError) as error:
+    builder.prepare(str(junk), str(out), WordPieceTokenizer(vocab), num_shards=2,
+                    show_progress=False)
+  message = str(error.value)
+  assert str(junk) in message and "no usable document" in message
+  assert "3 skipped" in message  # the summary's account
+  assert not out.exists()  # nothing written, nothing marked finished
+  # The failed attempt left nothing that would refuse the corrected input.
+  good = write_corpus(tmp_path / "good.txt", num_documents=5)
+  stats = builder.prepare(str(good), str(out), WordPieceTokenizer(vocab), num_shards=2,
+                          show_progress=False)
+  assert stats.documents_used == 5
+
+
+def test_command_line_zero_documents_is_one_line(tmp_path, vocab):
+  junk = tmp_path / "junk.txt"
+  junk.write_bytes(_UNUSABLE)
+  result = _tool("prepare_pretraining_data", f"--input={junk}", f"--vocab={vocab}",
+                 f"--output_dir={tmp_path / 'out'}", "--num_shards=1", "--num_workers=1")
+  line = _error_line(result)
+  assert str(junk) in line and "no usable document" in line
+  assert "skipped documents: 3 (no sentences)" in result.stdout
+  assert not list((tmp_path / "out").glob("*.stats.json"))
+
+
+def test_train_vocab_needs_overwrite_to_replace_a_vocabulary(tmp_path):
+  good = write_corpus(tmp_path / "good.txt", num_documents=40)
+  output = tmp_path / "vocab.txt"
+  output.write_text("[PAD]\n[UNK]\nmine\n")
+  result = _tool("train_vocab", f"--input={good}", f"--output={output}", "--vocab_size=200")
+  line = _error_line(result)
+  assert str(output) in line and "--overwrite" in line, line
+  assert output.read_text() == "[PAD]\n[UNK]\nmine\n"
+  replaced = _tool("train_vocab", f"--input={good}", f"--output={output}", "--vocab_size=200",
+                   "--overwrite")
+  assert replaced.returncode == 0, replaced.stderr
+  assert output.read_text().split("\n")[:5] == vocabulary.SPECIAL_TOKENS
+  assert "documents:  40 read = 40 used + 0 skipped" in replaced.stdout
+
+
+@pytest.mark.parametrize("model,name", [("wordpiece", "vocab.txt"),
+                                        ("sentencepiece", "spm.model")])
+def test_train_vocab_over_unusable_text_keeps_the_old_vocabulary(tmp_path, model, name):
+  output = tmp_path / name
+  output.write_bytes(b"the old one\n")
+  inputs = tmp_path / "in"
+  inputs.mkdir()
+  (inputs / "junk.txt").write_bytes(_UNUSABLE)
+  (inputs / "program.bin").write_bytes(bytes(range(256)) * 64)
+  result = _tool("train_vocab", f"--input={inputs}/*", f"--output={output}",
+                 f"--model={model}", "--vocab_size=300", "--overwrite")
+  line = _error_line(result)
+  assert line.startswith("train_vocab: ") and f"{inputs}/*" in line, line
+  assert output.read_bytes() == b"the old one\n"
+  assert sorted(os.listdir(tmp_path)) == sorted(["in", name])  # no staging file left
+  # The same account as the builder's, naming the skipped file.
+  assert "files:      1 read, 1 skipped" in result.stdout, result.stdout
+  assert "program.bin" in result.stdout
+
+
+def test_train_vocab_refuses_a_degenerate_vocabulary(tmp_path):
+  tiny = tmp_path / "tiny.txt"
+  tiny.write_text("ok.\n")
+  output = tmp_path / "vocab.txt"
+  result = _tool("train_vocab", f"--input={tiny}", f"--output={output}", "--vocab_size=1000")
+  line = _error_line(result)
+  assert str(tiny) in line and "too little" in line, line
+  assert not output.exists()
+
+
+def _documents_of(path):
+  stats = corpus.CorpusStats()
+  usable = corpus.scan_files([str(path)], stats)
+  documents = [d for part in corpus.plan_ranges(usable, 3) for r in part
+               for d in corpus.read_range(r, "sentences", stats)]
+  return documents, stats
+
+
+def _good_documents(count=6):
+  return [[f"document {d} sentence {s} is here." for s in range(3)] for d in range(count)]
+
+
+def _text(documents):
+  return "".join("\n".join(d) + "\n\n" for d in documents)
+
+
+def test_one_nul_byte_skips_its_line_not_the_file(tmp_path):
+  documents = _good_documents()
+  for name, filler_lines in (("early.txt", 0), ("late.txt", 800)):  # NUL in/after 8 KB
+    before = [["a filler sentence of the first document."] * filler_lines] if filler_lines \
+        else []
+    text = _text(before + documents[:2]) + documents[2][0] + "\na broken\x00line.\n"
+    text += "\n".join(documents[2][1:]) + "\n\n" + _text(documents[3:])
+    (tmp_path / name).write_text(text)
+    got, stats = _documents_of(tmp_path / name)
+    assert got == before + documents, name
+    assert stats.files_read == 1 and not stats.files_skipped, name
+    assert stats.lines_skipped == {"NUL bytes": 1}, name
+
+
+def test_binary_files_are_skipped_and_named(tmp_path):
+  for i in range(7):
+    (tmp_path / f"blob{i}.bin").write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)) * 8)
+  write_corpus(tmp_path / "text.txt", num_documents=3)
+  stats = corpus.CorpusStats()
+  usable = corpus.scan_files(corpus.expand_inputs(f"{tmp_path}/*"), stats)
+  assert [path for path, *_ in usable] == [str(tmp_path / "text.txt")]
+  assert sum(stats.files_skipped.values()) == 7
+  summary = stats.summary()
+  named = [f"blob{i}.bin" for i in range(7) if f"blob{i}.bin" in summary]
+  assert named == [f"blob{i}.bin" for i in range(5)], summary
+  assert "and 2 more" in summary, summary
+  # The names survive the stats' round trip through a shard's .stats.json.
+  assert corpus.CorpusStats.from_dict(stats.to_dict()).summary() == summary
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be", "utf-32"])
+def test_text_with_a_byte_order_mark_is_read(tmp_path, encoding):
+  documents = _good_documents(20) + [["Ünïcödé wörds, 東京 and ẞ."]]
+  path = tmp_path / "wide.txt"
+  bom = {"utf-16": b"", "utf-16-be": b"\xfe\xff", "utf-32": b""}[encoding]
+  path.write_bytes(bom + _text(documents).encode(encoding))
+  got, stats = _documents_of(path)
+  assert got == documents
+  assert stats.files_read == 1 and not stats.lines_skipped
+
+
+def test_utf16_without_a_byte_order_mark_is_named(tmp_path):
+  path = tmp_path / "wide.txt"
+  path.write_bytes(_text(_good_documents()).encode("utf-16-le"))
+  got, stats = _documents_of(path)
+  assert got == []
+  assert list(stats.files_skipped) == ["UTF-16 without a byte-order mark (convert it to UTF-8)"]
+  assert "wide.txt" in stats.summary()
+
+
+@pytest.mark.parametrize("name", ["corpus.txt.gz", "corpus.txt"])
+def test_gzip_files_are_read(tmp_path, vocab, name):
+  documents = _good_documents(30)
+  path = tmp_path / name
+  path.write_bytes(gzip.compress(_text(documents).encode()))
+  got, stats = _documents_of(path)
+  assert got == documents
+  stats = builder.prepare(str(path), str(tmp_path / "out"), WordPieceTokenizer(vocab),
+                          num_shards=3, show_progress=False)
+  assert stats.documents_used == 30 and stats.files_read == 1
+
+
+def test_a_cut_gzip_file_keeps_what_precedes_the_cut(tmp_path):
+  documents = _good_documents(400)
+  data = gzip.compress(_text(documents).encode())
+  path = tmp_path / "cut.txt.gz"
+  path.write_bytes(data[:len(data) // 2])  # an interrupted download
+  got, stats = _documents_of(path)
+  assert 0 < len(got) < 400 and got == documents[:len(got)]
+  assert stats.lines_skipped == {"the rest of a damaged gzip file": 1}
+  assert stats.documents_skipped == {"cut short by a damaged file": 1}
+  assert stats.documents_read == len(got) + 1
+
+
+def test_text_in_another_encoding_is_named(tmp_path):
+  path = tmp_path / "greek.txt"
+  path.write_bytes("Καλημέρα κόσμε, τι κάνεις σήμερα;\n\n".encode("iso-8859-7") * 50)
+  got, stats = _documents_of(path)
+  assert got == []
+  assert stats.files_skipped == {
+      "not UTF-8 text (mostly undecodable bytes; convert it to UTF-8)": 1}
+
+
+def test_other_archives_are_named_in_the_skip_reason(tmp_path):
+  (tmp_path / "a.zst").write_bytes(b"\x28\xb5\x2f\xfd" + b"\x00" * 50)
+  (tmp_path / "b.zip").write_bytes(b"PK\x03\x04" + b"\x00" * 50)
+  stats = corpus.CorpusStats()
+  assert corpus.scan_files([str(tmp_path / "a.zst"), str(tmp_path / "b.zip")], stats) == []
+  assert stats.files_skipped == {"zstd-compressed (decompress it first)": 1,
+                                 "zip archive (extract its files first)": 1}
+
+
+def test_staging_names_are_unique_per_host_and_process(tmp_path, vocab, monkeypatch):
+  host = socket.gethostname()
+  names = {files.staging_name(str(tmp_path / "vocab.txt")) for _ in range(3)}
+  assert len(names) == 3
+  for name in names:
+    base = os.path.basename(name)
+    assert os.path.dirname(name) == str(tmp_path)
+    assert ".tmp" in base and str(os.getpid()) in base and host in base, base
+  # Every file the builder and the vocabulary trainer stage carries both.
+  staged = []
+  for module in (os,):
+    for function in ("replace", "rename"):
+      original = getattr(module, function)
+
+      def spy(source, target, *args, _original=original, **kwargs):
+        staged.append(os.path.basename(os.fspath(source)))
+        return _original(source, target, *args, **kwargs)
+
+      monkeypatch.setattr(module, function, spy)
+  good = write_corpus(tmp_path / "good.txt", num_documents=10)
+  builder.prepare(str(good), str(tmp_path / "out"), WordPieceTokenizer(vocab), num_shards=2,
+                  show_progress=False)
+  vocabulary.train_wordpiece(lambda: vocabulary.sentences(str(good)),
+                             str(tmp_path / "trained.txt"), 200, True)
+  assert len(staged) >= 6
+  for name in staged:
+    assert host in name and str(os.getpid()) in name and ".tmp" in name, name
+
+
+def test_progress_has_a_total_and_an_eta(tmp_path, vocab, capfd):
+  good = write_corpus(tmp_path / "good.txt", num_documents=30)
+  builder.prepare(str(good), str(tmp_path / "quiet"), WordPieceTokenizer(vocab),
+                  num_shards=2, show_progress=False)
+  assert capfd.readouterr().err == ""
+  builder.prepare(str(good), str(tmp_path / "out"), WordPieceTokenizer(vocab), num_shards=2,
+                  show_progress=True)
+  err = capfd.readouterr().err
+  size = os.path.getsize(good)
+  assert "100%" in err and "<" in err, err  # [elapsed<remaining]
+  total = tqdm.format_sizeof(size, divisor=1024)
+  assert f"{total}/{total}" in err, err  # the input's bytes, all read
+  result = _tool("train_vocab", f"--input={good}", f"--output={tmp_path / 'v.txt'}",
+                 "--vocab_size=200")
+  assert result.returncode == 0, result.stderr
+  assert "100%" in result.stderr, result.stderr
