@@ -8,7 +8,10 @@ A checkpoint `<workdir>/checkpoints/<step>/` holds
 - `meta/`: JSON metadata (the phase, the model config).
 
 Orbax writes a step under a temporary name and renames it when every host has
-finished, so a save killed half-way never becomes the latest step.
+finished, so a save killed half-way never becomes the latest step. A finished
+step damaged later (a truncated array file, a lost manifest) is told apart
+from one of another model: `restore` raises `DamagedCheckpointError` for the
+first and `CheckpointMismatchError` for the second, each naming the step.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
 from typing import Any
 
 import jax
@@ -23,6 +27,44 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 STATE, DATA, META = "state", "data", "meta"
+
+
+class CheckpointMismatchError(ValueError):
+  """A checkpoint that does not fit the run restoring it (another model, optimizer
+  or number of processes)."""
+
+
+class DamagedCheckpointError(ValueError):
+  """A finished step whose files cannot be read back."""
+
+
+def _first_line(error: BaseException, limit: int = 300) -> str:
+  text = (str(error).strip().splitlines() or [type(error).__name__])[0]
+  return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _quiet_closed_event_loop() -> None:
+  """Drops the hundreds of `RuntimeError: Event loop is closed` tracebacks that
+  tensorstore's callbacks print when orbax's event loop closes on a failed read
+  (a damaged checkpoint), so that the one error that matters is seen. Installed
+  once per process; every other exception is reported as before."""
+  import sys
+
+  if getattr(sys.excepthook, "_bertjax_quiet", False):
+    return
+  excepthook, unraisablehook = sys.excepthook, sys.unraisablehook
+  closed = lambda value: isinstance(value, RuntimeError) and str(value) == "Event loop is closed"
+
+  def quiet_excepthook(kind, value, traceback):
+    if not closed(value):
+      excepthook(kind, value, traceback)
+
+  def quiet_unraisablehook(unraisable):
+    if not closed(unraisable.exc_value):
+      unraisablehook(unraisable)
+
+  quiet_excepthook._bertjax_quiet = True
+  sys.excepthook, sys.unraisablehook = quiet_excepthook, quiet_unraisablehook
 
 
 class PerProcessJsonHandler(ocp.CheckpointHandler):
@@ -36,7 +78,9 @@ class PerProcessJsonHandler(ocp.CheckpointHandler):
     path = epath.Path(directory) / f"process_{jax.process_index()}-of-{jax.process_count()}.json"
     if not path.exists():
       found = sorted(p.name for p in epath.Path(directory).glob("process_*.json"))
-      raise ValueError(f"{path} is missing: the checkpoint was written by a different number "
+      if not found:
+        raise DamagedCheckpointError(f"{directory} holds no host's data position")
+      raise CheckpointMismatchError(f"{path} is missing: the checkpoint was written by a different number "
                        f"of processes ({found}); restart with as many hosts")
     return json.loads(path.read_text())
 
@@ -79,14 +123,19 @@ class Checkpointer:
   def __init__(self, directory: str, *, max_to_keep: int = 3, async_save: bool = True,
                create: bool = True):
     self.directory = os.fspath(directory)
+    self._closed = False
+    _quiet_closed_event_loop()
     options = ocp.CheckpointManagerOptions(
         save_interval_steps=1, max_to_keep=max_to_keep,
         enable_async_checkpointing=async_save, create=create,
         # Only the run's own manager clears unfinished saves: a reader (fine-tuning
         # from a run still in progress) must leave the run's pending save alone.
         cleanup_tmp_directories=create)
-    self._manager = ocp.CheckpointManager(self.directory, options=options,
-                                          item_names=(STATE, DATA, META))
+    # The handlers named up front, so that a step's metadata (the stored array
+    # shapes) can be read before anything is restored.
+    self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers={
+        STATE: ocp.StandardCheckpointHandler(), DATA: PerProcessJsonHandler(),
+        META: ocp.JsonCheckpointHandler()})
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -104,6 +153,10 @@ class Checkpointer:
         META: ocp.args.JsonSave(meta),
     }), force=True)
 
+  def all_steps(self) -> list[int]:
+    """The finished steps, oldest first."""
+    return sorted(self._manager.all_steps())
+
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     """(state, this host's data state, metadata) of a step.
 
@@ -112,7 +165,8 @@ class Checkpointer:
         straight into them.
 
     Raises:
-      ValueError: the checkpoint's arrays do not fit the abstract state.
+      CheckpointMismatchError: the checkpoint's arrays do not fit the abstract state.
+      DamagedCheckpointError: the step's files cannot be read back.
     """
     self._check_shapes(step, abstract_state)
     try:
@@ -121,24 +175,54 @@ class Checkpointer:
           DATA: PerProcessJsonRestore(),
           META: ocp.args.JsonRestore(),
       }))
-    except ValueError as e:
-      raise ValueError(f"{self.directory}/{step}: the checkpoint does not fit this run's "
-                       f"model and optimizer ({str(e).splitlines()[0]}); use another "
-                       "--workdir or the config the checkpoint was made with") from None
+    except (CheckpointMismatchError, DamagedCheckpointError):
+      raise
+    except Exception as e:  # tensorstore, JSON and file errors alike: the shapes fit
+      raise DamagedCheckpointError(f"{self.directory}/{step} is damaged: "
+                                   f"{_first_line(e)}") from e
     return restored[STATE], restored[DATA], restored[META]
 
   def restore_state(self, step: int, abstract_state: Any) -> Any:
     """Only the train state of a step (no data position), e.g. for fine-tuning."""
     self._check_shapes(step, abstract_state)
-    restored = self._manager.restore(step, args=ocp.args.Composite(**{
-        STATE: ocp.args.StandardRestore(abstract_state)}))
+    try:
+      restored = self._manager.restore(step, args=ocp.args.Composite(**{
+          STATE: ocp.args.StandardRestore(abstract_state)}))
+    except Exception as e:
+      raise DamagedCheckpointError(f"{self.directory}/{step} is damaged: "
+                                   f"{_first_line(e)}") from e
     return restored[STATE]
 
+  def move_aside(self, steps: list[int], to: str) -> None:
+    """Moves finished steps out of the run (to `to/<step>`), kept for inspection;
+    the caller makes sure no other process is reading or writing them."""
+    target = epath.Path(to)
+    target.mkdir(parents=True, exist_ok=True)
+    for step in steps:
+      destination = target / str(step)
+      if destination.exists():
+        destination = target / f"{step}-{int(time.time())}"
+      (epath.Path(self.directory) / str(step)).rename(destination)
+
+  def reload(self) -> None:
+    """Rereads the steps on storage (after another process moved some)."""
+    self._manager.reload()
+
   def _check_shapes(self, step: int, abstract_state: Any) -> None:
-    """Compares the stored array shapes with the state to restore into."""
-    stored = self._manager.item_metadata(step)[STATE]
+    """Compares the stored array shapes with the state to restore into.
+
+    Raises:
+      CheckpointMismatchError: naming the first arrays that differ.
+      DamagedCheckpointError: the step's metadata cannot be read.
+    """
+    try:
+      stored = self._manager.item_metadata(step)[STATE]
+    except Exception as e:
+      raise DamagedCheckpointError(f"{self.directory}/{step} is damaged: its metadata does "
+                                   f"not read back ({_first_line(e)})") from e
     if stored is None:
-      return
+      raise DamagedCheckpointError(f"{self.directory}/{step} is damaged: its state has no "
+                                   "metadata")
     stored_shapes = {_name(path): tuple(leaf.shape)
                      for path, leaf in jax.tree_util.tree_leaves_with_path(stored)
                      if hasattr(leaf, "shape")}
@@ -148,15 +232,23 @@ class Checkpointer:
                 f"{shape}" for name, shape in wanted.items()
                 if stored_shapes.get(name) != shape]
     if problems:
-      raise ValueError(
+      raise CheckpointMismatchError(
           f"{self.directory}/{step}: the checkpoint does not fit this run's model and "
           f"optimizer ({len(problems)} arrays differ, e.g. {'; '.join(problems[:3])}); use "
           "another --workdir or the config the checkpoint was made with")
+
+  def saving(self) -> bool:
+    """Whether a save is still being written."""
+    return not self._closed and self._manager.is_saving_in_progress()
 
   def wait(self) -> None:
     self._manager.wait_until_finished()
 
   def close(self) -> None:
+    """Waits for the save in flight, then releases the manager (again: no-op)."""
+    if self._closed:
+      return
+    self._closed = True
     self._manager.wait_until_finished()
     self._manager.close()
 
@@ -166,6 +258,8 @@ def params_from_run(workdir: str) -> tuple[Any, int, Any]:
 
   `workdir` is local or a URL (`gs://...`). The state is restored into arrays
   on this host's first device, whatever mesh and number of hosts the run had.
+  A damaged latest step is skipped, with a warning, for the newest one that
+  reads back (nothing in the run is changed).
 
   Returns:
     The run's `config.json` as an `ml_collections.ConfigDict`, the step, and
@@ -185,12 +279,26 @@ def params_from_run(workdir: str) -> tuple[Any, int, Any]:
   checkpointer = Checkpointer(files.join(workdir, "checkpoints"), async_save=False,
                               create=False)
   try:
-    step = checkpointer.latest_step()
-    if step is None:
+    steps = checkpointer.all_steps()
+    if not steps:
       raise FileNotFoundError(f"{workdir}/checkpoints: no finished checkpoint")
-    state = checkpointer.restore_state(step, target)
+    damage = []
+    for step in reversed(steps):
+      try:
+        state = checkpointer.restore_state(step, target)
+        break
+      except DamagedCheckpointError as e:
+        damage.append(str(e))
+    else:
+      raise DamagedCheckpointError(f"no step of {workdir}/checkpoints reads back: "
+                                   + "; ".join(damage))
   finally:
     checkpointer.close()
+  if damage:
+    from absl import logging
+
+    logging.warning("Using step %d of %s, the newest that reads back: %s", step, workdir,
+                    "; ".join(damage))
   return config, step, jax.device_get(state.params)
 
 

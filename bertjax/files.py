@@ -321,14 +321,3 @@ def _remote_directory(out_dir: str, overwrite: bool, marker: str | None) -> Iter
       names += [os.path.relpath(os.path.join(root, n), staging) for n in filenames]
     for name in sorted(names, key=lambda n: n == marker):
       upload(os.path.join(staging, name), join(out_dir, name))
-
-
-def save_config(config: Any, workdir: str) -> None:
-  """Writes a run's resolved config to `<workdir>/config.json` (process 0 only)."""
-  import jax
-
-  if jax.process_index() != 0:
-    return
-  makedirs(workdir)
-  write_text(os.path.join(workdir, "config.json"),
-             json.dumps(config.to_dict(), indent=2, default=str))

@@ -277,11 +277,12 @@ class MetricWriter:
 
 
 def format_line(step: int, total: int, values: Mapping[str, float]) -> str:
-  """The console line of a training step."""
+  """The console line of a training step (pre-training or fine-tuning)."""
   parts = [f"step {step}/{total}"]
-  for name, spec in (("loss", ".4f"), ("mlm_accuracy", ".3f"), ("nsp_accuracy", ".3f"),
-                     ("learning_rate", ".2e"), ("grad_norm", ".3f"),
-                     ("sequences_per_s", ".1f"), ("tokens_per_s", ".0f"),
+  for name, spec in (("loss", ".4f"), ("accuracy", ".3f"), ("mlm_accuracy", ".3f"),
+                     ("nsp_accuracy", ".3f"), ("learning_rate", ".2e"), ("grad_norm", ".3f"),
+                     ("examples_per_s", ".1f"), ("sequences_per_s", ".1f"),
+                     ("tokens_per_s", ".0f"),
                      ("tflops_per_s_per_device", ".3f"), ("mfu", ".1%")):
     if name in values:
       parts.append(f"{name.replace('_per_s', '/s')} {values[name]:{spec}}")

@@ -53,9 +53,10 @@ def is_usage_error(error: BaseException) -> bool:
 def run(fn: Callable[[], T]) -> T:
   """`fn()`, with a usage error turned into one line and exit status 2.
 
-  Ctrl-C that reaches here (a second one, which aborts) exits with status 130
-  and no traceback. With `--verbosity=1` or more, everything keeps its
-  traceback.
+  Ctrl-C that reaches here (a second one, which aborts) exits at once with
+  status 130 and no traceback: background threads (a checkpoint save being
+  abandoned) are not waited for. With `--verbosity=1` or more, everything
+  keeps its traceback.
   """
   verbose = logging.get_verbosity() >= logging.DEBUG
   try:
@@ -64,7 +65,8 @@ def run(fn: Callable[[], T]) -> T:
     if verbose:
       raise
     print("error: interrupted", file=sys.stderr, flush=True)
-    sys.exit(130)
+    sys.stdout.flush()
+    os._exit(130)  # pylint: disable=protected-access
   except Exception as e:  # pylint: disable=broad-except
     if verbose or not is_usage_error(e):
       raise

@@ -29,12 +29,12 @@ import ml_collections
 import numpy as np
 import optax
 
-from bertjax import files, metrics, sharding
+from bertjax import files, metrics, runs, sharding
 from bertjax.data import conll as conll_data
 from bertjax.models import BertEncoder
 from bertjax.models.bilstm import BiLSTMTagger
 from bertjax.pretrained import load_pretrained
-from bertjax.tasks import ner
+from bertjax.tasks import finetune, ner
 
 # Table 7's variants: hidden_states indices (0 = embeddings, -1 = last layer)
 # and how they combine.
@@ -166,7 +166,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   if jax.process_count() > 1:
     raise ValueError("the feature-based approach runs in one process (it extracts and "
                      "stores features on this host); start it without jax.distributed")
-  files.save_config(config, workdir)
+  runs.check_workdir(config, workdir)  # before anything is written there
   path = lambda name: os.path.join(config.data.dir, name)
   train, other = ner.read_splits(config)
   splits = {"train": train, **other}
@@ -181,6 +181,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   if bundle.tokenizer is None:
     raise ValueError(f"{config.init_checkpoint}: no tokenizer beside the weights")
   layers = layer_indices(config.variant, bundle.config.num_layers)
+  runs.save_config(config, workdir)  # the settings are checked, the model loaded
   stored = {split: _stored_features(config, bundle, workdir, split, sentences, labels, layers)
             for split, sentences in splits.items()}
   max_words = max(len(s.words) for sentences in splits.values() for s in sentences)
@@ -258,4 +259,5 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       ner.write_predictions(os.path.join(workdir, f"{split}_predictions.txt"), splits[split],
                             predicted)
     files.write_text(os.path.join(workdir, "results.json"), json.dumps(results, indent=2))
+  finetune.say_what_was_made(workdir, results)
   return results

@@ -22,7 +22,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from bertjax import files, metrics
+from bertjax import files, metrics, runs
 from bertjax.data import glue as glue_data
 from bertjax.evaluation import classification
 from bertjax.pretrained import Pretrained, save_pretrained
@@ -106,7 +106,7 @@ def write_predictions(path: str, examples: Sequence[glue_data.Example],
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Fine-tunes, evaluates and predicts one GLUE task; returns the final dev metrics."""
-  files.save_config(config, workdir)
+  runs.check_workdir(config, workdir)  # before anything is written there
   spec = glue_data.task_spec(config.data.task)
   train_examples = read_split(config, spec, "train")
   eval_splits = {"dev": read_split(config, spec, "dev")}
@@ -129,6 +129,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0)
   tuner = finetune.FineTuner(bundle, "regression" if spec.is_regression else "classification",
                              recipe, total_steps, config, writer)
+  runs.save_config(config, workdir)  # the settings are checked, the model loaded
 
   history, dev_predictions = [], {}
   epochs = int(np.ceil(recipe.epochs))
@@ -162,4 +163,5 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                         label_strings(spec, test_predictions[split]))
     files.write_text(os.path.join(workdir, "results.json"), json.dumps(final, indent=2))
     save_pretrained(tuned, os.path.join(workdir, "model"), overwrite=True)
+  finetune.say_what_was_made(workdir, final)
   return final

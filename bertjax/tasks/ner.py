@@ -21,7 +21,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from bertjax import files, metrics
+from bertjax import files, metrics, runs
 from bertjax.data import conll as conll_data
 from bertjax.evaluation import conll as conll_eval
 from bertjax.pretrained import Pretrained, save_pretrained
@@ -68,7 +68,7 @@ def read_splits(config: ml_collections.ConfigDict
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Fine-tunes on the training file, scores dev every epoch and test at the end."""
-  files.save_config(config, workdir)
+  runs.check_workdir(config, workdir)  # before anything is written there
   path = lambda name: os.path.join(config.data.dir, name)
   train, splits = read_splits(config)
   labels = conll_data.label_list(train)
@@ -92,6 +92,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                total_steps, labels)
   writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0)
   tuner = finetune.FineTuner(bundle, "token", recipe, total_steps, config, writer)
+  runs.save_config(config, workdir)  # the settings are checked, the model loaded
 
   def evaluate(split: str, description: str
                ) -> tuple[dict[str, Any] | None, list[list[str]]]:
@@ -125,4 +126,5 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     files.write_text(os.path.join(workdir, "results.json"), json.dumps(results, indent=2))
     save_pretrained(Pretrained(bundle.config, params, tokenizer, "token_classification",
                                labels), os.path.join(workdir, "model"), overwrite=True)
+  finetune.say_what_was_made(workdir, results)
   return results

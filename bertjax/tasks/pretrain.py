@@ -20,12 +20,13 @@ import flax.linen as nn
 import jax
 import ml_collections
 
-from bertjax import checkpoint, files, flops, metrics, optim, sharding, train
+from bertjax import checkpoint, files, flops, hosts, metrics, optim, runs, sharding, train
 from bertjax.data import loader, shards
 from bertjax.data.masking import MaskingConfig
 from bertjax.models import BertConfig
 
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: "stopped, resume me"
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT: stopped by Ctrl-C, after saving
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,10 +94,23 @@ def validate(config: ml_collections.ConfigDict, mesh_devices: int) -> tuple[int,
   if config.train.total_steps < 1:
     raise ValueError(f"train.total_steps must be positive, got {config.train.total_steps}")
   for name, value in (("checkpoint.every_steps", config.checkpoint.every_steps),
+                      ("checkpoint.max_to_keep", config.checkpoint.max_to_keep),
                       ("log_every_steps", config.log_every_steps),
                       ("max_consecutive_skips", config.max_consecutive_skips)):
-    if value < 1:
+    if value is not None and value < 1:  # max_to_keep=None keeps every step
       raise ValueError(f"{name} must be >= 1, got {value}")
+  eval_percent = config.data.eval_percent
+  if not 0 <= eval_percent < 100:
+    raise ValueError(f"data.eval_percent={eval_percent} must be in [0, 100): the share of "
+                     "documents held out for evaluation")
+  if config.eval.every_steps > 0:
+    if eval_percent == 0:
+      raise ValueError("data.eval_percent=0 holds no document out, but eval.every_steps="
+                       f"{config.eval.every_steps} evaluates: hold some out or set "
+                       "--config.eval.every_steps=0")
+    if config.eval.batches < 1:
+      raise ValueError(f"eval.batches must be >= 1 to evaluate, got {config.eval.batches} "
+                       "(--config.eval.every_steps=0 turns evaluation off)")
   if not 0 <= config.optimizer.warmup_steps <= config.train.total_steps:
     raise ValueError(f"optimizer.warmup_steps={config.optimizer.warmup_steps} must be in "
                      f"[0, train.total_steps={config.train.total_steps}]")
@@ -129,12 +143,56 @@ def prepare_data(config: ml_collections.ConfigDict, workdir: str) -> str:
   the config says how (the demo), with each phase's statically masked
   instances when `data.static` asks for them."""
   data_dir = config.data.dir or files.join(workdir, "data")
+  if config.data.build_from and not config.data.dir:
+    _check_built_from(config, workdir, data_dir)
   if not files.exists(files.join(data_dir, shards.INFO_FILE)) and config.data.build_from:
     _build_documents(config, workdir, data_dir)
   shards.complete_shards(data_dir)  # a clear error if it is not there
   if config.data.static:
     _build_static(config, data_dir)
-  return shards.local_directory(data_dir)
+  local = shards.local_directory(data_dir)
+  check_splits(config, local)
+  return local
+
+
+# What `<workdir>/data` and `<workdir>/vocab.txt` were built from (`data.build_from`).
+_BUILT_FROM_FILE = "built_from.json"
+
+
+def _built_from(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  return {"build_from": config.data.build_from, "vocab_size": config.data.vocab_size}
+
+
+def _check_built_from(config: ml_collections.ConfigDict, workdir: str, data_dir: str) -> None:
+  """Refuses to reuse a workdir's vocabulary and data built from other settings."""
+  path = files.join(data_dir, _BUILT_FROM_FILE)
+  if not files.isfile(path):
+    return
+  built, wanted = files.read_json(path), _built_from(config)
+  if built != wanted:
+    changed = ", ".join(f"data.{k}={built.get(k)!r} then, {wanted[k]!r} now" for k in wanted
+                        if built.get(k) != wanted[k])
+    raise ValueError(f"{data_dir} and {files.join(workdir, 'vocab.txt')} were built with other "
+                     f"settings ({changed}); give another --workdir, or delete both to "
+                     "rebuild them here")
+
+
+def check_splits(config: ml_collections.ConfigDict, data_dir: str) -> None:
+  """Every process must find documents in the training split and, when the run
+  evaluates, in the held-out split; decided on every host from the document
+  count alone, so all of them stop together (none waits in a collective)."""
+  num_documents = len(loader.DocumentSource(data_dir))
+  processes = 1 if config.data.host_sharding == "rows" else jax.process_count()
+  splits = ["train"] + (["eval"] if config.eval.every_steps > 0 else [])
+  for split in splits:
+    chosen = len(loader.split_documents(num_documents, split, config.data.eval_percent))
+    if chosen < processes:
+      advice = ("raise data.eval_percent" if split == "eval" else "lower data.eval_percent")
+      raise ValueError(
+          f"{data_dir}: data.eval_percent={config.data.eval_percent} of {num_documents} "
+          f"documents leaves {chosen} in the {split} split, fewer than the {processes} "
+          f"process(es) that read it; {advice}, or use more data"
+          + (" or data.host_sharding='rows'" if processes > 1 else ""))
 
 
 def _build_static(config: ml_collections.ConfigDict, data_dir: str) -> None:
@@ -144,35 +202,49 @@ def _build_static(config: ml_collections.ConfigDict, data_dir: str) -> None:
   from bertjax.data import builder
 
   for phase in phases(config):
-    count = builder.prepare_static(
-        data_dir, objective=config.objective, max_seq_length=phase.max_seq_length,
-        masking=masking_config(config, phase.max_predictions),
-        dupe_factor=config.data.static_dupe_factor, short_seq_prob=config.data.short_seq_prob,
-        seed=config.seed + 1000 * phase.index, eval_percent=config.data.eval_percent,
-        num_workers=os.cpu_count() or 1, num_hosts=jax.process_count(),
-        host_index=jax.process_index(), show_progress=False)
+    count, error = 0, None
+    try:
+      count = builder.prepare_static(
+          data_dir, objective=config.objective, max_seq_length=phase.max_seq_length,
+          masking=masking_config(config, phase.max_predictions),
+          dupe_factor=config.data.static_dupe_factor,
+          short_seq_prob=config.data.short_seq_prob, seed=config.seed + 1000 * phase.index,
+          eval_percent=config.data.eval_percent, num_workers=os.cpu_count() or 1,
+          num_hosts=jax.process_count(), host_index=jax.process_index(), show_progress=False)
+    except Exception as e:  # every host learns of a failure on any (none waits)
+      error = e
+    hosts.agree(error, f"building the static instances of length {phase.max_seq_length}")
     logging.info("Static instances of length %d: %d on this host", phase.max_seq_length,
                  count)
-    _sync(f"static instances {phase.max_seq_length}")
 
 
 def _build_documents(config: ml_collections.ConfigDict, workdir: str, data_dir: str) -> None:
-  """Trains a vocabulary on `data.build_from` and prepares it into `data_dir` (host 0)."""
+  """Trains a vocabulary on `data.build_from` and prepares it into `data_dir` (host 0;
+  the other hosts learn whether it worked, rather than wait for it forever)."""
+  error = None
   if jax.process_index() == 0:
-    from bertjax.data import builder, vocabulary
-    from bertjax.data.tokenizers import tokenizer_from_vocab_file
+    try:
+      _build_on_this_host(config, workdir, data_dir)
+    except Exception as e:  # shared with the other hosts below, then re-raised
+      error = e
+  hosts.agree(error, "preparing the data")
 
-    vocab = files.join(workdir, "vocab.txt")
-    if not files.isfile(vocab):
-      logging.info("Training a %d-token WordPiece vocabulary on %s", config.data.vocab_size,
-                   config.data.build_from)
-      vocabulary.train_wordpiece(lambda: vocabulary.sentences(config.data.build_from), vocab,
-                                 config.data.vocab_size, True)
-    logging.info("Preparing %s into %s", config.data.build_from, data_dir)
-    stats = builder.prepare(config.data.build_from, data_dir, tokenizer_from_vocab_file(vocab),
-                            num_shards=4, num_workers=1, show_progress=False)
-    logging.info("Prepared data:\n%s", stats.summary())
-  _sync("prepared data")
+
+def _build_on_this_host(config: ml_collections.ConfigDict, workdir: str, data_dir: str) -> None:
+  from bertjax.data import builder, vocabulary
+  from bertjax.data.tokenizers import tokenizer_from_vocab_file
+
+  vocab = files.join(workdir, "vocab.txt")
+  if not files.isfile(vocab):
+    logging.info("Training a %d-token WordPiece vocabulary on %s", config.data.vocab_size,
+                 config.data.build_from)
+    vocabulary.train(config.data.build_from, vocab, vocab_size=config.data.vocab_size,
+                     show_progress=False)
+  logging.info("Preparing %s into %s", config.data.build_from, data_dir)
+  stats = builder.prepare(config.data.build_from, data_dir, tokenizer_from_vocab_file(vocab),
+                          num_shards=4, num_workers=1, show_progress=False)
+  files.write_json(files.join(data_dir, _BUILT_FROM_FILE), _built_from(config))
+  logging.info("Prepared data:\n%s", stats.summary())
 
 
 def check_vocabulary(config: ml_collections.ConfigDict, data_dir: str) -> None:
@@ -186,41 +258,53 @@ def check_vocabulary(config: ml_collections.ConfigDict, data_dir: str) -> None:
                      f"--config.model.vocab_size={data_vocab}")
 
 
-def _sync(name: str) -> None:
-  if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
-    multihost_utils.sync_global_devices(name)
+class _StopRequests:
+  """SIGTERM (a TPU VM's preemption notice) and a first Ctrl-C ask the loop to save
+  a checkpoint at the current step and stop; a second Ctrl-C aborts at once.
 
-
-class _Preemption:
-  """SIGTERM (a TPU VM's preemption notice) sets a flag the loop checks.
-
-  Only in a single-process run: with several processes the hosts must agree
-  on the step to save at, which JAX's preemption sync point provides (its own
-  SIGTERM handler, installed by `jax.distributed`, must stay in place).
+  With one process the handlers set `requested`, which the loop checks after
+  each step. With several, the hosts must agree on the step to save at, which
+  JAX's preemption sync point provides: its own SIGTERM handler (installed by
+  `jax.distributed`) stays in place, and Ctrl-C is passed on to it as SIGTERM.
   """
 
-  def __init__(self, install: bool):
-    self.requested = False
-    self._install = install
-    self._previous = None
+  def __init__(self, multi_process: bool):
+    self.requested: str | None = None  # "SIGTERM" or "Ctrl-C"
+    self._multi_process = multi_process
+    self._previous: dict[int, Any] = {}
 
   def __enter__(self):
-    if self._install:
+    signals = [signal.SIGINT] + ([] if self._multi_process else [signal.SIGTERM])
+    for signum in signals:
       try:
-        self._previous = signal.signal(signal.SIGTERM, self._handle)
+        self._previous[signum] = signal.signal(signum, self._handle)
       except ValueError:  # not the main thread: rely on JAX's sync point only
-        self._previous = None
+        pass
     return self
 
   def _handle(self, signum, frame):
-    del signum, frame
-    logging.warning("SIGTERM: saving a checkpoint at the next step, then stopping")
-    self.requested = True
+    del frame
+    if signum == signal.SIGINT:
+      if self.requested == "Ctrl-C":
+        raise KeyboardInterrupt  # the second: abort, abandoning any save in flight
+      logging.warning("Ctrl-C: saving a checkpoint at this step, then stopping (press "
+                      "Ctrl-C again to abort without it)")
+      if self._multi_process:
+        self.requested = "Ctrl-C"  # only for the second press: the hosts agree via JAX
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+      self.requested = "Ctrl-C"
+    else:
+      logging.warning("SIGTERM: saving a checkpoint at the next step, then stopping")
+      self.requested = "SIGTERM"
+
+  def stop_now(self) -> bool:
+    """Whether this process was asked to stop (multi-process runs ask JAX instead)."""
+    return self.requested is not None and not self._multi_process
 
   def __exit__(self, *exc):
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
+    for signum, previous in self._previous.items():
+      signal.signal(signum, previous)
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
@@ -230,9 +314,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     The last logged training metrics and the last evaluation.
 
   Raises:
-    SystemExit(PREEMPTED_EXIT_CODE) after saving when preempted.
+    SystemExit(PREEMPTED_EXIT_CODE) after saving when preempted, and
+    SystemExit(INTERRUPTED_EXIT_CODE) after saving on a first Ctrl-C.
   """
-  files.save_config(config, workdir)  # what load_pretrained reads the run's model from
+  runs.check_workdir(config, workdir)
   return _Trainer(config, workdir).run()
 
 
@@ -261,7 +346,10 @@ class _Trainer:
     # Throughput since (time, step): since the last log line, and since the
     # phase began or the last evaluation ended.
     self.window = self.interval = (time.perf_counter(), 0)
-    self.preemption: _Preemption | None = None
+    self.stop: _StopRequests | None = None
+    self.saving: int | None = None  # the step of the last save started
+    self.last_eval: dict[str, float] = {}
+    self.last_eval_step = 0
     logging.info("Mesh %s over %d devices (%s); peak %.3f TFLOP/s per device (%s)",
                  dict(self.mesh.shape), len(devices), devices[0].device_kind, self.peak,
                  peak_source)
@@ -277,46 +365,126 @@ class _Trainer:
     config = self.config
     result: dict[str, float] = {}
     with (jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules),
-          _Preemption(install=jax.process_count() == 1) as self.preemption):
+          _StopRequests(multi_process=jax.process_count() > 1) as self.stop):
       abstract = train.abstract_train_state(self.model, self.optimizer, config.seed)
       shardings = train.state_shardings(abstract, self.mesh, self.rules)
-      restored_data = None
-      latest = self.checkpointer.latest_step()
-      if latest is None:
-        state = train.init_train_state(self.model, self.optimizer, config.seed, shardings)
-      else:
-        target = checkpoint.abstract_with_shardings(abstract, shardings)
-        state, restored_data, _ = self.checkpointer.restore(latest, target)
-        logging.info("Resumed from %s at step %d", self.checkpointer.directory, latest)
+      state, restored_data = self._restore_or_init(abstract, shardings)
+      # Checked and restored: now the workdir's config.json may say what it holds.
+      runs.save_config(config, self.workdir)
       self.train_step, self.eval_step = train.jit_steps(
           self.model, self.optimizer, self.learning_rate_fn, config.objective,
           config.train.accumulation_steps, shardings, self.batch_sharding,
           sharding.replicated(self.mesh))
-
-      for phase in self.phases:
-        if int(state.step) >= phase.end:
-          continue
-        logging.info("Phase %d: steps %d-%d at length %d", phase.index, phase.start,
-                     phase.end, phase.max_seq_length)
-        iterator = loader.DeviceIterator(iter(loader.make_dataset(
-            loader_config(config, self.data_dir, phase, "train", config.train.batch_size),
-            jax.process_index(), jax.process_count())), self.batch_sharding)
-        if restored_data is not None and restored_data["phase"] == phase.index:
-          if restored_data["loader"] is None:
-            logging.warning("The checkpoint ends its run; the data of the steps added after "
-                            "it starts from the beginning of phase %d", phase.index)
-          else:
-            iterator.set_state(restored_data["loader"])
-        try:
-          state, result = self._run_phase(phase, state, iterator, result)
-        finally:
-          iterator.close()
-      step = int(state.step)
-      if self.checkpointer.latest_step() != step:  # the last step is always kept
-        self.checkpointer.save(step, state, {"phase": self.phases[-1].index, "loader": None},
-                               self._meta())
+      try:
+        for phase in self.phases:
+          if int(state.step) >= phase.end:
+            continue
+          state, result = self._train_phase(phase, state, restored_data, result)
+        step = int(state.step)
+        if self.checkpointer.latest_step() != step:  # the last step is always kept
+          self._save(step, state, {"phase": self.phases[-1].index, "loader": None})
+      except KeyboardInterrupt:  # a second Ctrl-C: no waiting
+        in_flight = self.checkpointer.saving()
+        logging.error("Aborted: %s; a rerun resumes from step %s",
+                      f"the save of step {self.saving} is abandoned" if in_flight
+                      else "no checkpoint save was in flight", self._resumable_step(in_flight))
+        raise
+      except BaseException as e:  # an error, or the stop after a preemption's save
+        if not isinstance(e, SystemExit) and self.checkpointer.saving():
+          logging.error("Stopping on %s; finishing the checkpoint of step %d first",
+                        type(e).__name__, self.saving)
+        self.checkpointer.close()  # waits for the save in flight
+        raise
       self.checkpointer.close()
+    self._say_what_was_made(int(state.step))
     return result
+
+  def _resumable_step(self, in_flight: bool) -> int | str:
+    finished = [s for s in self.checkpointer.all_steps() if not (in_flight and s == self.saving)]
+    return finished[-1] if finished else "0 (no finished checkpoint)"
+
+  def _restore_or_init(self, abstract, shardings):
+    """(state, this host's data position or None): the newest step that reads back
+    on every host, or a fresh state. Damaged newer steps are moved to
+    `<workdir>/checkpoints_damaged`, with a warning; a checkpoint of another
+    model stops the run (`CheckpointMismatchError`)."""
+    steps = self.checkpointer.all_steps()
+    if not steps:
+      return train.init_train_state(self.model, self.optimizer, self.config.seed,
+                                    shardings), None
+    target = checkpoint.abstract_with_shardings(abstract, shardings)
+    damaged: list[tuple[int, str]] = []
+    for step in reversed(steps):
+      error = None
+      try:
+        state, data, _ = self.checkpointer.restore(step, target)
+      except checkpoint.DamagedCheckpointError as e:  # a mismatch stops every host alike
+        error = e
+      try:
+        hosts.agree(error, f"restoring step {step}")  # damage may be one host's files
+      except (checkpoint.DamagedCheckpointError, hosts.OtherHostError) as e:
+        damaged.append((step, str(e)))
+        continue
+      if damaged:
+        self._set_aside_damaged(damaged, step)
+      logging.info("Resumed from %s at step %d", self.checkpointer.directory, step)
+      return state, data
+    raise checkpoint.DamagedCheckpointError(
+        f"no step of {self.checkpointer.directory} reads back ("
+        + "; ".join(message for _, message in damaged) + "); move them away or give another "
+        "--workdir to start over")
+
+  def _set_aside_damaged(self, damaged: list[tuple[int, str]], resumed: int) -> None:
+    aside = files.join(self.workdir, "checkpoints_damaged")
+    if jax.process_index() == 0:
+      self.checkpointer.move_aside([step for step, _ in damaged], aside)
+    hosts.barrier("damaged checkpoints set aside")
+    self.checkpointer.reload()
+    for step, message in damaged:
+      logging.warning("DAMAGED CHECKPOINT: step %d cannot be restored (%s); moved to %s/%d",
+                      step, message, aside, step)
+    logging.warning("Resuming from step %d, the newest checkpoint that reads back: the steps "
+                    "after it run again", resumed)
+
+  def _train_phase(self, phase: Phase, state, restored_data, result):
+    """Opens the phase's data where the checkpoint left it and runs its steps."""
+    config = self.config
+    logging.info("Phase %d: steps %d-%d at length %d", phase.index, phase.start, phase.end,
+                 phase.max_seq_length)
+    iterator = loader.DeviceIterator(iter(loader.make_dataset(
+        loader_config(config, self.data_dir, phase, "train", config.train.batch_size),
+        jax.process_index(), jax.process_count())), self.batch_sharding)
+    try:
+      if restored_data is not None and restored_data["phase"] == phase.index:
+        if restored_data["loader"] is None:
+          logging.warning("The checkpoint ends its run; the data of the steps added after it "
+                          "starts from the beginning of phase %d", phase.index)
+        else:
+          iterator.set_state(restored_data["loader"])
+      return self._run_phase(phase, state, iterator, result)
+    finally:
+      iterator.close()
+
+  def _say_what_was_made(self, step: int) -> None:
+    """The run's last lines: where its checkpoint and metrics are, its held-out
+    figures, and the commands that look at it, convert it and fine-tune from it."""
+    if jax.process_index() != 0:
+      return
+    workdir = self.workdir
+    held_out = "  ".join(f"{k} {v:.4f}" for k, v in self.last_eval.items())
+    lines = [
+        f"Done: {step} steps. Checkpoint {files.join(workdir, 'checkpoints', str(step))}, "
+        f"metrics {files.join(workdir, 'metrics.jsonl')}.",
+        (f"Held-out at step {self.last_eval_step}: {held_out}" if held_out
+         else "Held-out: not evaluated in this session (eval.every_steps)"),
+        f"Look:      tensorboard --logdir {files.join(workdir, 'tensorboard')}",
+        f"Convert:   python -m bertjax.tools.convert --input={workdir} --to=hf "
+        f"--output={workdir.rstrip('/')}_hf",
+        f"Fine-tune: python -m bertjax.main --config=configs/glue.py:sst2 "
+        f"--config.init_checkpoint={workdir} --config.data.dir=glue_data/SST-2 "
+        f"--workdir={workdir.rstrip('/')}_sst2",
+    ]
+    metrics.log("\n".join(lines))
 
   def _meta(self) -> dict[str, Any]:
     return {"model": self.config.model.to_dict(), "objective": self.config.objective}
@@ -351,15 +519,16 @@ class _Trainer:
                                                      + config.profile.num_steps):
         jax.profiler.stop_trace()
 
-      preempted = self.preemption.requested or self.checkpointer.reached_preemption(step)
-      if preempted or step % config.checkpoint.every_steps == 0:
+      stopping = self.stop.stop_now() or self.checkpointer.reached_preemption(step)
+      if stopping or step % config.checkpoint.every_steps == 0:
         self._save(step, state, {"phase": phase.index, "loader": iterator.get_state()})
-      if preempted:
+      if stopping:
         self._report(*pending, length, last=True)  # the step's metrics, before leaving
         self.checkpointer.close()
-        logging.warning("Preempted: checkpoint saved at step %d; rerun the same command to "
-                        "resume", step)
-        raise SystemExit(PREEMPTED_EXIT_CODE)
+        interrupted = self.stop.requested == "Ctrl-C"
+        logging.warning("%s: checkpoint saved at step %d; rerun the same command to resume",
+                        "Interrupted" if interrupted else "Preempted", step)
+        raise SystemExit(INTERRUPTED_EXIT_CODE if interrupted else PREEMPTED_EXIT_CODE)
       if config.eval.every_steps > 0 and step % config.eval.every_steps == 0:
         result = self._report(*pending, length, last=True) or result  # timed before evaluating
         pending = None
@@ -376,6 +545,7 @@ class _Trainer:
     holds the loop is left out of the throughput (and logged)."""
     jax.block_until_ready(state)  # the step's own time stays in its window
     started = time.perf_counter()
+    self.saving = step
     self.checkpointer.save(step, state, data_state, self._meta())
     # Every step up to a checkpoint is in the metrics (on gs:// they go in
     # batches): a run killed after it resumes there and loses no line.
@@ -439,6 +609,7 @@ class _Trainer:
     finally:
       iterator.close()
     values = train.summarize_eval(totals)
+    self.last_eval, self.last_eval_step = values, step
     if jax.process_index() == 0:
       metrics.log(f"eval at step {step}: "
                   + "  ".join(f"{k} {v:.4f}" for k, v in values.items()))

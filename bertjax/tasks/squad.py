@@ -31,7 +31,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from bertjax import files, metrics
+from bertjax import files, metrics, runs
 from bertjax.data import squad as squad_data
 from bertjax.evaluation import squad as squad_eval
 from bertjax.pretrained import Pretrained, add_span_bilstm, save_pretrained
@@ -187,8 +187,8 @@ def load_data(config: ml_collections.ConfigDict, name: str) -> dict[str, Any]:
   (`"tfds"`: `name` is the split of `data.tfds_name`, e.g. "validation")."""
   if config.data.source == "json":
     data = files.read_json(name)
-    if not isinstance(data.get("data"), list):
-      raise ValueError(f"{name}: not SQuAD data (no top-level \"data\" list)")
+    for _ in squad_data.iter_paragraphs(data, name):  # the first malformed record, located
+      pass
     return data
   if config.data.source == "tfds":
     tfds_name = config.data.tfds_name or f"squad/{config.data.version}"
@@ -226,7 +226,7 @@ class _Predictor:
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Fine-tunes on `data.train_file` (if given), predicts and scores the dev
   file, predicts `data.test_file` (if given)."""
-  files.save_config(config, workdir)
+  runs.check_workdir(config, workdir)  # before anything is written there
   if config.data.version not in ("v1.1", "v2.0"):
     raise ValueError(f"config.data.version must be 'v1.1' or 'v2.0', got "
                      f"{config.data.version!r}")
@@ -244,6 +244,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       config.data.train_file or config.tune_null_threshold)
   threshold = 0.0 if threshold is None else threshold
 
+  # Every file is read (and checked) before training, not after it.
+  to_predict = {prefix: load_data(config, name) for prefix, name in (
+      ("", config.data.predict_file), ("test_", config.data.test_file)) if name}
   recipe = finetune.Recipe.from_config(config)
   train_arrays, total_steps = None, 1
   if config.data.train_file:
@@ -260,6 +263,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                  len(features), total_steps, recipe.batch_size)
   writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0)
   tuner = finetune.FineTuner(bundle, "span", recipe, total_steps, config, writer)
+  runs.save_config(config, workdir)  # the settings are checked, the model loaded
   if train_arrays is not None:
     for epoch in range(int(np.ceil(recipe.epochs))):
       tuner.train_epoch(train_arrays, epoch)
@@ -269,7 +273,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   results: dict[str, Any] = {"version": config.data.version}
   outputs: dict[str, Any] = {}
   if config.data.predict_file:
-    data = load_data(config, config.data.predict_file)
+    data = to_predict[""]
     dataset = data["data"]
     _, decoded = predict(config.data.predict_file, data, threshold)
     if version_2:
@@ -288,8 +292,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     logging.info("dev: %s", json.dumps(results["dev"]))
     outputs[""] = decoded
   if config.data.test_file:
-    _, outputs["test_"] = predict(config.data.test_file,
-                                  load_data(config, config.data.test_file), threshold)
+    _, outputs["test_"] = predict(config.data.test_file, to_predict["test_"], threshold)
   params = tuner.params() if config.data.train_file else None
 
   if jax.process_index() == 0:
@@ -307,4 +310,5 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                         or config.null_score_diff_threshold is not None):
         _write_json(os.path.join(model_dir, THRESHOLD_FILE),
                     {"null_score_diff_threshold": threshold})
+  finetune.say_what_was_made(workdir, results)
   return results

@@ -21,7 +21,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from bertjax import files, metrics
+from bertjax import files, metrics, runs
 from bertjax.data import swag as swag_data
 from bertjax.pretrained import Pretrained, save_pretrained
 from bertjax.tasks import finetune
@@ -34,7 +34,7 @@ def _write_predictions(path: str, examples, predictions: np.ndarray) -> None:
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Fine-tunes on SWAG's train.csv, scores val.csv every epoch, predicts test.csv."""
-  files.save_config(config, workdir)
+  runs.check_workdir(config, workdir)  # before anything is written there
   path = lambda name: os.path.join(config.data.dir, name)
   train_examples = swag_data.read_csv(path("train.csv"))
   dev_examples = swag_data.read_csv(path("val.csv"))
@@ -48,6 +48,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   total_steps = finetune.run_steps(len(train_examples), "training examples", recipe)
   writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0)
   tuner = finetune.FineTuner(bundle, "multiple_choice", recipe, total_steps, config, writer)
+  runs.save_config(config, workdir)  # the settings are checked, the model loaded
   labels = np.array([e.label for e in dev_examples])
   history = []
   for epoch in range(int(np.ceil(recipe.epochs))):
@@ -72,4 +73,5 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     files.write_text(os.path.join(workdir, "results.json"), json.dumps(results, indent=2))
     save_pretrained(Pretrained(bundle.config, params, bundle.tokenizer, "multiple_choice"),
                     os.path.join(workdir, "model"), overwrite=True)
+  finetune.say_what_was_made(workdir, results)
   return results

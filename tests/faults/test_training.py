@@ -1,0 +1,355 @@
+"""Faults in a pre-training run, each checked for "nothing lost, clear message".
+
+Real runs of `python -m bertjax.main` (the tiny model of tests/tasks/test_pretrain.py)
+are stopped by real signals, given damaged checkpoints and hostile settings; a
+few faults that cannot be produced from outside (an error while a save is in
+flight) are injected into the real code with a patch.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.tasks.finetuning import set_fields
+from tests.tasks.test_pretrain import ROOT, _args, _env, _losses, _run, _saved_steps
+
+
+def _tiny(workdir, prepared_dir, **overrides):
+  settings = {"train.total_steps": 60, "train.long_from_step": -1,
+              "checkpoint.every_steps": 10, "eval.every_steps": 30, **overrides}
+  return _args(workdir, prepared_dir, **settings)
+
+
+def _error_lines(stderr):
+  return [line for line in stderr.splitlines() if line.startswith("error: ")]
+
+
+def _start(args, log_path, **kwargs):
+  log = open(log_path, "w")
+  return subprocess.Popen(args, cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=log,
+                          **kwargs), log
+
+
+def _wait_for_step(process, workdir, step, timeout=300):
+  path = os.path.join(workdir, "metrics.jsonl")
+  deadline = time.time() + timeout
+  while time.time() < deadline and process.poll() is None:
+    if os.path.exists(path) and any(int(s) >= step for s in _losses(workdir)):
+      return
+    time.sleep(0.02)
+  raise AssertionError(f"the run did not reach step {step}")
+
+
+def test_first_ctrl_c_saves_at_the_step_and_the_rerun_goes_on(prepared_dir, tmp_path):
+  workdir = str(tmp_path / "run")
+  args = _tiny(workdir, prepared_dir, **{"train.total_steps": 400})
+  process, log = _start(args, str(tmp_path / "log"))
+  _wait_for_step(process, workdir, 25)
+  process.send_signal(signal.SIGINT)
+  process.wait(timeout=300)
+  log.close()
+  stderr = open(tmp_path / "log").read()
+  assert process.returncode == 130, stderr[-3000:]
+  stopped = max(_losses(workdir))
+  assert _saved_steps(workdir)[-1] == stopped, stderr[-3000:]  # saved where it stopped
+  assert "Interrupted: checkpoint saved at step" in stderr
+  assert not [n for n in os.listdir(os.path.join(workdir, "checkpoints")) if "tmp" in n]
+  result = _run(_tiny(workdir, prepared_dir, **{"train.total_steps": stopped + 10}), _env())
+  losses = _losses(workdir)
+  assert all(len(losses[s]) == 1 for s in range(1, stopped + 11))  # nothing ran twice
+  # The finished run says what it made and what to do next.
+  for text in ("Done: ", f"checkpoints/{stopped + 10}", "tensorboard --logdir",
+               "bertjax.tools.convert --input=", "--config.init_checkpoint="):
+    assert text in result.stderr, text
+
+
+# Saves are made slow (their finalisation sleeps), so that a fault can land
+# while one is in flight.
+_SLOW_SAVES = """
+import time
+from absl import app
+import orbax.checkpoint as ocp
+from bertjax import main
+from bertjax.tasks import pretrain
+finalize = ocp.CheckpointManager._finalize
+def slow_finalize(self, *args, **kwargs):
+  time.sleep(3)
+  return finalize(self, *args, **kwargs)
+ocp.CheckpointManager._finalize = slow_finalize
+"""
+_RUN = "app.run(main.main)\n"
+# ... and the evaluation at step 20 raises.
+_ERROR_WHILE_SAVING = _SLOW_SAVES + """
+def failing_evaluation(self, state, phase, step):
+  raise RuntimeError("injected evaluation failure")
+pretrain._Trainer._evaluate = failing_evaluation
+""" + _RUN
+
+
+def test_second_ctrl_c_aborts_at_once_and_says_where_a_rerun_resumes(prepared_dir, tmp_path):
+  """The first Ctrl-C starts the save of the current step; a second one, while
+  it is written, abandons it: the rerun resumes from the last finished step."""
+  workdir = str(tmp_path / "run")
+  args = _tiny(workdir, prepared_dir, **{"train.total_steps": 400, "checkpoint.every_steps": 1000})
+  log_path = str(tmp_path / "log")
+  process, log = _start([sys.executable, "-c", _SLOW_SAVES + _RUN, *args[3:]], log_path)
+  _wait_for_step(process, workdir, 25)
+  process.send_signal(signal.SIGINT)
+  deadline = time.time() + 60
+  while "Ctrl-C: saving" not in open(log_path).read() and time.time() < deadline:
+    time.sleep(0.02)
+  started = time.time()
+  process.send_signal(signal.SIGINT)
+  process.wait(timeout=300)
+  log.close()
+  stderr = open(log_path).read()
+  assert process.returncode == 130, stderr[-3000:]
+  assert time.time() - started < 2.5  # did not wait for the 3 s save
+  assert "Traceback" not in stderr, stderr[-3000:]
+  assert "error: interrupted" in stderr
+  assert "is abandoned; a rerun resumes from step 0 (no finished checkpoint)" in stderr
+  assert _saved_steps(workdir) == []
+  _run(_tiny(workdir, prepared_dir, **{"train.total_steps": 30}), _env())
+  assert _saved_steps(workdir) == [10, 20, 30]
+
+
+def test_an_error_while_a_save_is_in_flight_waits_for_the_save(prepared_dir, tmp_path):
+  workdir = str(tmp_path / "run")
+  args = _tiny(workdir, prepared_dir, **{"eval.every_steps": 20})
+  result = subprocess.run([sys.executable, "-c", _ERROR_WHILE_SAVING, *args[3:]], cwd=ROOT,
+                          env=_env(), capture_output=True, text=True, timeout=600)
+  assert result.returncode != 0
+  assert "injected evaluation failure" in result.stderr
+  assert "finishing the checkpoint of step 20 first" in result.stderr
+  assert _saved_steps(workdir) == [10, 20]
+  assert not [n for n in os.listdir(os.path.join(workdir, "checkpoints")) if "tmp" in n]
+
+
+def _demo_config(prepared_dir, **changes):
+  from configs import demo
+
+  config = demo.get_config()
+  settings = {"data.dir": prepared_dir, "data.eval_percent": 10.0, "model.vocab_size": 210,
+              "model.hidden_size": 32, "model.num_heads": 2, "model.num_layers": 2,
+              "model.intermediate_size": 64, "model.max_position_embeddings": 64,
+              "train.batch_size": 8, "eval.batch_size": 8, "train.max_seq_length": 32,
+              "train.max_predictions": 5, "train.total_steps": 30,
+              "train.long_from_step": -1, "optimizer.warmup_steps": 2,
+              "checkpoint.every_steps": 10, "checkpoint.async_save": False,
+              "eval.every_steps": 0, "log_every_steps": 10, **changes}
+  return set_fields(config, settings)
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"checkpoint.max_to_keep": 0}, "checkpoint.max_to_keep must be >= 1, got 0"),
+    ({"eval.every_steps": 10, "eval.batches": 0}, "eval.batches must be >= 1"),
+    ({"data.eval_percent": -5.0}, r"data.eval_percent=-5.0 must be in \[0, 100\)"),
+    ({"data.eval_percent": 100.0}, r"data.eval_percent=100.0 must be in \[0, 100\)"),
+    ({"eval.every_steps": 10, "data.eval_percent": 0.0}, "holds no document out"),
+])
+def test_settings_that_lose_work_or_fail_later_are_refused_first(prepared_dir, changes,
+                                                                 message):
+  from bertjax.tasks import pretrain
+
+  with pytest.raises(ValueError, match=message):
+    pretrain.validate(_demo_config(prepared_dir, **changes), 8)
+
+
+def test_an_empty_evaluation_split_is_refused_before_training(prepared_dir, tmp_path):
+  from bertjax.tasks import pretrain
+
+  config = _demo_config(prepared_dir, **{"eval.every_steps": 10, "data.eval_percent": 0.01})
+  with pytest.raises(ValueError, match="leaves 0 in the eval split.*raise data.eval_percent"):
+    pretrain.run(config, str(tmp_path))
+  assert not os.path.exists(tmp_path / "checkpoints")
+
+
+@pytest.fixture(scope="module")
+def finished_run(prepared_dir, tmp_path_factory):
+  """A 30-step run with checkpoints at 10, 20 and 30."""
+  from bertjax.tasks import pretrain
+
+  workdir = str(tmp_path_factory.mktemp("finished"))
+  pretrain.run(_demo_config(prepared_dir), workdir)
+  return workdir
+
+
+def _copy(run, tmp_path):
+  import shutil
+
+  target = str(tmp_path / "copy")
+  shutil.copytree(run, target)
+  return target
+
+
+def test_a_refused_rerun_leaves_the_config_and_the_run_as_they_were(finished_run,
+                                                                    prepared_dir, tmp_path):
+  import bertjax
+  from bertjax.tasks import pretrain
+
+  workdir = _copy(finished_run, tmp_path)
+  before = open(os.path.join(workdir, "config.json")).read()
+  bigger = _demo_config(prepared_dir, **{"model.hidden_size": 64, "train.total_steps": 40})
+  with pytest.raises(ValueError, match=r"does not fit this run's model and optimizer \(\d+ "
+                                       r"arrays differ, e\.g\. "):
+    pretrain.run(bigger, workdir)
+  assert open(os.path.join(workdir, "config.json")).read() == before
+  assert bertjax.load_pretrained(workdir).config.hidden_size == 32
+
+
+def test_fine_tuning_refuses_to_write_into_a_pretraining_run(finished_run, tmp_path):
+  from configs import glue as glue_config
+  from bertjax.tasks import glue
+
+  before = open(os.path.join(finished_run, "config.json")).read()
+  config = glue_config.get_config("sst2")
+  config.init_checkpoint = finished_run
+  with pytest.raises(ValueError, match="is config.init_checkpoint"):
+    glue.run(config, finished_run)
+  config.init_checkpoint = str(tmp_path / "elsewhere")
+  with pytest.raises(ValueError, match="holds a 'pretrain' run .* this is a 'glue sst2' run"):
+    glue.run(config, finished_run)
+  assert open(os.path.join(finished_run, "config.json")).read() == before
+
+
+def _damage(workdir, step, how):
+  state = os.path.join(workdir, "checkpoints", str(step), "state")
+  if how == "truncated array":
+    chunks = os.path.join(state, "ocdbt.process_0", "d")
+    biggest = max(os.listdir(chunks), key=lambda n: os.path.getsize(os.path.join(chunks, n)))
+    with open(os.path.join(chunks, biggest), "r+b") as f:
+      f.truncate(100)
+  elif how == "lost manifest":
+    os.remove(os.path.join(state, "manifest.ocdbt"))
+    os.remove(os.path.join(state, "ocdbt.process_0", "manifest.ocdbt"))
+  elif how == "lost metadata":
+    os.remove(os.path.join(state, "_METADATA"))
+  elif how == "garbled data position":
+    data = os.path.join(workdir, "checkpoints", str(step), "data", "process_0-of-1.json")
+    with open(data, "w") as f:
+      f.write("{")
+
+
+@pytest.mark.parametrize("how", ["truncated array", "lost manifest", "lost metadata",
+                                 "garbled data position"])
+def test_a_damaged_latest_step_is_set_aside_and_the_run_resumes_before_it(
+    finished_run, prepared_dir, tmp_path, how, caplog):
+  from bertjax.tasks import pretrain
+
+  workdir = _copy(finished_run, tmp_path)
+  _damage(workdir, 30, how)
+  with caplog.at_level("WARNING"):
+    pretrain.run(_demo_config(prepared_dir, **{"train.total_steps": 40}), workdir)
+  assert "DAMAGED CHECKPOINT: step 30 cannot be restored" in caplog.text
+  assert "Resuming from step 20" in caplog.text
+  assert "does not fit" not in caplog.text  # damage is not called a model mismatch
+  assert os.path.isdir(os.path.join(workdir, "checkpoints_damaged", "30"))
+  assert _saved_steps(workdir)[-1] == 40
+
+
+def test_a_run_with_every_step_damaged_stops_naming_them(finished_run, prepared_dir,
+                                                        tmp_path):
+  from bertjax.tasks import pretrain
+
+  workdir = _copy(finished_run, tmp_path)
+  for step in (10, 20, 30):
+    _damage(workdir, step, "lost metadata")
+  with pytest.raises(ValueError, match=r"no step of .*checkpoints reads back .*/30 is damaged"
+                                       r".*/20 is damaged.*/10 is damaged"):
+    pretrain.run(_demo_config(prepared_dir, **{"train.total_steps": 40}), workdir)
+  assert _saved_steps(workdir) == [10, 20, 30]  # nothing moved or deleted
+
+
+def test_fine_tuning_reads_the_newest_step_that_is_intact(finished_run, tmp_path, caplog):
+  from bertjax import checkpoint
+
+  workdir = _copy(finished_run, tmp_path)
+  _damage(workdir, 30, "truncated array")
+  with caplog.at_level("WARNING"):
+    _, step, _ = checkpoint.params_from_run(workdir)
+  assert step == 20 and "the newest that reads back" in caplog.text
+  assert _saved_steps(workdir) == [10, 20, 30]  # a reader changes nothing
+
+
+def test_a_workdir_built_from_other_text_is_not_reused(tmp_path):
+  from bertjax.tasks import pretrain
+  from tests.conftest import write_corpus
+
+  first, second = write_corpus(tmp_path / "a.txt"), write_corpus(tmp_path / "b.txt", seed=1)
+  workdir = str(tmp_path / "run")
+  config = _demo_config("", **{"data.dir": "", "data.build_from": str(first),
+                               "data.vocab_size": 300})
+  pretrain.prepare_data(config, workdir)
+  for change in ({"data.build_from": str(second)}, {"data.vocab_size": 400}):
+    with pytest.raises(ValueError, match="were built with other settings .*give another "
+                                         "--workdir, or delete both"):
+      pretrain.prepare_data(set_fields(config.copy_and_resolve_references(), change), workdir)
+
+
+@pytest.mark.parametrize("flag,says", [
+    ("--config.train.bogus=1", "--config.train.bogus: the config has no field 'bogus'"),
+    ("--config.train.batch_sise=8", "did you mean 'batch_size'?"),
+    ("--config.data.dir=/no/such/dir", "/no/such/dir"),
+])
+def test_usage_errors_are_one_line(prepared_dir, tmp_path, flag, says):
+  args = [a for a in _tiny(str(tmp_path / "run"), prepared_dir) if "data.dir" not in a]
+  args += [flag, "--config.data.build_from="]
+  result = subprocess.run(args, cwd=ROOT, env=_env(), capture_output=True, text=True,
+                          timeout=300)
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert "Traceback" not in result.stderr, result.stderr[-3000:]
+  errors = _error_lines(result.stderr)
+  assert len(errors) == 1 and says in errors[0], result.stderr[-3000:]
+
+
+def _two_processes(args, timeout=240):
+  """Runs `args` as processes 0 and 1 of one job; returns (exit codes, stderr of each)."""
+  from tests.tasks.test_pretrain import _free_port
+
+  port = _free_port()
+  processes = [subprocess.Popen(
+      args + [f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+              f"--process_id={i}"],
+      cwd=ROOT, env={**_env(devices=2), "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"},
+      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for i in range(2)]
+  try:
+    outputs = [p.communicate(timeout=timeout)[1] for p in processes]
+  finally:
+    for p in processes:
+      p.kill()  # a hang fails the test instead of stalling the suite
+  return [p.returncode for p in processes], outputs
+
+
+def test_a_failed_build_on_host_0_stops_every_host(tmp_path):
+  """Host 0 builds the data while the others wait for it: its failure reaches them."""
+  unusable = tmp_path / "blank.txt"
+  unusable.write_text("\n\n   \n" * 50)
+  args = _tiny(str(tmp_path / "run"), "", **{"data.build_from": str(unusable),
+                                             "data.vocab_size": 300})
+  codes, outputs = _two_processes([a for a in args if not a.startswith("--config.data.dir")])
+  assert codes == [2, 2], outputs[1][-3000:]
+  assert str(unusable) in _error_lines(outputs[0])[0]
+  assert "preparing the data failed on process 0 of 2" in _error_lines(outputs[1])[0]
+
+
+def test_an_evaluation_split_that_misses_a_host_stops_every_host(prepared_dir, tmp_path):
+  """With documents split between hosts, an evaluation split of one document
+  leaves a host none: both refuse before training instead of one waiting."""
+  import numpy as np
+
+  from bertjax.data import loader
+
+  count = len(loader.DocumentSource(prepared_dir))
+  percent = next(p for p in np.arange(0.5, 20, 0.25)
+                 if len(loader.split_documents(count, "eval", p)) == 1)
+  args = _tiny(str(tmp_path / "run"), prepared_dir, **{"data.host_sharding": "documents",
+                                                       "data.eval_percent": float(percent)})
+  codes, outputs = _two_processes(args)
+  assert codes == [2, 2], outputs[1][-3000:]
+  for output in outputs:
+    assert "leaves 1 in the eval split, fewer than the 2 process(es)" in _error_lines(output)[0]
