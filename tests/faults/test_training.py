@@ -353,3 +353,33 @@ def test_an_evaluation_split_that_misses_a_host_stops_every_host(prepared_dir, t
   assert codes == [2, 2], outputs[1][-3000:]
   for output in outputs:
     assert "leaves 1 in the eval split, fewer than the 2 process(es)" in _error_lines(output)[0]
+
+
+def test_ctrl_c_on_one_host_saves_every_host_at_the_same_step(prepared_dir, tmp_path):
+  """On several hosts, Ctrl-C goes through JAX's preemption sync point: all of
+  them save the same step and stop."""
+  from tests.tasks.test_pretrain import _free_port
+
+  workdir = str(tmp_path / "run")
+  args = _tiny(workdir, prepared_dir, **{"train.total_steps": 3000, "eval.every_steps": 0,
+                                         "checkpoint.every_steps": 1000})
+  port = _free_port()
+  logs = [str(tmp_path / f"log{i}") for i in range(2)]
+  processes = [subprocess.Popen(
+      args + [f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+              f"--process_id={i}"],
+      cwd=ROOT, env={**_env(devices=2), "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"},
+      stdout=subprocess.DEVNULL, stderr=open(logs[i], "w")) for i in range(2)]
+  try:
+    _wait_for_step(processes[0], workdir, 30)
+    processes[0].send_signal(signal.SIGINT)
+    codes = [p.wait(timeout=240) for p in processes]
+  finally:
+    for p in processes:
+      p.kill()
+  outputs = [open(log).read() for log in logs]
+  assert codes == [130, 143], outputs[0][-3000:]
+  saved = _saved_steps(workdir)
+  assert len(saved) == 1 and 30 <= saved[0] < 3000
+  assert f"Interrupted: checkpoint saved at step {saved[0]}" in outputs[0]
+  assert f"Preempted: checkpoint saved at step {saved[0]}" in outputs[1]

@@ -3,6 +3,7 @@ checkpoint, fine-tuned on small learnable tasks written in GLUE's formats."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -83,9 +84,15 @@ def test_fine_tunes_from_a_pretraining_run(pretrained_run, tmp_path, caplog):
   data = str(tmp_path / "SST-2")
   write_sst2(data)
   workdir = str(tmp_path / "run")
-  with caplog.at_level("WARNING"):
+  with caplog.at_level("INFO"):
     result = glue.run(_glue_config("sst2", pretrained_run, data), workdir)
   assert "initialised randomly: classifier/bias, classifier/kernel" in caplog.text
+  # Log lines with the time left; the last lines say what was made and what next.
+  assert re.search(r"step 20/64  loss \S+  accuracy \S+ .* eta \dm\d\ds", caplog.text)
+  assert re.search(r"Done\. dev: accuracy (9\d|100)\.\d{4}", caplog.text)
+  assert (f"Wrote to {workdir}: dev_predictions.tsv, metrics.jsonl, model, results.json, "
+          "submission") in caplog.text
+  assert f"--input={workdir}/model --output={workdir}/model_hf" in caplog.text
   assert result["dev"]["accuracy"] > 95.0, result
   assert [h["step"] for h in result["epochs"]] == [16, 32, 48, 64]
   saved = json.load(open(os.path.join(workdir, "results.json")))
