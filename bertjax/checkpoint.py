@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 import time
 from typing import Any
 
@@ -43,17 +44,34 @@ def _first_line(error: BaseException, limit: int = 300) -> str:
   return text if len(text) <= limit else text[:limit] + "..."
 
 
+# Storage errors that say nothing about the checkpoint's files (a busy or
+# unreachable store, missing rights, memory): raised as they are, never taken
+# for damage, so a step that is fine is never set aside for them.
+_NOT_DAMAGE = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "PERMISSION_DENIED", "UNAUTHENTICATED",
+               "RESOURCE_EXHAUSTED", "CANCELLED", "Too Many Requests", "Service Unavailable",
+               "Forbidden")
+
+
+def _damage_or_raise(error: Exception, where: str) -> DamagedCheckpointError:
+  """`error` from reading a step as `DamagedCheckpointError`, unless it is a
+  storage error that says nothing about the files (then it is re-raised)."""
+  if isinstance(error, (PermissionError, MemoryError, ConnectionError, TimeoutError)) or any(
+      marker in str(error) for marker in _NOT_DAMAGE):
+    raise error
+  return DamagedCheckpointError(f"{where} is damaged: {_first_line(error)}")
+
+
 def _quiet_closed_event_loop() -> None:
   """Drops the hundreds of `RuntimeError: Event loop is closed` tracebacks that
   tensorstore's callbacks print when orbax's event loop closes on a failed read
   (a damaged checkpoint), so that the one error that matters is seen. Installed
   once per process; every other exception is reported as before."""
-  import sys
-
   if getattr(sys.excepthook, "_bertjax_quiet", False):
     return
   excepthook, unraisablehook = sys.excepthook, sys.unraisablehook
-  closed = lambda value: isinstance(value, RuntimeError) and str(value) == "Event loop is closed"
+
+  def closed(value: BaseException | None) -> bool:
+    return isinstance(value, RuntimeError) and str(value) == "Event loop is closed"
 
   def quiet_excepthook(kind, value, traceback):
     if not closed(value):
@@ -80,8 +98,9 @@ class PerProcessJsonHandler(ocp.CheckpointHandler):
       found = sorted(p.name for p in epath.Path(directory).glob("process_*.json"))
       if not found:
         raise DamagedCheckpointError(f"{directory} holds no host's data position")
-      raise CheckpointMismatchError(f"{path} is missing: the checkpoint was written by a different number "
-                       f"of processes ({found}); restart with as many hosts")
+      raise CheckpointMismatchError(f"{path} is missing: the checkpoint was written by a "
+                                    f"different number of processes ({found}); restart "
+                                    "with as many hosts")
     return json.loads(path.read_text())
 
   def structure(self, directory: epath.Path) -> Any:
@@ -177,9 +196,8 @@ class Checkpointer:
       }))
     except (CheckpointMismatchError, DamagedCheckpointError):
       raise
-    except Exception as e:  # tensorstore, JSON and file errors alike: the shapes fit
-      raise DamagedCheckpointError(f"{self.directory}/{step} is damaged: "
-                                   f"{_first_line(e)}") from e
+    except Exception as e:  # tensorstore, JSON and file errors: the shapes fit
+      raise _damage_or_raise(e, f"{self.directory}/{step}") from e
     return restored[STATE], restored[DATA], restored[META]
 
   def restore_state(self, step: int, abstract_state: Any) -> Any:
@@ -189,20 +207,30 @@ class Checkpointer:
       restored = self._manager.restore(step, args=ocp.args.Composite(**{
           STATE: ocp.args.StandardRestore(abstract_state)}))
     except Exception as e:
-      raise DamagedCheckpointError(f"{self.directory}/{step} is damaged: "
-                                   f"{_first_line(e)}") from e
+      raise _damage_or_raise(e, f"{self.directory}/{step}") from e
     return restored[STATE]
 
   def move_aside(self, steps: list[int], to: str) -> None:
     """Moves finished steps out of the run (to `to/<step>`), kept for inspection;
-    the caller makes sure no other process is reading or writing them."""
-    target = epath.Path(to)
-    target.mkdir(parents=True, exist_ok=True)
+    the caller makes sure no other process is reading or writing them.
+
+    A local step is renamed. On object storage a step is copied, then deleted:
+    a failure part-way leaves the step in place (and perhaps a partial copy),
+    never nowhere.
+    """
+    from bertjax import files
+
     for step in steps:
-      destination = target / str(step)
-      if destination.exists():
-        destination = target / f"{step}-{int(time.time())}"
-      (epath.Path(self.directory) / str(step)).rename(destination)
+      source = files.join(self.directory, str(step))
+      destination = files.join(to, str(step))
+      if files.exists(destination):
+        destination = files.join(to, f"{step}-{int(time.time())}")
+      if not files.is_remote(source):
+        os.makedirs(to, exist_ok=True)
+        os.rename(source, destination)
+        continue
+      _copy_tree(epath.Path(source), epath.Path(destination))
+      epath.Path(source).rmtree()
 
   def reload(self) -> None:
     """Rereads the steps on storage (after another process moved some)."""
@@ -218,8 +246,7 @@ class Checkpointer:
     try:
       stored = self._manager.item_metadata(step)[STATE]
     except Exception as e:
-      raise DamagedCheckpointError(f"{self.directory}/{step} is damaged: its metadata does "
-                                   f"not read back ({_first_line(e)})") from e
+      raise _damage_or_raise(e, f"{self.directory}/{step} (its metadata)") from e
     if stored is None:
       raise DamagedCheckpointError(f"{self.directory}/{step} is damaged: its state has no "
                                    "metadata")
@@ -231,6 +258,8 @@ class Checkpointer:
     problems = [f"{name}: stored {stored_shapes.get(name, 'nothing')}, this run needs "
                 f"{shape}" for name, shape in wanted.items()
                 if stored_shapes.get(name) != shape]
+    problems += [f"{name}: stored {shape}, this run has no such array"
+                 for name, shape in stored_shapes.items() if name not in wanted]
     if problems:
       raise CheckpointMismatchError(
           f"{self.directory}/{step}: the checkpoint does not fit this run's model and "
@@ -251,6 +280,15 @@ class Checkpointer:
     self._closed = True
     self._manager.wait_until_finished()
     self._manager.close()
+
+
+def _copy_tree(source: epath.Path, destination: epath.Path) -> None:
+  """Copies every object under `source` (copied by the store itself)."""
+  for item in source.iterdir():
+    if item.is_dir():
+      _copy_tree(item, destination / item.name)
+    else:
+      item.copy(destination / item.name, overwrite=True)
 
 
 def params_from_run(workdir: str) -> tuple[Any, int, Any]:

@@ -1,4 +1,5 @@
-"""A run's working directory: whose it is, and the resolved config it keeps.
+"""A run's working directory: whose it is, the resolved config it keeps, and
+what the run says it left there when it is done.
 
 `<workdir>/config.json` says what a workdir holds: `load_pretrained(workdir)`
 reads the model from it, and a rerun is checked against it. A run therefore
@@ -12,11 +13,11 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, Mapping
 
 import jax
 
-from bertjax import files
+from bertjax import files, metrics
 
 CONFIG_FILE = "config.json"
 
@@ -53,7 +54,10 @@ def check_workdir(config: Any, workdir: str) -> None:
   except (ValueError, UnicodeDecodeError) as e:
     raise ValueError(f"{path} is not a run's config ({e}); give another --workdir, or "
                      "delete the file if the directory is yours to reuse") from None
-  ours, theirs = _kind(config.to_dict()), _kind(saved if isinstance(saved, dict) else {})
+  if not isinstance(saved, dict) or "task" not in saved:
+    raise ValueError(f"{path} is not a bertjax run's config (a model directory?); give "
+                     "another --workdir")
+  ours, theirs = _kind(config.to_dict()), _kind(saved)
   if ours != theirs:
     raise ValueError(f"--workdir={workdir} holds a {theirs!r} run ({path}); this is a "
                      f"{ours!r} run: give another --workdir")
@@ -67,3 +71,52 @@ def save_config(config: Any, workdir: str) -> None:
   files.makedirs(workdir)
   files.write_text(files.join(workdir, CONFIG_FILE),
                    json.dumps(config.to_dict(), indent=2, default=str))
+
+
+def say_pretraining_is_done(workdir: str, step: int, held_out: Mapping[str, float],
+                            held_out_step: int) -> None:
+  """A pre-training run's last lines (process 0): where its checkpoint and
+  metrics are, its held-out figures, and the commands that look at it, convert
+  it and fine-tune from it."""
+  if jax.process_index() != 0:
+    return
+  figures = "  ".join(f"{k} {v:.4f}" for k, v in held_out.items())
+  lines = [
+      f"Done: {step} steps. Checkpoint {files.join(workdir, 'checkpoints', str(step))}, "
+      f"metrics {files.join(workdir, 'metrics.jsonl')}.",
+      (f"Held-out at step {held_out_step}: {figures}" if figures
+       else "Held-out: not evaluated in this session (eval.every_steps)"),
+      f"Look:      tensorboard --logdir {files.join(workdir, 'tensorboard')}",
+      f"Convert:   python -m bertjax.tools.convert --input={workdir} --to=hf "
+      f"--output={workdir.rstrip('/')}_hf",
+      f"Fine-tune: python -m bertjax.main --config=configs/glue.py:sst2 "
+      f"--config.init_checkpoint={workdir} --config.data.dir=glue_data/SST-2 "
+      f"--workdir={workdir.rstrip('/')}_sst2",
+  ]
+  metrics.log("\n".join(lines))
+
+
+def say_fine_tuning_is_done(workdir: str, results: Mapping[str, Any]) -> None:
+  """A fine-tuning run's last lines (process 0): its dev figures, the files it
+  wrote, and the commands to look at its metrics and convert its model."""
+  if jax.process_index() != 0:
+    return
+
+  def figures(values: Mapping[str, Any]) -> str:
+    return "  ".join(f"{k} {v:.4f}" for k, v in values.items()
+                     if isinstance(v, (int, float)) and not isinstance(v, bool))
+
+  dev = {split: values for split, values in results.items() if isinstance(values, Mapping)}
+  lines = [f"Done. {split}: {figures(values)}" for split, values in dev.items()
+           if figures(values)] or ["Done."]
+  written = sorted(name for name in files.listdir(workdir)
+                   if name.endswith((".json", ".tsv", ".csv", ".txt", ".jsonl"))
+                   and name != "config.json" or name in ("submission", "model"))
+  lines.append(f"Wrote to {workdir}: {', '.join(written)}")
+  if "tensorboard" in files.listdir(workdir):
+    lines.append(f"Look:    tensorboard --logdir {files.join(workdir, 'tensorboard')}")
+  if "model" in written:
+    model = files.join(workdir, "model")
+    lines.append(f"Convert: python -m bertjax.tools.convert --input={model} "
+                 f"--output={model}_hf  (Hugging Face format)")
+  metrics.log("\n".join(lines))

@@ -77,12 +77,20 @@ def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing (pass as `app.run(main, flags_parser=usage.parse_flags)`),
   with a flag mistake, an unknown `--config.*` field included, as one line."""
   try:
-    return flags.FLAGS(argv)
-  except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
+    remaining = flags.FLAGS(argv)
+    if "config" in flags.FLAGS and flags.FLAGS["config"].present:
+      # config_flags keeps a config file it cannot load as an error raised on
+      # first use: use it here, where it is a flag mistake.
+      getattr(flags.FLAGS["config"].value, "task", None)
+    return remaining
+  except (flags.Error, AttributeError, KeyError, TypeError, ValueError, OSError) as e:
     # config_flags raises AttributeError or KeyError for an unknown --config.*
     # field, with ml_collections' "did you mean" in the message.
     message = str(e.args[0]) if e.args else str(e)
-    if isinstance(e, (AttributeError, KeyError)):
+    if isinstance(e, OSError):
+      lines = [line.strip() for line in message.splitlines() if line.strip()]
+      message = f"--config: {lines[-1]}"
+    elif isinstance(e, (AttributeError, KeyError)):
       name = (re.findall(r"'([^'\\]+)", message) or ["?"])[0]
       suggestion = re.search(r'Did you mean "([^"]+)"', message)
       given = [arg.split("=")[0] for arg in argv[1:] if arg.startswith("--config.")
@@ -90,6 +98,14 @@ def parse_flags(argv: list[str]) -> list[str]:
       message = (f"{given[0] if given else '--config'}: the config has no field {name!r}"
                  + (f" (did you mean {suggestion.group(1)!r}?)" if suggestion else "")
                  + "; docs/configs.md lists the fields")
-    elif len(message) > 1 and message[0] == message[-1] == "'":
-      message = message[1:-1]
+    else:
+      if len(message) > 1 and message[0] == message[-1] == "'":
+        message = message[1:-1]
+      # config_flags folds a config file's own traceback into its message: keep
+      # the flag's part and the error line ("ValueError: ...").
+      lines = [line.strip() for line in message.replace("\\n", "\n").splitlines()
+               if line.strip()]
+      if len(lines) > 1:
+        errors = [line for line in lines if re.match(r"^[A-Za-z_.]*(Error|Exception): ", line)]
+        message = f"{lines[0]} {errors[-1] if errors else lines[-1]}"
     fail(message)

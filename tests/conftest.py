@@ -77,3 +77,21 @@ def gcs(tmp_path_factory):
   os.environ["BERTJAX_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
   yield server
   server.stop()
+
+
+@pytest.fixture
+def absl_caplog(caplog):
+  """`caplog` that also sees absl's log lines (INFO and up), whether or not an
+  earlier test in this process installed absl's own handler (which stops the
+  "absl" logger from propagating to the root logger caplog listens on)."""
+  import logging
+
+  logger = logging.getLogger("absl")
+  logger.addHandler(caplog.handler)
+  level = logger.level
+  logger.setLevel(logging.INFO)
+  try:
+    yield caplog
+  finally:
+    logger.removeHandler(caplog.handler)
+    logger.setLevel(level)

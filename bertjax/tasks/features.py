@@ -34,7 +34,7 @@ from bertjax.data import conll as conll_data
 from bertjax.models import BertEncoder
 from bertjax.models.bilstm import BiLSTMTagger
 from bertjax.pretrained import load_pretrained
-from bertjax.tasks import finetune, ner
+from bertjax.tasks import ner
 
 # Table 7's variants: hidden_states indices (0 = embeddings, -1 = last layer)
 # and how they combine.
@@ -259,5 +259,5 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       ner.write_predictions(os.path.join(workdir, f"{split}_predictions.txt"), splits[split],
                             predicted)
     files.write_text(os.path.join(workdir, "results.json"), json.dumps(results, indent=2))
-  finetune.say_what_was_made(workdir, results)
+  runs.say_fine_tuning_is_done(workdir, results)
   return results

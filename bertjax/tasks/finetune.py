@@ -372,32 +372,3 @@ class FineTuner:
 
     gathered = multihost_utils.process_allgather(self.state.params, tiled=True)
     return jax.tree.map(np.asarray, gathered)
-
-
-def say_what_was_made(workdir: str, results: Mapping[str, Any]) -> None:
-  """A fine-tuning run's last lines (process 0): its dev figures, the files it
-  wrote, and the commands to look at its metrics and convert its model."""
-  if jax.process_index() != 0:
-    return
-  import os
-
-  from bertjax import files
-
-  def figures(values: Mapping[str, Any]) -> str:
-    return "  ".join(f"{k} {v:.4f}" for k, v in values.items()
-                     if isinstance(v, (int, float)) and not isinstance(v, bool))
-
-  dev = {split: values for split, values in results.items() if isinstance(values, Mapping)}
-  lines = [f"Done. {split}: {figures(values)}" for split, values in dev.items()
-           if figures(values)] or ["Done."]
-  written = sorted(name for name in files.listdir(workdir)
-                   if name.endswith((".json", ".tsv", ".csv", ".txt", ".jsonl"))
-                   and name != "config.json" or name in ("submission", "model"))
-  lines.append(f"Wrote to {workdir}: {', '.join(written)}")
-  if "tensorboard" in files.listdir(workdir):
-    lines.append(f"Look:    tensorboard --logdir {os.path.join(workdir, 'tensorboard')}")
-  if "model" in written:
-    model = os.path.join(workdir, "model")
-    lines.append(f"Convert: python -m bertjax.tools.convert --input={model} "
-                 f"--output={model}_hf  (Hugging Face format)")
-  metrics.log("\n".join(lines))

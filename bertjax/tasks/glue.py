@@ -163,5 +163,5 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                         label_strings(spec, test_predictions[split]))
     files.write_text(os.path.join(workdir, "results.json"), json.dumps(final, indent=2))
     save_pretrained(tuned, os.path.join(workdir, "model"), overwrite=True)
-  finetune.say_what_was_made(workdir, final)
+  runs.say_fine_tuning_is_done(workdir, final)
   return final

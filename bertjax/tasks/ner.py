@@ -126,5 +126,5 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     files.write_text(os.path.join(workdir, "results.json"), json.dumps(results, indent=2))
     save_pretrained(Pretrained(bundle.config, params, tokenizer, "token_classification",
                                labels), os.path.join(workdir, "model"), overwrite=True)
-  finetune.say_what_was_made(workdir, results)
+  runs.say_fine_tuning_is_done(workdir, results)
   return results

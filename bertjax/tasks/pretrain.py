@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
 import time
 from typing import Any
 
@@ -20,7 +19,7 @@ import flax.linen as nn
 import jax
 import ml_collections
 
-from bertjax import checkpoint, files, flops, hosts, metrics, optim, runs, sharding, train
+from bertjax import checkpoint, files, flops, hosts, metrics, optim, runs, sharding, signals, train
 from bertjax.data import loader, shards
 from bertjax.data.masking import MaskingConfig
 from bertjax.models import BertConfig
@@ -140,22 +139,34 @@ def loader_config(config: ml_collections.ConfigDict, data_dir: str, phase: Phase
 
 def prepare_data(config: ml_collections.ConfigDict, workdir: str) -> str:
   """The prepared data directory (a local copy of a gs:// one): built first when
-  the config says how (the demo), with each phase's statically masked
-  instances when `data.static` asks for them."""
+  the config says how (the demo; a build cut short is completed), checked for
+  documents in every process's splits, then given each phase's statically
+  masked instances when `data.static` asks for them."""
   data_dir = config.data.dir or files.join(workdir, "data")
-  if config.data.build_from and not config.data.dir:
-    _check_built_from(config, workdir, data_dir)
-  if not files.exists(files.join(data_dir, shards.INFO_FILE)) and config.data.build_from:
-    _build_documents(config, workdir, data_dir)
+  if config.data.build_from:
+    if not config.data.dir:
+      _check_built_from(config, workdir, data_dir)
+    if not _complete(data_dir):  # the builder keeps the shards already finished
+      _build_documents(config, workdir, data_dir)
   shards.complete_shards(data_dir)  # a clear error if it is not there
+  local = shards.local_directory(data_dir)
+  check_splits(config, local)  # before the (expensive) static instances
   if config.data.static:
     _build_static(config, data_dir)
-  local = shards.local_directory(data_dir)
-  check_splits(config, local)
+    local = shards.local_directory(data_dir)
   return local
 
 
-# What `<workdir>/data` and `<workdir>/vocab.txt` were built from (`data.build_from`).
+def _complete(data_dir: str) -> bool:
+  try:
+    shards.complete_shards(data_dir)
+    return True
+  except (OSError, ValueError):
+    return False
+
+
+# What `<workdir>/vocab.txt` and `<workdir>/data` are built from (`data.build_from`),
+# written before they are.
 _BUILT_FROM_FILE = "built_from.json"
 
 
@@ -163,18 +174,34 @@ def _built_from(config: ml_collections.ConfigDict) -> dict[str, Any]:
   return {"build_from": config.data.build_from, "vocab_size": config.data.vocab_size}
 
 
+def _source(spec: str) -> str:
+  """`spec` with a local path made absolute (the same file however it is named)."""
+  if ":" in spec.split("/")[0] or files.is_remote(spec):  # demo:, tfds:, gs://
+    return spec
+  return os.path.abspath(spec)
+
+
 def _check_built_from(config: ml_collections.ConfigDict, workdir: str, data_dir: str) -> None:
-  """Refuses to reuse a workdir's vocabulary and data built from other settings."""
-  path = files.join(data_dir, _BUILT_FROM_FILE)
-  if not files.isfile(path):
-    return
-  built, wanted = files.read_json(path), _built_from(config)
-  if built != wanted:
-    changed = ", ".join(f"data.{k}={built.get(k)!r} then, {wanted[k]!r} now" for k in wanted
-                        if built.get(k) != wanted[k])
-    raise ValueError(f"{data_dir} and {files.join(workdir, 'vocab.txt')} were built with other "
-                     f"settings ({changed}); give another --workdir, or delete both to "
-                     "rebuild them here")
+  """Refuses to reuse a workdir's vocabulary and data built from other settings,
+  and records these settings before anything is built."""
+  path, wanted = files.join(workdir, _BUILT_FROM_FILE), _built_from(config)
+  built = None
+  if files.isfile(path):
+    built = files.read_json(path)
+  elif files.isfile(files.join(data_dir, shards.INFO_FILE)):  # built before the record was
+    built = {"build_from": shards.read_info(data_dir).get("input"),
+             "vocab_size": wanted["vocab_size"]}
+  if built is not None:
+    changed = [f"data.{key}={built.get(key)!r} then, {wanted[key]!r} now" for key in wanted
+               if (_source(str(built.get(key))) if key == "build_from" else built.get(key))
+               != (_source(wanted[key]) if key == "build_from" else wanted[key])]
+    if changed:
+      raise ValueError(f"{data_dir} and {files.join(workdir, 'vocab.txt')} were built with "
+                       f"other settings ({', '.join(changed)}); give another --workdir, or "
+                       "delete both to rebuild them here")
+  if jax.process_index() == 0 and not files.isfile(path):
+    files.makedirs(workdir)
+    files.write_json(path, wanted)
 
 
 def check_splits(config: ml_collections.ConfigDict, data_dir: str) -> None:
@@ -243,7 +270,6 @@ def _build_on_this_host(config: ml_collections.ConfigDict, workdir: str, data_di
   logging.info("Preparing %s into %s", config.data.build_from, data_dir)
   stats = builder.prepare(config.data.build_from, data_dir, tokenizer_from_vocab_file(vocab),
                           num_shards=4, num_workers=1, show_progress=False)
-  files.write_json(files.join(data_dir, _BUILT_FROM_FILE), _built_from(config))
   logging.info("Prepared data:\n%s", stats.summary())
 
 
@@ -256,55 +282,6 @@ def check_vocabulary(config: ml_collections.ConfigDict, data_dir: str) -> None:
     raise ValueError(f"{data_dir} was prepared with a {data_vocab}-token vocabulary, larger "
                      f"than model.vocab_size={config.model.vocab_size}: set "
                      f"--config.model.vocab_size={data_vocab}")
-
-
-class _StopRequests:
-  """SIGTERM (a TPU VM's preemption notice) and a first Ctrl-C ask the loop to save
-  a checkpoint at the current step and stop; a second Ctrl-C aborts at once.
-
-  With one process the handlers set `requested`, which the loop checks after
-  each step. With several, the hosts must agree on the step to save at, which
-  JAX's preemption sync point provides: its own SIGTERM handler (installed by
-  `jax.distributed`) stays in place, and Ctrl-C is passed on to it as SIGTERM.
-  """
-
-  def __init__(self, multi_process: bool):
-    self.requested: str | None = None  # "SIGTERM" or "Ctrl-C"
-    self._multi_process = multi_process
-    self._previous: dict[int, Any] = {}
-
-  def __enter__(self):
-    signals = [signal.SIGINT] + ([] if self._multi_process else [signal.SIGTERM])
-    for signum in signals:
-      try:
-        self._previous[signum] = signal.signal(signum, self._handle)
-      except ValueError:  # not the main thread: rely on JAX's sync point only
-        pass
-    return self
-
-  def _handle(self, signum, frame):
-    del frame
-    if signum == signal.SIGINT:
-      if self.requested == "Ctrl-C":
-        raise KeyboardInterrupt  # the second: abort, abandoning any save in flight
-      logging.warning("Ctrl-C: saving a checkpoint at this step, then stopping (press "
-                      "Ctrl-C again to abort without it)")
-      if self._multi_process:
-        self.requested = "Ctrl-C"  # only for the second press: the hosts agree via JAX
-        os.kill(os.getpid(), signal.SIGTERM)
-        return
-      self.requested = "Ctrl-C"
-    else:
-      logging.warning("SIGTERM: saving a checkpoint at the next step, then stopping")
-      self.requested = "SIGTERM"
-
-  def stop_now(self) -> bool:
-    """Whether this process was asked to stop (multi-process runs ask JAX instead)."""
-    return self.requested is not None and not self._multi_process
-
-  def __exit__(self, *exc):
-    for signum, previous in self._previous.items():
-      signal.signal(signum, previous)
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
@@ -346,7 +323,7 @@ class _Trainer:
     # Throughput since (time, step): since the last log line, and since the
     # phase began or the last evaluation ended.
     self.window = self.interval = (time.perf_counter(), 0)
-    self.stop: _StopRequests | None = None
+    self.stop: signals.StopRequests | None = None
     self.saving: int | None = None  # the step of the last save started
     self.last_eval: dict[str, float] = {}
     self.last_eval_step = 0
@@ -365,7 +342,7 @@ class _Trainer:
     config = self.config
     result: dict[str, float] = {}
     with (jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules),
-          _StopRequests(multi_process=jax.process_count() > 1) as self.stop):
+          signals.StopRequests(multi_process=jax.process_count() > 1) as self.stop):
       abstract = train.abstract_train_state(self.model, self.optimizer, config.seed)
       shardings = train.state_shardings(abstract, self.mesh, self.rules)
       state, restored_data = self._restore_or_init(abstract, shardings)
@@ -396,7 +373,8 @@ class _Trainer:
         self.checkpointer.close()  # waits for the save in flight
         raise
       self.checkpointer.close()
-    self._say_what_was_made(int(state.step))
+    runs.say_pretraining_is_done(self.workdir, int(state.step), self.last_eval,
+                                 self.last_eval_step)
     return result
 
   def _resumable_step(self, in_flight: bool) -> int | str:
@@ -436,9 +414,13 @@ class _Trainer:
 
   def _set_aside_damaged(self, damaged: list[tuple[int, str]], resumed: int) -> None:
     aside = files.join(self.workdir, "checkpoints_damaged")
+    error = None
     if jax.process_index() == 0:
-      self.checkpointer.move_aside([step for step, _ in damaged], aside)
-    hosts.barrier("damaged checkpoints set aside")
+      try:
+        self.checkpointer.move_aside([step for step, _ in damaged], aside)
+      except Exception as e:  # every host stops with it (none waits)
+        error = e
+    hosts.agree(error, f"moving damaged checkpoints to {aside}")
     self.checkpointer.reload()
     for step, message in damaged:
       logging.warning("DAMAGED CHECKPOINT: step %d cannot be restored (%s); moved to %s/%d",
@@ -464,27 +446,6 @@ class _Trainer:
       return self._run_phase(phase, state, iterator, result)
     finally:
       iterator.close()
-
-  def _say_what_was_made(self, step: int) -> None:
-    """The run's last lines: where its checkpoint and metrics are, its held-out
-    figures, and the commands that look at it, convert it and fine-tune from it."""
-    if jax.process_index() != 0:
-      return
-    workdir = self.workdir
-    held_out = "  ".join(f"{k} {v:.4f}" for k, v in self.last_eval.items())
-    lines = [
-        f"Done: {step} steps. Checkpoint {files.join(workdir, 'checkpoints', str(step))}, "
-        f"metrics {files.join(workdir, 'metrics.jsonl')}.",
-        (f"Held-out at step {self.last_eval_step}: {held_out}" if held_out
-         else "Held-out: not evaluated in this session (eval.every_steps)"),
-        f"Look:      tensorboard --logdir {files.join(workdir, 'tensorboard')}",
-        f"Convert:   python -m bertjax.tools.convert --input={workdir} --to=hf "
-        f"--output={workdir.rstrip('/')}_hf",
-        f"Fine-tune: python -m bertjax.main --config=configs/glue.py:sst2 "
-        f"--config.init_checkpoint={workdir} --config.data.dir=glue_data/SST-2 "
-        f"--workdir={workdir.rstrip('/')}_sst2",
-    ]
-    metrics.log("\n".join(lines))
 
   def _meta(self) -> dict[str, Any]:
     return {"model": self.config.model.to_dict(), "objective": self.config.objective}

@@ -310,5 +310,5 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                         or config.null_score_diff_threshold is not None):
         _write_json(os.path.join(model_dir, THRESHOLD_FILE),
                     {"null_score_diff_threshold": threshold})
-  finetune.say_what_was_made(workdir, results)
+  runs.say_fine_tuning_is_done(workdir, results)
   return results

@@ -73,5 +73,5 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     files.write_text(os.path.join(workdir, "results.json"), json.dumps(results, indent=2))
     save_pretrained(Pretrained(bundle.config, params, bundle.tokenizer, "multiple_choice"),
                     os.path.join(workdir, "model"), overwrite=True)
-  finetune.say_what_was_made(workdir, results)
+  runs.say_fine_tuning_is_done(workdir, results)
   return results

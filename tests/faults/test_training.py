@@ -219,11 +219,12 @@ def test_fine_tuning_refuses_to_write_into_a_pretraining_run(finished_run, tmp_p
 
 def _damage(workdir, step, how):
   state = os.path.join(workdir, "checkpoints", str(step), "state")
-  if how == "truncated array":
-    chunks = os.path.join(state, "ocdbt.process_0", "d")
-    biggest = max(os.listdir(chunks), key=lambda n: os.path.getsize(os.path.join(chunks, n)))
-    with open(os.path.join(chunks, biggest), "r+b") as f:
-      f.truncate(100)
+  if how == "truncated array":  # every data file, wherever the OCDBT layout put them
+    for root, _, names in os.walk(state):
+      for name in names:
+        if os.path.basename(root) == "d":
+          with open(os.path.join(root, name), "r+b") as f:
+            f.truncate(100)
   elif how == "lost manifest":
     os.remove(os.path.join(state, "manifest.ocdbt"))
     os.remove(os.path.join(state, "ocdbt.process_0", "manifest.ocdbt"))
@@ -238,16 +239,15 @@ def _damage(workdir, step, how):
 @pytest.mark.parametrize("how", ["truncated array", "lost manifest", "lost metadata",
                                  "garbled data position"])
 def test_a_damaged_latest_step_is_set_aside_and_the_run_resumes_before_it(
-    finished_run, prepared_dir, tmp_path, how, caplog):
+    finished_run, prepared_dir, tmp_path, how, absl_caplog):
   from bertjax.tasks import pretrain
 
   workdir = _copy(finished_run, tmp_path)
   _damage(workdir, 30, how)
-  with caplog.at_level("WARNING"):
-    pretrain.run(_demo_config(prepared_dir, **{"train.total_steps": 40}), workdir)
-  assert "DAMAGED CHECKPOINT: step 30 cannot be restored" in caplog.text
-  assert "Resuming from step 20" in caplog.text
-  assert "does not fit" not in caplog.text  # damage is not called a model mismatch
+  pretrain.run(_demo_config(prepared_dir, **{"train.total_steps": 40}), workdir)
+  assert "DAMAGED CHECKPOINT: step 30 cannot be restored" in absl_caplog.text
+  assert "Resuming from step 20" in absl_caplog.text
+  assert "does not fit" not in absl_caplog.text  # damage is not called a model mismatch
   assert os.path.isdir(os.path.join(workdir, "checkpoints_damaged", "30"))
   assert _saved_steps(workdir)[-1] == 40
 
@@ -265,18 +265,18 @@ def test_a_run_with_every_step_damaged_stops_naming_them(finished_run, prepared_
   assert _saved_steps(workdir) == [10, 20, 30]  # nothing moved or deleted
 
 
-def test_fine_tuning_reads_the_newest_step_that_is_intact(finished_run, tmp_path, caplog):
+def test_fine_tuning_reads_the_newest_step_that_is_intact(finished_run, tmp_path,
+                                                         absl_caplog):
   from bertjax import checkpoint
 
   workdir = _copy(finished_run, tmp_path)
   _damage(workdir, 30, "truncated array")
-  with caplog.at_level("WARNING"):
-    _, step, _ = checkpoint.params_from_run(workdir)
-  assert step == 20 and "the newest that reads back" in caplog.text
+  _, step, _ = checkpoint.params_from_run(workdir)
+  assert step == 20 and "the newest that reads back" in absl_caplog.text
   assert _saved_steps(workdir) == [10, 20, 30]  # a reader changes nothing
 
 
-def test_a_workdir_built_from_other_text_is_not_reused(tmp_path):
+def test_a_workdir_built_from_other_text_is_not_reused(tmp_path, monkeypatch):
   from bertjax.tasks import pretrain
   from tests.conftest import write_corpus
 
@@ -289,6 +289,33 @@ def test_a_workdir_built_from_other_text_is_not_reused(tmp_path):
     with pytest.raises(ValueError, match="were built with other settings .*give another "
                                          "--workdir, or delete both"):
       pretrain.prepare_data(set_fields(config.copy_and_resolve_references(), change), workdir)
+  # The same file named another way is the same input.
+  monkeypatch.chdir(tmp_path)
+  pretrain.prepare_data(set_fields(config.copy_and_resolve_references(),
+                                   {"data.build_from": "a.txt"}), workdir)
+  # A workdir built before the record was kept is judged by its dataset's input.
+  os.remove(os.path.join(workdir, "built_from.json"))
+  with pytest.raises(ValueError, match="were built with other settings"):
+    pretrain.prepare_data(set_fields(config.copy_and_resolve_references(),
+                                     {"data.build_from": str(second)}), workdir)
+
+
+def test_a_data_build_cut_short_is_completed_by_the_rerun(tmp_path, monkeypatch):
+  from bertjax.data import shards
+  from bertjax.tasks import pretrain
+  from tests.conftest import write_corpus
+
+  monkeypatch.chdir(tmp_path)
+  corpus = write_corpus(tmp_path / "a.txt")
+  workdir = str(tmp_path / "run")
+  config = _demo_config("", **{"data.dir": "", "data.build_from": str(corpus),
+                               "data.vocab_size": 300})
+  data_dir = pretrain.prepare_data(config, workdir)
+  # As if killed before the last shard was marked finished.
+  last = sorted(n for n in os.listdir(data_dir) if n.endswith(".stats.json"))[-1]
+  os.remove(os.path.join(data_dir, last))
+  pretrain.prepare_data(config, workdir)
+  assert len(shards.complete_shards(data_dir)) == 4
 
 
 @pytest.mark.parametrize("flag,says", [
@@ -383,3 +410,49 @@ def test_ctrl_c_on_one_host_saves_every_host_at_the_same_step(prepared_dir, tmp_
   assert len(saved) == 1 and 30 <= saved[0] < 3000
   assert f"Interrupted: checkpoint saved at step {saved[0]}" in outputs[0]
   assert f"Preempted: checkpoint saved at step {saved[0]}" in outputs[1]
+
+
+def test_a_damaged_step_on_cloud_storage_is_set_aside_too(gcs, prepared_dir, absl_caplog):
+  """On gs:// a step is copied aside by the store, then deleted (no rename there)."""
+  from etils import epath
+
+  from bertjax import files
+  from bertjax.tasks import pretrain
+
+  workdir = gcs.url_of("faults/damaged")
+  pretrain.run(_demo_config(prepared_dir), workdir)
+  epath.Path(files.join(workdir, "checkpoints", "30", "state", "_METADATA")).unlink()
+  pretrain.run(_demo_config(prepared_dir, **{"train.total_steps": 40}), workdir)
+  assert "DAMAGED CHECKPOINT: step 30 cannot be restored" in absl_caplog.text
+  assert files.isfile(files.join(workdir, "checkpoints_damaged", "30", "state", "manifest.ocdbt"))
+  # Steps 30 (again) and 40 saved anew; the oldest dropped (max_to_keep=3).
+  assert sorted(files.listdir(files.join(workdir, "checkpoints"))) == ["20", "30", "40"]
+
+
+def test_a_checkpoint_with_arrays_this_run_lacks_is_a_mismatch_not_damage(finished_run,
+                                                                         prepared_dir,
+                                                                         tmp_path):
+  """The MLM-only objective has no NSP head: the checkpoint's extra arrays are
+  named, and nothing is set aside."""
+  from bertjax.tasks import pretrain
+
+  workdir = _copy(finished_run, tmp_path)
+  with pytest.raises(ValueError, match="does not fit .*nsp/.*this run has no "
+                                       "such array"):
+    pretrain.run(_demo_config(prepared_dir, **{"objective": "mlm_pairs",
+                                               "train.total_steps": 40}), workdir)
+  assert _saved_steps(workdir) == [10, 20, 30]
+
+
+@pytest.mark.parametrize("config,says", [
+    ("configs/no_such_config.py", "--config: [Errno 2] No such file or directory"),
+    ("configs/glue.py:foo", "configs/glue.py needs a GLUE task as its argument"),
+])
+def test_a_config_file_that_does_not_load_is_one_line(tmp_path, config, says):
+  result = subprocess.run([sys.executable, "-m", "bertjax.main", f"--config={config}",
+                           f"--workdir={tmp_path}"], cwd=ROOT, env=_env(), capture_output=True,
+                          text=True, timeout=300)
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert "Traceback" not in result.stderr, result.stderr[-3000:]
+  errors = _error_lines(result.stderr)
+  assert len(errors) == 1 and says in errors[0], result.stderr[-3000:]

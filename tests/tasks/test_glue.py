@@ -78,12 +78,13 @@ def pretrained_run(prepared_dir, tmp_path_factory):
   return _pretrain(prepared_dir, str(tmp_path_factory.mktemp("pretrained")))
 
 
-def test_fine_tunes_from_a_pretraining_run(pretrained_run, tmp_path, caplog):
+def test_fine_tunes_from_a_pretraining_run(pretrained_run, tmp_path, absl_caplog):
   from bertjax.tasks import glue
 
   data = str(tmp_path / "SST-2")
   write_sst2(data)
   workdir = str(tmp_path / "run")
+  caplog = absl_caplog
   with caplog.at_level("INFO"):
     result = glue.run(_glue_config("sst2", pretrained_run, data), workdir)
   assert "initialised randomly: classifier/bias, classifier/kernel" in caplog.text
