@@ -39,6 +39,11 @@ class DamagedCheckpointError(ValueError):
   """A finished step whose files cannot be read back."""
 
 
+class CheckpointSaveError(OSError):
+  """A save that failed (storage unreachable or full, rights withdrawn); the
+  message names the step and the newest finished one, where a rerun resumes."""
+
+
 def _first_line(error: BaseException, limit: int = 300) -> str:
   text = (str(error).strip().splitlines() or [type(error).__name__])[0]
   return text if len(text) <= limit else text[:limit] + "..."
@@ -50,6 +55,12 @@ def _first_line(error: BaseException, limit: int = 300) -> str:
 _NOT_DAMAGE = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "PERMISSION_DENIED", "UNAUTHENTICATED",
                "RESOURCE_EXHAUSTED", "CANCELLED", "Too Many Requests", "Service Unavailable",
                "Forbidden")
+
+
+# What a save's failure is raised as when it is a bug (kept, with its traceback)
+# rather than the storage failing (worded as a `CheckpointSaveError`).
+_BUGS = (TypeError, AttributeError, KeyError, IndexError, NameError, AssertionError,
+         NotImplementedError)
 
 
 def _damage_or_raise(error: Exception, where: str) -> DamagedCheckpointError:
@@ -143,6 +154,11 @@ class Checkpointer:
                create: bool = True):
     self.directory = os.fspath(directory)
     self._closed = False
+    # The step of the save started and not yet waited for (orbax's own flag
+    # stays set when a save fails before its background part starts).
+    self._in_flight: int | None = None
+    self._failure: CheckpointSaveError | None = None  # a failed save, once raised
+    self._last_step: int | None = None  # of the last save asked for
     _quiet_closed_event_loop()
     options = ocp.CheckpointManagerOptions(
         save_interval_steps=1, max_to_keep=max_to_keep,
@@ -165,12 +181,39 @@ class Checkpointer:
 
   def save(self, step: int, state: Any, data_state: dict[str, Any],
            meta: dict[str, Any]) -> bool:
-    """Starts saving a step (unless it is saved already); returns whether it did."""
-    return self._manager.save(step, args=ocp.args.Composite(**{
-        STATE: ocp.args.StandardSave(state),
-        DATA: PerProcessJsonSave(data_state),
-        META: ocp.args.JsonSave(meta),
-    }), force=True)
+    """Starts saving a step (unless it is saved already); returns whether it did.
+
+    Raises:
+      CheckpointSaveError: this save, or the one before it (orbax reports a
+        background save's failure when the next one starts), failed.
+    """
+    self.wait()  # the save before (orbax would wait for it too): its error is its own
+    self._last_step = step
+    try:
+      started = self._manager.save(step, args=ocp.args.Composite(**{
+          STATE: ocp.args.StandardSave(state),
+          DATA: PerProcessJsonSave(data_state),
+          META: ocp.args.JsonSave(meta),
+      }), force=True)
+    except _BUGS:
+      raise
+    except Exception as e:  # pylint: disable=broad-except
+      self._failure = self._save_failed(step, e)
+      raise self._failure from e
+    self._in_flight = step
+    return started
+
+  def _save_failed(self, step: int | None, error: Exception) -> CheckpointSaveError:
+    """The error that says which save failed, why, and where a rerun resumes."""
+    try:
+      finished = [s for s in self._manager.all_steps() if s != step]
+      resume = f"step {max(finished)}" if finished else "step 0 (no finished checkpoint)"
+    except Exception:  # pylint: disable=broad-except
+      resume = "its newest finished checkpoint"
+    return CheckpointSaveError(
+        f"saving the checkpoint of step {step} to {self.directory} failed "
+        f"({type(error).__name__}: {_first_line(error)}); the run stopped there: rerun "
+        f"the same command to resume from {resume}")
 
   def all_steps(self) -> list[int]:
     """The finished steps, oldest first."""
@@ -268,18 +311,49 @@ class Checkpointer:
 
   def saving(self) -> bool:
     """Whether a save is still being written."""
-    return not self._closed and self._manager.is_saving_in_progress()
+    return self._in_flight is not None and self._manager.is_saving_in_progress()
 
   def wait(self) -> None:
-    self._manager.wait_until_finished()
+    """Waits for the save in flight.
+
+    The wait polls, so that a KeyboardInterrupt (a second Ctrl-C) lands here,
+    leaving the save in flight as `saving()` says, rather than inside orbax's
+    join, which would log it as a failed save with a traceback.
+
+    Raises:
+      CheckpointSaveError: the save failed (raised again by later waits).
+    """
+    while self.saving():
+      time.sleep(0.05)
+    step, self._in_flight = self._in_flight, None
+    try:
+      self._manager.wait_until_finished()
+    except _BUGS:
+      raise
+    except Exception as e:  # pylint: disable=broad-except
+      self._failure = self._failure or self._save_failed(step, e)
+      raise self._failure from e
 
   def close(self) -> None:
-    """Waits for the save in flight, then releases the manager (again: no-op)."""
+    """Waits for the save in flight, then releases the manager (again: no-op).
+    Interrupted (KeyboardInterrupt), it leaves both as they were."""
     if self._closed:
       return
+    try:
+      self.wait()
+    except KeyboardInterrupt:
+      raise  # the save is still in flight: `saving()` says so
+    except BaseException:
+      self._closed = True  # the save failed: nothing is in flight
+      raise
     self._closed = True
-    self._manager.wait_until_finished()
-    self._manager.close()
+    try:
+      self._manager.close()
+    except _BUGS:
+      raise
+    except Exception as e:  # pylint: disable=broad-except  # a failed save, reported again
+      self._failure = self._failure or self._save_failed(self._last_step, e)
+      raise self._failure from e
 
 
 def _copy_tree(source: epath.Path, destination: epath.Path) -> None:

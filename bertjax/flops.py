@@ -1,9 +1,11 @@
 """Model FLOPs per token and per-device peak rates, for MFU.
 
-MFU = (tokens/s per device x model FLOPs per token) / peak FLOP/s per device.
-Model FLOPs count the matmuls the model needs (multiply-add = 2 FLOPs), with
-the masked LM head at the gathered positions only; recomputation (remat) is
-not counted, so MFU does not reward it.
+MFU = model FLOP/s per device / peak FLOP/s per device. Model FLOPs count the
+matmuls of the useful work (multiply-add = 2 FLOPs): real tokens only, the
+attention of each sequence over its own tokens (a packed row's sequences do
+not attend to each other; padding is not attended), the masked LM head at the
+real masked positions; recomputation (remat) is not counted, so MFU does not
+reward it, nor padding.
 """
 
 from __future__ import annotations
@@ -35,16 +37,44 @@ PEAK_TFLOPS = {
     "L4": (121.0, 60.0),
     "L40": (181.0, 90.5),
     "L40S": (362.0, 183.0),
+    # The SXM parts (and GH200); the PCIe and NVL cards run at lower clocks.
     "H100 PCIe": (756.0, 378.0),
+    "H100 NVL": (835.0, 418.0),
     "H100": (989.0, 494.0),
+    "H200 NVL": (835.0, 418.0),
     "H200": (989.0, 494.0),
     "B200": (2250.0, 1100.0),
 }
 
 
+def model_flops(config: BertConfig, tokens, token_pairs, predictions, nsp_sequences,
+                training: bool = True):
+  """Model FLOPs of the useful work of a batch (numbers or device scalars).
+
+  Args:
+    config: The architecture.
+    tokens: Real (non-padding) tokens.
+    token_pairs: (query, key) pairs attended within each sequence: the sum of
+      n^2 over its sequences of n tokens (n (n + 1) / 2 under a causal mask).
+    predictions: Positions scored against the vocabulary (real masked ones).
+    nsp_sequences: Sequences with a next-sentence prediction (pooler + head).
+    training: Count the backward pass too (2x the forward).
+  """
+  hidden, inner, vocab = config.hidden_size, config.intermediate_size, config.vocab_size
+  per_token = (2 * 4 * hidden * hidden     # query, key, value, output projections
+               + 2 * 2 * hidden * inner)   # feed-forward
+  per_pair = 2 * 2 * hidden                # scores and weighted values, all heads
+  encoder = config.num_layers * (per_token * tokens + per_pair * token_pairs)
+  mlm = predictions * (2 * hidden * hidden + 2 * hidden * vocab)
+  pooler_nsp = nsp_sequences * (2 * hidden * hidden + 2 * hidden * 2)
+  forward = encoder + mlm + pooler_nsp
+  return 3 * forward if training else forward
+
+
 def flops_per_token(config: BertConfig, seq_len: int, max_predictions: int,
                     training: bool = True) -> float:
-  """Model FLOPs per input token of a pre-training step (forward + backward).
+  """Model FLOPs per token of a full row of `seq_len` tokens (one sequence,
+  `max_predictions` masked, next-sentence prediction): the planning figure.
 
   Args:
     config: The architecture.
@@ -52,15 +82,7 @@ def flops_per_token(config: BertConfig, seq_len: int, max_predictions: int,
     max_predictions: Masked positions per sequence scored by the MLM head.
     training: Count the backward pass too (2x the forward).
   """
-  hidden, inner, vocab = config.hidden_size, config.intermediate_size, config.vocab_size
-  per_layer = (2 * 4 * hidden * hidden      # query, key, value, output projections
-               + 2 * 2 * hidden * inner     # feed-forward
-               + 2 * 2 * seq_len * hidden)  # scores and weighted values
-  encoder = config.num_layers * per_layer
-  mlm = max_predictions / seq_len * (2 * hidden * hidden + 2 * hidden * vocab)
-  pooler_nsp = (2 * hidden * hidden + 2 * hidden * 2) / seq_len
-  forward = encoder + mlm + pooler_nsp
-  return 3 * forward if training else forward
+  return model_flops(config, seq_len, seq_len ** 2, max_predictions, 1, training) / seq_len
 
 
 def measure_matmul_tflops(dtype: str = "float32", size: int = 2048, repeats: int = 5) -> float:
@@ -77,13 +99,20 @@ def measure_matmul_tflops(dtype: str = "float32", size: int = 2048, repeats: int
   return 2 * size ** 3 / best / 1e12
 
 
-def peak_tflops(dtype: str = "float32") -> tuple[float, str]:
-  """(peak TFLOP/s per device, where the figure comes from)."""
-  device = jax.local_devices()[0]
+def peak_tflops(dtype: str = "float32", device=None) -> tuple[float | None, str]:
+  """(peak TFLOP/s per device, where the figure comes from) for `device` (default:
+  the first local one).
+
+  Accelerators take their dense peak from `PEAK_TFLOPS`; one not in it has no
+  peak (None), so no MFU is reported rather than one against a guess. A CPU's
+  "peak" is the matmul rate measured on it now.
+  """
+  device = device or jax.local_devices()[0]
   kind = device.device_kind
-  if device.platform != "cpu":
-    for key in sorted(PEAK_TFLOPS, key=len, reverse=True):
-      if key in kind:
-        bf16, f32 = PEAK_TFLOPS[key]
-        return (f32 if dtype == "float32" else bf16), f"table: {key}"
-  return measure_matmul_tflops(dtype), f"measured {dtype} matmul on {kind}"
+  if device.platform == "cpu":
+    return measure_matmul_tflops(dtype), f"measured {dtype} matmul on {kind}"
+  for key in sorted(PEAK_TFLOPS, key=len, reverse=True):
+    if key in kind:
+      bf16, f32 = PEAK_TFLOPS[key]
+      return (f32 if dtype == "float32" else bf16), f"table: {key}"
+  return None, f"{kind!r} is not in bertjax.flops.PEAK_TFLOPS: no MFU"

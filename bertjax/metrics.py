@@ -162,7 +162,11 @@ class AppendFile:
       return
     size = fs.info(target)["size"]
     self._parts += 1
-    part = f"{target}.part-{socket.gethostname()}-{os.getpid()}-{self._parts}"
+    # A part left by a kill must not look like the object to a reader
+    # (TensorBoard reads every file whose name holds "tfevents"): a hidden
+    # name of its own, unique per host, process and writer.
+    part = (f"{target.rsplit('/', 1)[0]}/.part-{socket.gethostname()}-{os.getpid()}-"
+            f"{id(self):x}-{self._parts}")
     fs.pipe_file(part, data)
     try:
       try:
@@ -282,8 +286,9 @@ def format_line(step: int, total: int, values: Mapping[str, float]) -> str:
   for name, spec in (("loss", ".4f"), ("accuracy", ".3f"), ("mlm_accuracy", ".3f"),
                      ("nsp_accuracy", ".3f"), ("learning_rate", ".2e"), ("grad_norm", ".3f"),
                      ("examples_per_s", ".1f"), ("sequences_per_s", ".1f"),
-                     ("tokens_per_s", ".0f"),
-                     ("tflops_per_s_per_device", ".3f"), ("mfu", ".1%")):
+                     ("tokens_per_s", ".0f"), ("real_tokens_per_s", ".0f"),
+                     ("tflops_per_s_per_device", ".3f"), ("mfu", ".1%"),
+                     ("input_wait", ".0%")):
     if name in values:
       parts.append(f"{name.replace('_per_s', '/s')} {values[name]:{spec}}")
   if "eta_s" in values:
@@ -303,15 +308,35 @@ def log(message: str) -> None:
   logging.info("%s", message)
 
 
+# What the text of a failed orbax task or tensorstore write contains.
+_CHECKPOINT_IO = ("/orbax/", "tensorstore_spec")
+
+
 class _OrbaxInfoFilter(pylogging.Filter):
-  """Drops orbax's INFO records at the default verbosity: every checkpoint save
-  or restore logs a few dozen lines, which would bury the training lines.
-  Warnings and errors pass, and `--verbosity=1` shows everything."""
+  """At the default verbosity, quiets orbax.
+
+  Dropped: orbax's INFO records (every checkpoint save or restore logs a few
+  dozen lines, which would bury the training lines), the tracebacks of its
+  errors (a failed save logs one from each of its threads; bertjax's own error
+  then says which step failed and where a rerun resumes), and asyncio's notes,
+  at exit, of orbax tasks and tensorstore writes whose failure was never
+  retrieved (that same save). Warnings and errors pass as one line each;
+  `--verbosity=1` shows everything."""
 
   def filter(self, record: pylogging.LogRecord) -> bool:
-    if record.levelno > pylogging.INFO or logging.get_verbosity() > logging.INFO:
+    if logging.get_verbosity() > logging.INFO:
       return True
-    return "/orbax/" not in record.pathname.replace(os.sep, "/")
+    if "/orbax/" not in record.pathname.replace(os.sep, "/"):
+      return not (record.name == "asyncio" and "never retrieved" in str(record.msg)
+                  and any(mark in record.getMessage() for mark in _CHECKPOINT_IO))
+    if record.levelno <= pylogging.INFO:
+      return False
+    message = record.getMessage()
+    if record.exc_info or "\n" in message:  # a traceback, or an error's text with one
+      record.exc_info = record.exc_text = None
+      record.msg, record.args = "%s (--verbosity=1 shows the traceback)", (
+          message.strip().splitlines()[0] if message.strip() else "",)
+    return True
 
 
 def quiet_checkpoint_logs() -> None:

@@ -391,7 +391,8 @@ def export_hf(bundle: Pretrained, out_dir: str, overwrite: bool = False) -> None
         f"export_hf: a left-to-right (causal) {bundle.task} model pools its last token; "
         f"transformers' {hf.TASK_TO_CLASS[bundle.task]} pools [CLS] and would compute "
         "something else. Export the encoder (task='encoder') or keep the bertjax format")
-  reference = mapping.params_to_reference(_checked_looped_params(bundle))
+  reference = mapping.params_to_reference(_checked_looped_params(bundle),
+                                          bundle.config.vocab_size)
   if bundle.task in OPTIONAL_POOLER_TASKS:
     pooler = [name for name in reference if name.startswith("bert.pooler.")]
     if bundle.task == "encoder" and not pooler:

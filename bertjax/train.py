@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from bertjax import flops
 from bertjax.models import BertConfig, BertForMaskedLM, BertForPreTraining, init_params
 
 Array = jax.Array
@@ -65,9 +66,41 @@ def pretraining_model(config: BertConfig, objective: str) -> nn.Module:
   raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
 
 
+# Batch fields the models take; packed rows (`bertjax.data.packing`) bring
+# segment and position ids, and the [CLS] of each pair with mlm_nsp.
+_MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "masked_positions",
+                 "position_ids", "segment_ids", "nsp_positions")
+
+
 def _model_inputs(batch: Batch) -> dict[str, Array]:
-  names = ("input_ids", "attention_mask", "token_type_ids", "masked_positions")
-  return {name: batch[name] for name in names if name in batch}
+  return {name: batch[name] for name in _MODEL_INPUTS if name in batch}
+
+
+def _nsp_weights(batch: Batch) -> Array:
+  """float32 [batch] (or [batch, pairs] in packed rows): which NSP labels are real."""
+  labels = batch["next_sentence_labels"]
+  return batch.get("nsp_weights", jnp.ones(labels.shape, jnp.float32)).astype(jnp.float32)
+
+
+def batch_work(batch: Batch, objective: str) -> dict[str, Array]:
+  """The useful work of a batch, counted on device: real tokens, sequences,
+  (query, key) pairs attended within each sequence, real predictions and NSP
+  pairs (`bertjax.flops.model_flops` turns them into FLOPs)."""
+  ids = batch["segment_ids"] if "segment_ids" in batch else batch["attention_mask"]
+  length = ids.shape[1]
+  # Tokens of each sequence of a row: [batch, length] (ids 1..length).
+  sizes = jax.vmap(lambda row: jnp.bincount(row, length=length + 1))(
+      ids.astype(jnp.int32))[:, 1:].astype(jnp.float32)
+  causal = objective == "ltr"
+  weights = batch["lm_weights"] if causal else batch["masked_weights"]
+  return {
+      "real_tokens": sizes.sum(),
+      "sequences": (sizes > 0).sum().astype(jnp.float32),
+      "token_pairs": (sizes * (sizes + 1) / 2 if causal else sizes * sizes).sum(),
+      "predictions": weights.astype(jnp.float32).sum(),
+      "nsp_pairs": (_nsp_weights(batch).sum() if objective == "mlm_nsp"
+                    else jnp.zeros((), jnp.float32)),
+  }
 
 
 def create_train_state(model: nn.Module, optimizer: optax.GradientTransformation,
@@ -113,26 +146,42 @@ def _losses(model: nn.Module, params: Any, batch: Batch, objective: str, determi
   else:
     labels, weights = batch["masked_ids"], batch["masked_weights"]
   weights = weights.astype(jnp.float32)
-  token_losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  token_losses, correct = cross_entropy_and_correct(logits, labels)
   sums = {
       "mlm_loss": (token_losses * weights).sum(),
-      "mlm_correct": ((logits.argmax(-1) == labels) * weights).sum(),
+      "mlm_correct": (correct * weights).sum(),
       "mlm_count": weights.sum(),
   }
   if objective == "mlm_nsp":
     nsp_logits, nsp_labels = out["nsp_logits"], batch["next_sentence_labels"]
-    sums["nsp_loss"] = optax.softmax_cross_entropy_with_integer_labels(
-        nsp_logits, nsp_labels).sum()
-    sums["nsp_correct"] = (nsp_logits.argmax(-1) == nsp_labels).sum().astype(jnp.float32)
-    sums["nsp_count"] = jnp.asarray(nsp_labels.shape[0], jnp.float32)
+    nsp_weights = _nsp_weights(batch)
+    sums["nsp_loss"] = (optax.softmax_cross_entropy_with_integer_labels(
+        nsp_logits, jnp.maximum(nsp_labels, 0)) * nsp_weights).sum()
+    sums["nsp_correct"] = ((nsp_logits.argmax(-1) == nsp_labels) * nsp_weights).sum()
+    sums["nsp_count"] = nsp_weights.sum()
   return sums
+
+
+def cross_entropy_and_correct(logits: Array, labels: Array) -> tuple[Array, Array]:
+  """Softmax cross-entropy of integer labels, float32 [...], and whether each
+  label's logit is the largest, bool [...].
+
+  "Correct" is `argmax(logits) == labels` but for exact ties (counted right
+  here): the row's maximum, which the cross-entropy needs anyway, replaces
+  argmax's (value, index) reduction, which took 46 of about 3,300 ms of the
+  L4/H512 step on CPU over its [32, 20, 30522] logits (docs/benchmarks.md).
+  """
+  top = jax.lax.stop_gradient(logits.max(axis=-1, keepdims=True))
+  chosen = jnp.take_along_axis(logits, labels[..., None], axis=-1)
+  log_normalizer = jnp.log(jnp.exp(logits - top).sum(axis=-1, keepdims=True)) + top
+  return (log_normalizer - chosen)[..., 0], (chosen >= top)[..., 0]
 
 
 def _objective_loss(sums: dict[str, Array], totals: dict[str, Array]) -> Array:
   """MLM mean over the whole batch's masked positions, plus NSP mean."""
   loss = sums["mlm_loss"] / jnp.maximum(totals["mlm_count"], 1.0)
   if "nsp_loss" in sums:
-    loss = loss + sums["nsp_loss"] / totals["nsp_count"]
+    loss = loss + sums["nsp_loss"] / jnp.maximum(totals["nsp_count"], 1.0)
   return loss
 
 
@@ -153,12 +202,13 @@ def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
                ) -> tuple[TrainState, dict[str, Array]]:
   """One optimizer step on `batch` (all of it, in `accumulation_steps` parts).
 
-  Returns the new state and the step's metrics (device scalars).
+  Returns the new state and the step's metrics (device scalars), with the
+  batch's useful work (`batch_work`) and its model FLOPs.
   """
   weights = batch["lm_weights"] if objective == "ltr" else batch["masked_weights"]
   totals = {"mlm_count": weights.astype(jnp.float32).sum()}
   if objective == "mlm_nsp":
-    totals["nsp_count"] = jnp.asarray(batch["input_ids"].shape[0], jnp.float32)
+    totals["nsp_count"] = _nsp_weights(batch).sum()
   step_rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
 
   def loss_fn(params, micro, rng):
@@ -203,8 +253,13 @@ def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
       "consecutive_skipped": new_state.consecutive_skipped,
   }
   if objective == "mlm_nsp":
-    metrics["nsp_loss"] = sums["nsp_loss"] / sums["nsp_count"]
-    metrics["nsp_accuracy"] = sums["nsp_correct"] / sums["nsp_count"]
+    metrics["nsp_loss"] = sums["nsp_loss"] / jnp.maximum(sums["nsp_count"], 1.0)
+    metrics["nsp_accuracy"] = sums["nsp_correct"] / jnp.maximum(sums["nsp_count"], 1.0)
+  work = batch_work(batch, objective)
+  metrics.update(work)
+  metrics["model_flops"] = flops.model_flops(model.config, work["real_tokens"],
+                                             work["token_pairs"], work["predictions"],
+                                             work["nsp_pairs"])
   return new_state, metrics
 
 

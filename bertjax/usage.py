@@ -1,7 +1,10 @@
 """How the command lines report a usage error: one line that says what to change.
 
 A usage error is a mistake in what was asked (an unknown `--config.*` field, a
-value the config refuses, a missing file) rather than a bug. bertjax raises
+value the config refuses, a missing file) rather than a bug; a failure of the
+machine's surroundings that bertjax words itself (a checkpoint save the
+storage refused, `bertjax.checkpoint.CheckpointSaveError`) is reported the
+same way. bertjax raises
 those itself, with a message naming the key, file or value and what to do; the
 command line prints that message alone and exits with status 2. Any other
 exception keeps its traceback, and `--verbosity=1` shows the traceback of a

@@ -6,9 +6,17 @@ mesh of 8 devices on any machine.
 
 import os
 
+# (The runs tests start compile faster: tests/envs.py. In here XLA optimises
+# as it does for users: the numerics tests see what users get.)
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One persistent compilation cache for the test session's processes (the
+# runs a test starts and reruns compile the same steps again and again).
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(
+    __import__("tempfile").gettempdir(), f"bertjax-tests-jax-cache-{os.getuid()}"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -100,3 +100,32 @@ def test_on_gcs_a_step_without_its_commit_file_is_never_latest(gcs):
     time.sleep(0.2)
   writer.close()
   assert files.listdir(directory) == ["2"]
+
+
+def test_a_save_the_storage_refuses_is_one_clear_error_and_nothing_waits(gcs):
+  """The bucket vanishes (every request answered 404): the save says which step
+  failed and where a rerun resumes, and nothing is left to wait for (orbax's
+  own 'saving' flag stays set when a save fails before its background part)."""
+  import time
+
+  mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
+  state, _ = _state(CONFIG, mesh)
+  bucket = os.path.join(gcs.root, "storage", "bertjax-vanishing")
+  os.makedirs(bucket)
+  manager = checkpoint.Checkpointer("gs://bertjax-vanishing/checkpoints")
+  manager.save(10, state, {"phase": 0, "loader": None}, {})
+  manager.wait()
+  os.rename(bucket, bucket + "-gone")
+  started = time.monotonic()
+  with pytest.raises(checkpoint.CheckpointSaveError,
+                     match=r"saving the checkpoint of step 20 to gs://bertjax-vanishing/"
+                     r"checkpoints failed \(FileNotFoundError: .*\); the run stopped there: "
+                     r"rerun the same command to resume from step 10$"):
+    manager.save(20, state, {"phase": 0, "loader": None}, {})
+    manager.wait()
+  assert not manager.saving()
+  try:
+    manager.close()
+  except checkpoint.CheckpointSaveError as e:
+    assert "step 20" in str(e)
+  assert time.monotonic() - started < 30

@@ -88,3 +88,24 @@ def test_a_file_rewritten_in_the_bucket_is_copied_again(gcs):
   files.write_json(files.join(root, "info.json"), {"v": 2})
   assert files.local_copy(root) == local
   assert files.read_json(os.path.join(local, "info.json")) == {"v": 2}
+
+
+def test_objects_another_client_wrote_after_a_listing_are_seen(gcs):
+  """orbax lists a step's directory through gcsfs (epath) while tensorstore,
+  another client, writes the arrays under it (as other hosts do on a pod). A
+  cached listing would hide them: the CI failure 'Checkpoint directory does
+  not exist: .../checkpoints/30/state' after a storage outage."""
+  import tensorstore as ts
+  from etils import epath
+
+  from tests.gcs import BUCKET
+
+  step = epath.Path(gcs.url_of("files/listed/30"))
+  (step / "_CHECKPOINT_METADATA").write_text("{}")
+  assert [p.name for p in step.iterdir()] == ["_CHECKPOINT_METADATA"]  # listed now
+  assert not (step / "state").exists()
+  store = ts.KvStore.open({"driver": "gcs", "bucket": BUCKET,
+                           "path": "files/listed/30/state/"}).result()
+  store.write("manifest.ocdbt", b"x").result()
+  assert (step / "state").exists()
+  assert sorted(p.name for p in step.iterdir()) == ["_CHECKPOINT_METADATA", "state"]

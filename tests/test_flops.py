@@ -40,3 +40,37 @@ def test_peak_comes_from_the_table_or_a_measurement():
   assert peak > 0
   assert source.startswith("measured float32 matmul on cpu")
   assert flops.PEAK_TFLOPS["TPU v4"] == (275.0, 275.0)
+
+
+class _Device:
+  """What `peak_tflops` reads of a JAX device."""
+
+  def __init__(self, platform, device_kind):
+    self.platform, self.device_kind = platform, device_kind
+
+
+@pytest.mark.parametrize("kind,bf16", [
+    ("NVIDIA H200", 989.0), ("NVIDIA H200 NVL", 835.0), ("NVIDIA H100 80GB HBM3", 989.0),
+    ("NVIDIA H100 PCIe", 756.0), ("NVIDIA H100 NVL", 835.0), ("NVIDIA A100-SXM4-80GB", 312.0),
+    ("NVIDIA L40S", 362.0), ("NVIDIA L4", 121.0)])
+def test_gpus_are_told_apart(kind, bf16):
+  peak, source = flops.peak_tflops("bfloat16", _Device("gpu", kind))
+  assert peak == bf16, source
+
+
+def test_an_accelerator_missing_from_the_table_has_no_peak():
+  peak, source = flops.peak_tflops("bfloat16", _Device("gpu", "NVIDIA Hypothetical X9"))
+  assert peak is None and "not in bertjax.flops.PEAK_TFLOPS" in source
+
+
+def test_model_flops_count_the_attention_of_each_sequence_alone():
+  """A row packing sequences of 50, 40 and 38 tokens attends over 50^2 + 40^2
+  + 38^2 pairs, not 128^2; padding adds nothing."""
+  config = BertConfig(vocab_size=1000, hidden_size=64, num_layers=2, num_heads=2,
+                      intermediate_size=256)
+  full = flops.model_flops(config, 128, 128 ** 2, 20, 1)
+  packed = flops.model_flops(config, 128, 50 ** 2 + 40 ** 2 + 38 ** 2, 20, 3)
+  per_pair = 3 * 2 * 2 * 2 * 64  # training x layers x (scores, values) x multiply-add x H
+  per_nsp = 3 * (2 * 64 * 64 + 2 * 64 * 2)
+  assert full - packed == (128 ** 2 - (50 ** 2 + 40 ** 2 + 38 ** 2)) * per_pair - 2 * per_nsp
+  assert flops.flops_per_token(config, 128, 20) == full / 128

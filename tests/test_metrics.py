@@ -2,6 +2,7 @@
 
 import glob
 import json
+import sys
 
 import pytest
 
@@ -66,8 +67,41 @@ def test_orbax_info_lines_are_quiet_at_the_default_verbosity():
     assert not installed[0].filter(record(orbax_path, pylogging.INFO))
     assert installed[0].filter(record(orbax_path, pylogging.WARNING))
     assert installed[0].filter(record(own_path, pylogging.INFO))
+    # A failed save: each of orbax's threads logs the error with its traceback,
+    # or with one folded into the message. One line each, pointing to --verbosity.
+    try:
+      raise FileNotFoundError("http://storage/o?name=checkpoints%2F30%2Fstate")
+    except FileNotFoundError:
+      failed = pylogging.LogRecord("absl", pylogging.ERROR, orbax_path, 1,
+                                 "save raised: %s", ("the error",), sys.exc_info())
+    folded = pylogging.LogRecord("absl", pylogging.ERROR, orbax_path, 1,
+                                 "NOT_FOUND: writing\nTraceback (most recent call last):\n  x",
+                                 (), None)
+    for error, first_line in ((failed, "save raised: the error"),
+                              (folded, "NOT_FOUND: writing")):
+      assert installed[0].filter(error)
+      text = handler.format(error)
+      assert "Traceback" not in text and "\n" not in text.strip(), text
+      assert text.endswith(f"{first_line} (--verbosity=1 shows the traceback)"), text
+    never_retrieved = pylogging.LogRecord(
+        "asyncio", pylogging.ERROR, "/usr/lib/python3.11/asyncio/base_events.py", 1,
+        "Task exception was never retrieved\nfuture: <Task finished coro=<save() defined at "
+        "/venv/lib/python3.11/site-packages/orbax/checkpoint/_src/x.py:1>>", (), None)
+    assert not installed[0].filter(never_retrieved)  # the failed save, said already
+    write = pylogging.LogRecord(
+        "asyncio", pylogging.ERROR, "/x/base_events.py", 1,
+        "%s exception was never retrieved\nValueError('NOT_FOUND: ... [tensorstore_spec=...]')",
+        ("Future",), None)
+    assert not installed[0].filter(write)
+    other_task = pylogging.LogRecord("asyncio", pylogging.ERROR, "/x/base_events.py", 1,
+                                     "Task exception was never retrieved\n<Task a.py>", (),
+                                     None)
+    assert installed[0].filter(other_task)
     logging.set_verbosity(logging.DEBUG)  # --verbosity=1
     assert installed[0].filter(record(orbax_path, pylogging.INFO))
+    assert installed[0].filter(never_retrieved)
+    kept = pylogging.LogRecord("absl", pylogging.ERROR, orbax_path, 1, "a\nb", (), None)
+    assert installed[0].filter(kept) and kept.getMessage() == "a\nb"  # all of it
   finally:
     logging.set_verbosity(verbosity)
 
@@ -109,6 +143,39 @@ def test_metrics_on_gcs_append_across_runs_without_rewriting(gcs):
                   for name in events)
   assert counts == [2, 3]  # file version + steps
   assert files.listdir(workdir) == ["metrics.jsonl", "tensorboard"]
+
+
+def test_a_part_left_by_a_kill_is_not_read_as_metrics(gcs, monkeypatch):
+  """A kill between an append's part upload and its removal leaves the part:
+  TensorBoard (every name holding "tfevents") must not read it as events."""
+  import gcsfs
+
+  from bertjax import files
+
+  async def lost_removal(self, path, *args, **kwargs):
+    raise OSError(f"killed before removing {path}")
+
+  # gcsfs binds its sync methods to an instance when it makes one, and keeps
+  # its instances: the faulty one is made here and dropped after.
+  gcsfs.GCSFileSystem.clear_instance_cache()
+  monkeypatch.setattr(gcsfs.GCSFileSystem, "_rm_file", lost_removal)
+  try:
+    workdir = gcs.url_of("metrics/killed")
+    writer = metrics.MetricWriter(workdir, flush_every_s=3600)
+    writer.write(1, {"loss": 3.0}, "train/")
+    writer.flush()  # made: the next upload appends, through a part
+    writer.write(2, {"loss": 2.0}, "train/")
+    writer.close()  # the appends' parts stay
+  finally:
+    monkeypatch.undo()
+    gcsfs.GCSFileSystem.clear_instance_cache()
+  names = files.listdir(files.join(workdir, "tensorboard"))
+  assert [n for n in names if n.startswith(".part-")]  # the fault happened
+  assert len([n for n in names if "tfevents" in n]) == 1
+  assert [n for n in files.listdir(workdir) if not n.startswith(".part-")] == [
+      "metrics.jsonl", "tensorboard"]
+  lines = files.read_text(files.join(workdir, "metrics.jsonl")).splitlines()
+  assert [json.loads(line)["step"] for line in lines] == [1, 2]
 
 
 def test_a_storage_outage_never_stops_the_writer(gcs, caplog, monkeypatch):

@@ -147,6 +147,23 @@ def test_loss_matches_the_reference_pretraining_loss(tmp_path):
   np.testing.assert_allclose(ours, out.loss.item(), rtol=1e-5)
 
 
+def test_cross_entropy_and_correct_are_optax_and_argmax():
+  import optax
+
+  rng = np.random.default_rng(0)
+  logits = (rng.normal(size=(4, 5, 300)) * 4).astype(np.float32)
+  labels = rng.integers(0, 300, (4, 5)).astype(np.int32)
+  labels[0, :3] = logits[0, :3].argmax(-1)  # some right
+  losses, correct = jax.jit(train.cross_entropy_and_correct)(logits, labels)
+  np.testing.assert_allclose(
+      losses, optax.softmax_cross_entropy_with_integer_labels(logits, labels), rtol=1e-6)
+  np.testing.assert_array_equal(correct, logits.argmax(-1) == labels)
+  grad = jax.grad(lambda x: train.cross_entropy_and_correct(x, labels)[0].sum())(logits)
+  want = jax.grad(lambda x: optax.softmax_cross_entropy_with_integer_labels(x, labels).sum())(
+      logits)
+  np.testing.assert_allclose(grad, want, rtol=1e-5, atol=1e-7)
+
+
 def test_summarize_eval():
   values = train.summarize_eval({"mlm_loss": 20.0, "mlm_correct": 3.0, "mlm_count": 10.0,
                                  "nsp_loss": 3.0, "nsp_correct": 4.0, "nsp_count": 5.0})
@@ -168,9 +185,10 @@ def test_no_nsp_objectives_train_the_masked_lm_alone():
   batch = {k: v for k, v in _batch().items() if k != "next_sentence_labels"}
   model = train.pretraining_model(CONFIG, "mlm_pairs")
   assert isinstance(model, BertForMaskedLM)
-  state = nn.meta.unbox(train.create_train_state(model, optim.create_optimizer("adamw", 0.0), 0))
-  _, metrics = train.train_step(state, batch, model=model,
-                                optimizer=optim.create_optimizer("adamw", 0.0),
-                                learning_rate_fn=lambda step: 0.0, objective="mlm_pairs")
+  optimizer = optim.create_optimizer("adamw", 0.0)
+  state = jax.jit(lambda: nn.meta.unbox(train.create_train_state(model, optimizer, 0)))()
+  step = jax.jit(functools.partial(train.train_step, model=model, optimizer=optimizer,
+                                   learning_rate_fn=lambda step: 0.0, objective="mlm_pairs"))
+  _, metrics = step(state, batch)
   assert "nsp_loss" not in metrics
   np.testing.assert_allclose(metrics["loss"], metrics["mlm_loss"], rtol=1e-6)

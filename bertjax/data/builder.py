@@ -11,7 +11,9 @@ line is `python -m bertjax.tools.prepare_pretraining_data`.
 Nothing is marked finished unless the host's shards hold a usable document:
 a shard with none is marked only once another has one. A dataset that
 replaces another (`overwrite`) is built in a staging directory beside it and
-moved in only then, so input that turns out unusable leaves the old one whole.
+moved in only then, so input that turns out unusable leaves the old one whole;
+the move (`_swap_in`, on `gs://` an upload) never shows readers a dataset that
+mixes old and new shards.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import os
 import queue
 import shutil
 import tempfile
-from typing import Any
+from typing import Any, Callable
 
 from absl import logging
 import numpy as np
@@ -302,8 +304,9 @@ def _install(scratch: str, directory: str) -> list[str]:
 
 def _replace(build, scratch: str, info: dict[str, Any], output_dir: str,
              publish_to: str | None, kept: str) -> corpus.CorpusStats:
-  """Builds a dataset in a staging directory beside `output_dir` and moves it in
-  place of the old one only once it holds a usable document."""
+  """Builds a dataset in a staging directory beside `output_dir` and swaps it
+  in place of the old one (`_swap_in`) only once it holds a usable document;
+  on `gs://` the local copy first, then the bucket."""
   parent = os.path.dirname(os.path.abspath(output_dir))
   staging = tempfile.mkdtemp(prefix=os.path.basename(files.staging_name(output_dir)) + "-",
                              dir=parent)
@@ -311,22 +314,97 @@ def _replace(build, scratch: str, info: dict[str, Any], output_dir: str,
     _install(scratch, staging)
     shards.write_info(staging, info)
     stats = build(staging, None, outcome=kept)
-    # The old dataset's mark goes first, so no reader pairs it with new shards;
-    # the new one's comes last, after each shard and then its stats.
-    names = sorted(os.listdir(staging), key=lambda name: (
-        name == shards.INFO_FILE, name.endswith(".stats.json"), name))
-    for directory in (publish_to, output_dir) if publish_to else (output_dir,):
-      if files.exists(files.join(directory, shards.INFO_FILE)):
-        files.remove(files.join(directory, shards.INFO_FILE))
-      for name in files.listdir(directory):
-        if name.startswith(_STALE):
-          files.remove(files.join(directory, name))
-    for name in names:
-      os.replace(os.path.join(staging, name), os.path.join(output_dir, name))
-    _publish_files(output_dir, publish_to, names)
+    names = [name for name in os.listdir(staging) if not name.startswith(".")]
+    _swap_in(output_dir, names, info, lambda name: os.replace(
+        os.path.join(staging, name), os.path.join(output_dir, name)))
   finally:
     shutil.rmtree(staging, ignore_errors=True)
+  if publish_to:
+    _swap_in(publish_to, names, info, lambda name: files.upload(
+        os.path.join(output_dir, name), files.join(publish_to, name)), local=output_dir)
   return stats
+
+
+def _swap_in(directory: str, names: list[str], info: dict[str, Any],
+             put: Callable[[str], None], local: str | None = None) -> None:
+  """Puts a new dataset's files (`names`, `put(name)` writing one) in place of
+  the dataset in `directory`, local or on `gs://`.
+
+  No reader ever finds a complete-looking dataset (`dataset_info.json` and
+  every shard's stats) that mixes old and new files, and the old one stays
+  whole for as long as that allows. The new files the old dataset does not
+  use go first (shards before their stats), the new dataset_info.json last,
+  replacing the old in one step; the old dataset's other files go after it.
+  Only new files that would overwrite the old dataset's (the same shard count,
+  or another vocabulary under the same file name) make the old one be
+  withdrawn before them: its dataset_info.json, its statically masked
+  instances' marks and the stats of the shards overwritten. A rerun then
+  finishes the new one (each shard is written before its stats).
+
+  Args:
+    local: On `gs://`, the local copy the new files come from (errors name it).
+
+  Raises:
+    OSError: a file could not be put, saying what that left of the old dataset.
+  """
+  present = set(files.listdir(directory)) if files.isdir(directory) else set()
+  old_info = None
+  if shards.INFO_FILE in present:
+    try:
+      old_info = files.read_json(files.join(directory, shards.INFO_FILE))
+    except ValueError:  # unreadable: no dataset there for a reader to use
+      pass
+  old_files = set()  # what a reader of the old dataset reads
+  if old_info is not None and isinstance(old_info.get("num_shards"), int):
+    count = old_info["num_shards"]
+    old_files = {name for index in range(count) for name in (
+        shards.shard_name(index, count), shards.stats_path(shards.shard_name(index, count)))}
+    if old_info.get("tokenizer_sha256") != info["tokenizer_sha256"]:
+      old_files |= {name for name in present if not name.startswith(_STALE)}
+  # Each shard before its stats, and the tokenizer's files before the shards.
+  new = sorted((name for name in names if name != shards.INFO_FILE), key=lambda name: (
+      name in old_files, name.startswith("documents-"), name.split(".")[0],
+      name.endswith(".stats.json")))
+  marks = sorted(name for name in present if name.startswith("instances")
+                 and name.endswith("_info.json"))
+  withdrawn = False
+
+  def remove(name: str) -> None:
+    if name in present:
+      files.remove(files.join(directory, name))
+      present.discard(name)
+
+  try:
+    for name in new:
+      if name in old_files and not withdrawn:
+        # Readers stop taking the old dataset for whole before its files change.
+        withdrawn = True
+        for old in [shards.INFO_FILE, *marks, *(n for n in new if n in old_files
+                                                 and n.endswith(".stats.json"))]:
+          remove(old)
+      put(name)
+    for name in marks:  # instances masked from the old documents
+      remove(name)
+    put(shards.INFO_FILE)
+  except Exception as error:  # pylint: disable=broad-except
+    if not files.is_remote(directory):
+      raise
+    if withdrawn:
+      left = ("the old dataset there was withdrawn first, as the new one reuses its file "
+              f"names, and the new one is whole in {local}: rerun the same command to "
+              "finish the upload")
+    else:
+      left = ("the old dataset there is whole" if old_info is not None else "nothing there "
+              "is marked finished") + "; rerun with --overwrite to try again"
+    raise OSError(f"{directory}: the upload of the new dataset failed part-way "
+                  f"({type(error).__name__}: {error}); {left}") from error
+  stale = [name for name in sorted(present) if name.startswith(_STALE) and name not in names]
+  try:
+    for name in stale:
+      remove(name)
+  except Exception as error:  # pylint: disable=broad-except
+    logging.warning("%s: the new dataset is in place, but removing the old one's files "
+                    "(unused now) failed: %s", directory, error)
 
 
 def _build_shards(spec: str, directory: str, publish_to: str | None, *,

@@ -14,8 +14,8 @@ Large inputs are read in parallel as byte ranges: a range owns the documents
 whose first line starts inside it, and reads past its end to finish the last.
 Files compressed with gzip, bzip2 or xz, and UTF-16 or UTF-32 text with a
 byte-order mark, are read too, each whole by one reader. Everything not used is
-counted with its reason in `CorpusStats`, and the first few skipped files are
-named.
+counted with its reason in `CorpusStats`, and the first few skipped files, and
+files with skipped lines, are named.
 """
 
 from __future__ import annotations
@@ -62,12 +62,19 @@ class CorpusStats:
   tokens: int = 0
   # [reason, path] of the first few skipped files of each reason.
   skipped_file_names: list = dataclasses.field(default_factory=list)
+  # [reason, path] of the first few files with skipped lines, for each reason
+  # (one more than are named, to tell whether there are others).
+  skipped_line_files: list = dataclasses.field(default_factory=list)
 
   def skip_file(self, path: str, reason: str) -> None:
     """Counts a skipped file, and names it if it is among its reason's first few."""
     self.files_skipped[reason] += 1
-    if sum(r == reason for r, _ in self.skipped_file_names) < _NAMED_FILES:
-      self.skipped_file_names.append([reason, path])
+    _name(self.skipped_file_names, reason, path, _NAMED_FILES)
+
+  def skip_line(self, reason: str, path: str) -> None:
+    """Counts a skipped line, and notes its file among its reason's first few."""
+    self.lines_skipped[reason] += 1
+    _name(self.skipped_line_files, reason, path, _NAMED_FILES + 1)
 
   def merge(self, other: CorpusStats) -> None:
     for field in dataclasses.fields(self):
@@ -75,9 +82,9 @@ class CorpusStats:
       if isinstance(mine, collections.Counter):
         mine.update(getattr(other, field.name))
       elif isinstance(mine, list):
+        limit = _NAMED_FILES + (field.name == "skipped_line_files")
         for reason, path in getattr(other, field.name):
-          if sum(r == reason for r, _ in mine) < _NAMED_FILES:
-            mine.append([reason, path])
+          _name(mine, reason, path, limit)
       else:
         setattr(self, field.name, mine + getattr(other, field.name))
 
@@ -112,8 +119,19 @@ class CorpusStats:
         line = f"  {title}: {count} ({reason})"
         if counter is self.files_skipped:
           line += _named(count, [path for r, path in self.skipped_file_names if r == reason])
+        elif counter is self.lines_skipped:
+          paths = [path for r, path in self.skipped_line_files if r == reason]
+          if paths:
+            line += ", in " + ", ".join(paths[:_NAMED_FILES]) + (
+                " and others" if len(paths) > _NAMED_FILES else "")
         lines.append(line)
     return "\n".join(lines)
+
+
+def _name(names: list, reason: str, path: str, limit: int) -> None:
+  """Adds [reason, path] to `names` unless there or `limit` of that reason are."""
+  if [reason, path] not in names and sum(r == reason for r, _ in names) < limit:
+    names.append([reason, path])
 
 
 def _named(count: int, paths: list[str]) -> str:
@@ -212,16 +230,18 @@ def _size(path: str) -> int:
 def scan_files(paths: Sequence[str], stats: CorpusStats) -> list[InputFile]:
   """The files worth reading; the others counted out with their reason, and named.
 
-  A file is judged by its first 8 KB, decompressed (gzip, bzip2, xz) and
-  decoded (UTF-8, or UTF-16/UTF-32 after a byte-order mark): binary (a share
-  of control characters no text has), not UTF-8 (mostly undecodable bytes),
-  UTF-16 without a byte-order mark, an archive this reader does not open, CR-only
-  line endings, or empty.
+  A file is judged by 8 KB samples of its start, middle and end, decompressed
+  (gzip, bzip2, xz) and decoded (UTF-8, or UTF-16/UTF-32 after a byte-order
+  mark): binary (a share of control characters no text has, in every sample),
+  not UTF-8 (mostly undecodable bytes, or most lines; Latin-1 is named as
+  such), UTF-16 without a byte-order mark, an archive this reader does not open
+  (tar, zip, 7z, zstd), CR-only line endings, or empty. A binary stretch in a
+  text file costs only its lines.
   """
   usable = []
   for path in paths:
     size = _size(path)
-    found = textfiles.inspect(path) if size else "empty file"
+    found = textfiles.inspect(path, size) if size else "empty file"
     if isinstance(found, str):
       stats.skip_file(path, found)
       continue
@@ -334,7 +354,7 @@ def read_range(file_range: FileRange, file_format: str, stats: CorpusStats,
   with textfiles.open_binary(file_range.path) as raw:
     if file_range.whole:
       f = textfiles.Utf8Lines(raw, file_range.compression, file_range.encoding,
-                              stats.lines_skipped)
+                              functools.partial(stats.skip_line, path=file_range.path))
       end, consumed = math.inf, f.consumed
     else:
       f = raw if isinstance(raw, io.BufferedIOBase) else io.BufferedReader(raw)
@@ -348,7 +368,8 @@ def read_range(file_range: FileRange, file_format: str, stats: CorpusStats,
         reported = done
 
     for document in _lines(f, _first_line_start(f, file_range.start), end, file_format,
-                           f"invalid {file_range.encoding.upper()}", stats, max_line_chars):
+                           f"invalid {file_range.encoding.upper()}", stats, max_line_chars,
+                           functools.partial(stats.skip_line, path=file_range.path)):
       yield document
       if progress is not None:
         report(consumed())
@@ -356,24 +377,24 @@ def read_range(file_range: FileRange, file_format: str, stats: CorpusStats,
 
 
 def _lines(f, position: int, end: float, file_format: str, invalid: str, stats: CorpusStats,
-           max_line_chars: int) -> Iterator[Document]:
+           max_line_chars: int, skip_line: Callable[[str], None]) -> Iterator[Document]:
   """The documents of `read_range`, from line start `position` of `f`, each
-  starting before `end`."""
+  starting before `end`; `skip_line(reason)` counts a skipped line."""
   limit = 4 * max_line_chars  # bytes: UTF-8 takes at most 4 per character
 
   def decode(line: bytes) -> str | None:
     if b"\x00" in line:
-      stats.lines_skipped["NUL bytes"] += 1
+      skip_line("NUL bytes")
       return None
     try:
       text = line.decode("utf-8")
     except UnicodeDecodeError:
-      stats.lines_skipped[invalid] += 1
+      skip_line(invalid)
       return None
     if len(text) > max_line_chars:
-      stats.lines_skipped[f"over {max_line_chars} characters"] += 1
+      skip_line(f"over {max_line_chars} characters")
       return None
-    return text
+    return textfiles.strip_terminal_escapes(text)
 
   if file_format == "documents":
     while position < end:
@@ -424,7 +445,7 @@ def _lines(f, position: int, end: float, file_format: str, invalid: str, stats: 
         break  # The next document belongs to the next range.
       in_document = True
     if too_long:
-      stats.lines_skipped[f"over {max_line_chars} characters"] += 1
+      skip_line(f"over {max_line_chars} characters")
       continue
     text = decode(line)
     if text is not None:

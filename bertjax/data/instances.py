@@ -162,18 +162,22 @@ class PackedSequences(grain.IterDataset):
   """Packs a stream of documents into `[CLS] ... [SEP]` sequences (no NSP).
 
   Contiguous sentences fill each sequence up to its target length (shorter with
-  `short_seq_prob`), running on into the next document after a `[SEP]`; a
-  sentence longer than the target is cut into target-length pieces. The parent
-  yields `DocumentRef`s; their stream index (unique per document and epoch)
-  seeds the target lengths and keys the masks.
+  `short_seq_prob`), running on into the next document after a `[SEP]`
+  (`cross_documents`; otherwise a document's last sequence ends with it, for
+  rows that pack sequences of several documents apart, `bertjax.data.packing`);
+  a sentence longer than the target is cut into target-length pieces. The
+  parent yields `DocumentRef`s; their stream index (unique per document and
+  epoch) seeds the target lengths and keys the masks.
   """
 
   def __init__(self, parent: grain.IterDataset, max_seq_length: int,
-               short_seq_prob: float, cls_id: int, sep_id: int, seed: int):
+               short_seq_prob: float, cls_id: int, sep_id: int, seed: int,
+               cross_documents: bool = True):
     super().__init__(parent)
     self.max_tokens = max_seq_length - 2
     self.short_seq_prob = short_seq_prob
     self.cls_id, self.sep_id, self.seed = cls_id, sep_id, seed
+    self.cross_documents = cross_documents
 
   def __iter__(self) -> grain.DatasetIterator:
     return _PackingIterator(self._parent.__iter__(), self)
@@ -220,7 +224,7 @@ class _PackingIterator(grain.DatasetIterator):
     tokens: list[int] = []
     while len(tokens) < target:
       if self._at_document_end():
-        if not self._advance_document():
+        if not packer.cross_documents or not self._advance_document():
           break
         tokens.append(packer.sep_id)  # a document boundary inside the sequence
         continue

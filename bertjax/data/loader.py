@@ -29,7 +29,8 @@ from typing import Any, Iterator
 import grain
 import numpy as np
 
-from bertjax.data import instances, masking, shards
+from bertjax.data import instances, masking, packing, shards
+from bertjax.data.windows import WindowShuffle
 from bertjax.data.tokenizers import tokenizer_from_settings
 
 Batch = dict[str, np.ndarray]
@@ -64,6 +65,11 @@ class LoaderConfig:
       scalable default) or "rows" (every process runs the whole pipeline and
       keeps its rows of each global batch: global batches independent of the
       number of processes, for small runs and equivalence tests).
+    max_sequences_per_row: 1: a sequence a row, padded. More: rows pack up to
+      this many sequences that do not attend to each other
+      (`bertjax.data.packing`); `mlm` and `ltr` sequences then stay within a
+      document. `batch_size` counts rows.
+    packing_window: Sequences packed together (more: fuller rows).
   """
 
   data_dir: str
@@ -81,6 +87,12 @@ class LoaderConfig:
   split: str = "all"
   eval_percent: float = 1.0
   host_sharding: str = "documents"
+  max_sequences_per_row: int = 1
+  packing_window: int = 2000
+
+  @property
+  def packed(self) -> bool:
+    return self.max_sequences_per_row > 1
 
   def __post_init__(self):
     if self.objective not in instances.OBJECTIVES:
@@ -99,6 +111,9 @@ class LoaderConfig:
     if self.host_sharding not in ("documents", "rows"):
       raise ValueError(f"host_sharding must be 'documents' or 'rows', got "
                        f"{self.host_sharding!r}")
+    if self.max_sequences_per_row < 1 or self.packing_window < 1:
+      raise ValueError(f"max_sequences_per_row={self.max_sequences_per_row} and "
+                       f"packing_window={self.packing_window} must be >= 1")
 
 
 class DocumentSource:
@@ -139,68 +154,6 @@ class _NextSentenceInstances(grain.experimental.FlatMapTransform):
         document.sentences, document.index, self.candidates, self.source.__getitem__,
         self.config.max_seq_length, self.config.short_seq_prob, self.cls_id, self.sep_id,
         rng, document.stream_index)
-
-
-class WindowShuffle(grain.IterDataset):
-  """Shuffles consecutive windows of elements (instances of nearby documents).
-
-  Like grain's window shuffle, with one numpy permutation per window instead of
-  a hash per element; the state is the parent's state at the window's start and
-  the position in it.
-  """
-
-  def __init__(self, parent: grain.IterDataset, window_size: int, seed: int):
-    super().__init__(parent)
-    self.window_size, self.seed = window_size, seed
-
-  def __iter__(self) -> grain.DatasetIterator:
-    return _WindowShuffleIterator(self._parent.__iter__(), self.window_size, self.seed)
-
-
-class _WindowShuffleIterator(grain.DatasetIterator):
-
-  def __init__(self, parent: grain.DatasetIterator, window_size: int, seed: int):
-    super().__init__(parent)
-    self._size, self._seed = window_size, seed
-    self._window_index, self._position = 0, 0
-    self._window: list = []
-    self._window_state = parent.get_state()
-
-  def _fill(self) -> None:
-    self._window_state = self._parent.get_state()
-    window = []
-    for _ in range(self._size):
-      try:
-        window.append(next(self._parent))
-      except StopIteration:
-        break
-    order = np.random.default_rng([self._seed, self._window_index]).permutation(len(window))
-    self._window = [window[i] for i in order]
-
-  def __next__(self):
-    if self._position >= len(self._window):
-      if self._window:
-        self._window_index += 1
-      self._fill()
-      self._position = 0
-      if not self._window:
-        raise StopIteration
-    element = self._window[self._position]
-    self._position += 1
-    return element
-
-  def get_state(self) -> dict:
-    return {"window_state": self._window_state, "window_index": self._window_index,
-            "position": self._position, "filled": bool(self._window)}
-
-  def set_state(self, state: dict) -> None:
-    self._parent.set_state(state["window_state"])
-    self._window_index, self._window = state["window_index"], []
-    self._position = state["position"]
-    if state["filled"]:
-      self._fill()
-    else:
-      self._window_state = state["window_state"]
 
 
 class _Collate:
@@ -324,11 +277,10 @@ def make_dataset(config: LoaderConfig, process_index: int = 0,
         stream, _NextSentenceInstances(source, config, cls_id, sep_id))
   else:
     stream = instances.PackedSequences(stream, config.max_seq_length, config.short_seq_prob,
-                                       cls_id, sep_id, config.seed)
+                                       cls_id, sep_id, config.seed,
+                                       cross_documents=not config.packed)
   if config.shuffle_window > 1:
     stream = WindowShuffle(stream, config.shuffle_window, config.seed)
-  stream = stream.batch(config.batch_size, drop_remainder=config.drop_remainder,
-                        batch_fn=_Collate(config.max_seq_length, tokenizer.pad_id))
   masker = None
   if config.objective != "ltr":
     continuation = None
@@ -339,8 +291,61 @@ def make_dataset(config: LoaderConfig, process_index: int = 0,
     masker = masking.Masker(config.masking, tokenizer.vocab_size, tokenizer.mask_id,
                             sorted(set(tokenizer.special_ids.values())), continuation,
                             config.seed)
-  stream = stream.map(_Targets(config, masker))
+  if config.packed:
+    stream = _packed_rows(stream, _MaskedExamples(config, masker), config, tokenizer.pad_id)
+  else:
+    stream = stream.batch(config.batch_size, drop_remainder=config.drop_remainder,
+                          batch_fn=_Collate(config.max_seq_length, tokenizer.pad_id))
+    stream = stream.map(_Targets(config, masker))
   return _with_workers(stream, config)
+
+
+class _MaskedExamples:
+  """A window of instances -> `packing.Example`s, masked together (each by its
+  own key: the mask it would get in an unpacked batch)."""
+
+  def __init__(self, config: LoaderConfig, masker: masking.Masker | None):
+    self.length, self.masker = config.max_seq_length, masker
+
+  def __call__(self, window: list[instances.Instance]) -> list[packing.Example]:
+    lengths = np.array([len(i.token_ids) for i in window])
+    if self.masker is None:  # ltr: the targets are the next tokens
+      empty = np.zeros(0, np.int32)
+      return [packing.Example(i.token_ids, i.num_first, i.next_sentence_label, empty, empty)
+              for i in window]
+    ids = np.zeros((len(window), self.length), np.int32)
+    for row, instance in enumerate(window):
+      ids[row, :lengths[row]] = instance.token_ids
+    masked = self.masker(ids, lengths, np.array([i.key for i in window], np.uint64))
+    examples = []
+    for row, instance in enumerate(window):
+      real = masked["masked_weights"][row] > 0
+      examples.append(packing.Example(
+          masked["input_ids"][row, :lengths[row]], instance.num_first,
+          instance.next_sentence_label, masked["masked_positions"][row, real],
+          masked["masked_ids"][row, real]))
+    return examples
+
+
+def _decoded_examples(records: list[bytes]) -> list[packing.Example]:
+  """Statically masked records -> `packing.Example`s."""
+  examples = []
+  for record in records:
+    ids, first, label, positions, originals = shards.decode_instance(record)
+    examples.append(packing.Example(ids, first, label, positions, originals))
+  return examples
+
+
+def _packed_rows(stream: grain.IterDataset, prepare, config: LoaderConfig,
+                 pad_id: int) -> grain.IterDataset:
+  """Sequences -> batches of packed rows."""
+  predictions = config.masking.max_predictions
+  rows = packing.PackedRows(stream, prepare, config.max_seq_length,
+                            config.max_sequences_per_row, predictions, config.packing_window,
+                            config.seed)
+  return rows.batch(config.batch_size, drop_remainder=config.drop_remainder,
+                    batch_fn=packing.Collate(config.objective, config.max_seq_length,
+                                             config.max_sequences_per_row, predictions, pad_id))
 
 
 def _with_workers(stream: grain.IterDataset, config: LoaderConfig) -> grain.IterDataset:
@@ -406,9 +411,12 @@ def _static_dataset(config: LoaderConfig, process_index: int,
   stream = (grain.MapDataset.range(len(records))[process_index::process_count]
             .shuffle(seed=config.seed).repeat(config.num_epochs)
             .map(lambda index: records[index])
-            .to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
-            .batch(config.batch_size, drop_remainder=config.drop_remainder,
-                   batch_fn=_StaticCollate(config, tokenizer.pad_id)))
+            .to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)))
+  if config.packed:
+    stream = _packed_rows(stream, _decoded_examples, config, tokenizer.pad_id)
+  else:
+    stream = stream.batch(config.batch_size, drop_remainder=config.drop_remainder,
+                          batch_fn=_StaticCollate(config, tokenizer.pad_id))
   return _with_workers(stream, config)
 
 

@@ -46,6 +46,9 @@ _MODULES = [
     (r"span", r"qa_outputs"),
 ]
 _LEAVES = {"kernel": "weight", "scale": "weight", "embedding": "weight", "bias": "bias"}
+# The word embedding table, whose rows past `vocab_size` (`vocab_pad_multiple`)
+# are bertjax's: the reference holds `vocab_size` rows.
+_WORD_EMBEDDINGS = ("bert", "embeddings", "word_embeddings", "embedding")
 
 # Reference names that carry no information of their own.
 _REDUNDANT = {
@@ -146,6 +149,8 @@ def params_from_reference(tensors: Mapping[str, np.ndarray], config: BertConfig,
       return None
     value = np.asarray(tensors[name])
     needed = _reference_shape(path, target.shape)
+    if path == _WORD_EMBEDDINGS and value.shape == (config.vocab_size, *needed[1:]):
+      value = np.pad(value, ((0, needed[0] - value.shape[0]), (0, 0)))  # padding rows: 0
     if value.shape != needed:
       raise ValueError(
           f"{source}: weight {name} has shape {tuple(value.shape)}, but the config "
@@ -187,10 +192,19 @@ def _set(tree: Params, path: tuple[str, ...], value: Any) -> None:
   tree[path[-1]] = value
 
 
-def params_to_reference(params: Params) -> dict[str, np.ndarray]:
-  """Reference name -> float32 array for task-model parameters (looped layout)."""
+def params_to_reference(params: Params, vocab_size: int | None = None
+                        ) -> dict[str, np.ndarray]:
+  """Reference name -> float32 array for task-model parameters (looped layout).
+
+  Args:
+    vocab_size: Keep only this many word embeddings (an export: the padding
+      rows of `BertConfig.vocab_pad_multiple` are bertjax's); None keeps all.
+  """
   flat = {}
   for path, value in jax.tree_util.tree_leaves_with_path(params):
     path = _path_str(path)
-    flat[reference_name(path)] = to_reference(path, np.asarray(value, np.float32))
+    value = np.asarray(value, np.float32)
+    if path == _WORD_EMBEDDINGS and vocab_size is not None:
+      value = value[:vocab_size]
+    flat[reference_name(path)] = to_reference(path, value)
   return flat

@@ -31,15 +31,22 @@ class BertForPreTraining(nn.Module):
 
   def __call__(self, input_ids: Array, attention_mask: Array | None = None,
                token_type_ids: Array | None = None, masked_positions: Array | None = None,
-               deterministic: bool = True) -> dict[str, Array]:
-    """Returns `mlm_logits` [batch, predictions|length, vocab], `nsp_logits` [batch, 2].
+               deterministic: bool = True, *, position_ids: Array | None = None,
+               segment_ids: Array | None = None,
+               nsp_positions: Array | None = None) -> dict[str, Array]:
+    """Returns `mlm_logits` [batch, predictions|length, vocab], `nsp_logits`
+    [batch, 2] ([batch, pairs, 2] for packed rows).
 
     Args:
       masked_positions: [batch, max_predictions] positions to predict; None
         predicts every position.
+      position_ids, segment_ids: Packed rows (see `BertEncoder`).
+      nsp_positions: [batch, pairs] the [CLS] of each packed pair, where its
+        next-sentence prediction is made.
     """
-    encoded = self.bert(input_ids, attention_mask, token_type_ids,
-                        deterministic=deterministic)
+    encoded = self.bert(input_ids, attention_mask, token_type_ids, position_ids,
+                        deterministic=deterministic, segment_ids=segment_ids,
+                        pool_positions=nsp_positions)
     hidden = encoded.sequence_output
     if masked_positions is not None:
       hidden = gather_positions(hidden, masked_positions)
@@ -59,10 +66,15 @@ class BertForMaskedLM(nn.Module):
 
   def __call__(self, input_ids: Array, attention_mask: Array | None = None,
                token_type_ids: Array | None = None, masked_positions: Array | None = None,
-               deterministic: bool = True) -> dict[str, Array]:
-    """Returns `mlm_logits` [batch, predictions|length, vocab]."""
-    encoded = self.bert(input_ids, attention_mask, token_type_ids,
-                        deterministic=deterministic)
+               deterministic: bool = True, *, position_ids: Array | None = None,
+               segment_ids: Array | None = None) -> dict[str, Array]:
+    """Returns `mlm_logits` [batch, predictions|length, vocab].
+
+    Args:
+      position_ids, segment_ids: Packed rows (see `BertEncoder`).
+    """
+    encoded = self.bert(input_ids, attention_mask, token_type_ids, position_ids,
+                        deterministic=deterministic, segment_ids=segment_ids)
     hidden = encoded.sequence_output
     if masked_positions is not None:
       hidden = gather_positions(hidden, masked_positions)
@@ -255,7 +267,11 @@ def init_params(model: nn.Module, rng: jax.Array, length: int = 8):
   """Randomly initialised parameters (with logical partitioning metadata boxes).
 
   `flax.linen.meta.unbox` strips the boxes; `nn.get_partition_spec` reads them.
+  The example batch runs through XLA's attention, whatever the config's: the
+  parameters do not depend on the kernel, and a fused one may not take one
+  row on a mesh.
   """
+  model = model.clone(config=model.config.replace(attention_impl="xla"))
   return model.init({"params": rng}, **example_inputs(model, length=length))["params"]
 
 

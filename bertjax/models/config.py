@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from bertjax.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
+
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
-ATTENTION_IMPLEMENTATIONS = ("xla", "dot_product", "cudnn")
 # Names of `jax.checkpoint_policies` members, plus "none" (no remat) and "full"
 # (save nothing).
 REMAT_POLICIES = (
@@ -30,8 +31,13 @@ class BertConfig:
   """Architecture and computation options of a BERT encoder.
 
   Attributes:
-    vocab_size: Rows of the word embedding table (may exceed the vocabulary file,
-      e.g. padded to a multiple of 128 for TPUs).
+    vocab_size: Words of the vocabulary the model predicts and exports (may
+      exceed the vocabulary file).
+    vocab_pad_multiple: The word embedding table has `embedding_rows` rows,
+      `vocab_size` rounded up to a multiple of this (128 in the pre-training
+      configs: whole tiles for TPUs' and tensor cores' matmuls, and a table
+      that divides over a mesh axis); the rows past `vocab_size` are never
+      predicted and not exported.
     hidden_size: Width of the residual stream (H in the paper).
     num_layers: Transformer layers (L).
     num_heads: Attention heads (A); must divide `hidden_size`.
@@ -54,10 +60,13 @@ class BertConfig:
     scan_layers: Run the layers with `nn.scan` (parameters stacked on a leading
       "layers" axis): one compiled layer, fast compiles for deep models.
     remat_policy: Rematerialisation of each layer in the backward pass.
-    attention_impl: "xla" (einsum + softmax, supports attention dropout),
-      "dot_product" (`jax.nn.dot_product_attention`, its XLA implementation) or
-      "cudnn" (its cuDNN flash kernel on NVIDIA GPUs; bfloat16 or float16). The
-      last two have no attention dropout.
+    attention_impl: "auto" (the fastest kernel the call allows: splash on
+      TPUs, cuDNN on GPUs, XLA on CPUs and whenever attention dropout is on),
+      "xla" (einsum + softmax, with attention dropout), "dot_product"
+      (`jax.nn.dot_product_attention`'s XLA implementation), "cudnn" (cuDNN's
+      flash kernel on NVIDIA GPUs; bfloat16 or float16) or "splash" (the TPU
+      Pallas kernel). The fused kernels have no attention dropout
+      (`bertjax.models.attention`).
     causal: Left-to-right attention mask (the paper's "LTR & No NSP" ablation);
       the pooler then reads the last real token, not [CLS] (`encoder.pool`).
     return_hidden_states: Also return the embedding output and every layer's
@@ -68,6 +77,7 @@ class BertConfig:
   """
 
   vocab_size: int = 30522
+  vocab_pad_multiple: int = 1
   hidden_size: int = 768
   num_layers: int = 12
   num_heads: int = 12
@@ -84,13 +94,18 @@ class BertConfig:
   dtype: str = "float32"
   scan_layers: bool = False
   remat_policy: str = "none"
-  attention_impl: str = "xla"
+  attention_impl: str = "auto"
   causal: bool = False
   return_hidden_states: bool = False
   span_bilstm: bool = False
 
   def __post_init__(self):
     self.validate()
+
+  @property
+  def embedding_rows(self) -> int:
+    """Rows of the word embedding table: `vocab_size` padded (`vocab_pad_multiple`)."""
+    return -(-self.vocab_size // self.vocab_pad_multiple) * self.vocab_pad_multiple
 
   @property
   def head_dim(self) -> int:
@@ -105,7 +120,7 @@ class BertConfig:
 
   def validate(self) -> None:
     """Raises ValueError naming the offending field and what to change."""
-    for name in ("vocab_size", "hidden_size", "num_layers", "num_heads",
+    for name in ("vocab_size", "vocab_pad_multiple", "hidden_size", "num_layers", "num_heads",
                  "intermediate_size", "max_position_embeddings", "type_vocab_size"):
       value = getattr(self, name)
       if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

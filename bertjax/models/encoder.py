@@ -14,7 +14,8 @@ import flax.struct
 import jax.numpy as jnp
 
 from bertjax.models.config import BertConfig
-from bertjax.models.layers import Embeddings, TransformerLayer, dense, padding_mask
+from bertjax.models.attention import Segments
+from bertjax.models.layers import Embeddings, TransformerLayer, dense
 
 Array = jax.Array
 
@@ -56,7 +57,7 @@ def _remat(layer_class: type[nn.Module], policy_name: str) -> type[nn.Module]:
   if policy_name == "none":
     return layer_class
   policy = None if policy_name == "full" else getattr(jax.checkpoint_policies, policy_name)
-  # Argument 3 of __call__(self, x, mask, deterministic) is a Python bool.
+  # Argument 3 of __call__(self, x, segments, deterministic) is a Python bool.
   return nn.remat(layer_class, policy=policy, prevent_cse=False, static_argnums=(3,))
 
 
@@ -66,9 +67,9 @@ class _ScanStep(nn.Module):
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x: Array, mask: Array, deterministic: bool):
+  def __call__(self, x: Array, segments: Segments, deterministic: bool):
     layer = _remat(TransformerLayer, self.config.remat_policy)
-    x = layer(self.config, name="layer")(x, mask, deterministic)
+    x = layer(self.config, name="layer")(x, segments, deterministic)
     return x, (x if self.config.return_hidden_states else None)
 
 
@@ -102,21 +103,28 @@ class BertEncoder(nn.Module):
       layer = _remat(TransformerLayer, config.remat_policy)
       self.layers = [layer(config) for _ in range(config.num_layers)]
     if self.add_pooler:
-      self.pooler = dense(config, config.hidden_size, ("embed", "mlp"), "pooler")
+      self.pooler = dense(config, config.hidden_size, config.hidden_size, ("embed", "mlp"),
+                          "pooler")
 
   def __call__(self, input_ids: Array, attention_mask: Array | None = None,
                token_type_ids: Array | None = None,
                position_ids: Array | None = None,
-               deterministic: bool = True) -> EncoderOutput:
+               deterministic: bool = True, *, segment_ids: Array | None = None,
+               pool_positions: Array | None = None) -> EncoderOutput:
     """Encodes a batch.
 
     Args:
       input_ids: [batch, length] token ids.
       attention_mask: [batch, length], 1 for real tokens and 0 for padding;
-        default all ones.
-      token_type_ids: [batch, length] segment ids; default zeros.
-      position_ids: [batch, length] positions; default 0..length-1.
+        default all ones (or `segment_ids > 0`).
+      token_type_ids: [batch, length] token types (sentence A or B); default zeros.
+      position_ids: [batch, length] positions; default 0..length-1 (packed
+        rows restart them at each sequence).
       deterministic: Disable dropout (evaluation and inference).
+      segment_ids: [batch, length] packed rows: 1, 2, ... for the sequences in
+        order, 0 for the padding after them; no sequence attends to another.
+      pool_positions: [batch, sequences] positions to pool (each packed
+        sequence's [CLS]): `pooled_output` is then [batch, sequences, embed].
 
     Returns:
       The `EncoderOutput`.
@@ -126,7 +134,9 @@ class BertEncoder(nn.Module):
     if length > config.max_position_embeddings:
       raise ValueError(f"Input length {length} exceeds max_position_embeddings="
                        f"{config.max_position_embeddings} of the model")
-    if attention_mask is None:
+    if segment_ids is not None:
+      attention_mask = (segment_ids > 0).astype(jnp.int32)
+    elif attention_mask is None:
       attention_mask = jnp.ones((batch, length), jnp.int32)
     if token_type_ids is None:
       token_type_ids = jnp.zeros((batch, length), jnp.int32)
@@ -135,14 +145,15 @@ class BertEncoder(nn.Module):
 
     x = embedded = self.embeddings(input_ids, token_type_ids, position_ids,
                                    deterministic)
-    mask = padding_mask(attention_mask)  # [batch, 1, 1, length]
+    segments = (Segments.unpacked(attention_mask) if segment_ids is None
+                else Segments.from_ids(segment_ids))
 
     if config.scan_layers:
-      x, stacked = self.layers(x, mask, deterministic)  # stacked: [layers, b, t, e]
+      x, stacked = self.layers(x, segments, deterministic)  # stacked: [layers, b, t, e]
     else:
       outputs = []
       for layer in self.layers:
-        x = layer(x, mask, deterministic)
+        x = layer(x, segments, deterministic)
         outputs.append(x)
       stacked = jnp.stack(outputs) if config.return_hidden_states else None
 
@@ -151,7 +162,10 @@ class BertEncoder(nn.Module):
       hidden_states = jnp.concatenate([embedded[None], stacked])
     pooled = None
     if self.add_pooler:
-      summary = pool(x, attention_mask, config.causal)  # [batch, embed]
+      if pool_positions is not None:  # [batch, sequences, embed]
+        summary = jnp.take_along_axis(x, pool_positions[..., None], axis=1)
+      else:
+        summary = pool(x, attention_mask, config.causal)  # [batch, embed]
       pooled = jnp.tanh(self.pooler(summary).astype(jnp.float32)).astype(config.dtype)
     return EncoderOutput(sequence_output=x, pooled_output=pooled,
                          hidden_states=hidden_states)

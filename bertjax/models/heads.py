@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.models.config import BertConfig
-from bertjax.models.layers import activation, dense, kernel_init, layer_norm, zeros_init
+from bertjax.models.layers import activation, dense, kernel_init, layer_norm, matmul, zeros_init
 
 Array = jax.Array
 
@@ -21,6 +21,27 @@ Array = jax.Array
 def gather_positions(sequence: Array, positions: Array) -> Array:
   """Picks [batch, predictions, embed] out of [batch, length, embed]."""
   return jnp.take_along_axis(sequence, positions[..., None], axis=1)
+
+
+@jax.custom_vjp
+def add_bias(x: Array, bias: Array) -> Array:
+  """x [..., n] + bias [n] (float32), whose gradient sums x's rows as a
+  matrix-vector product: XLA's CPU reduction over the leading axes of the
+  [positions, vocab] MLM logits runs ~40x slower than the product (121 vs 3 ms
+  at 640 x 30522 on the development VM); on accelerators both are cheap."""
+  return x + bias
+
+
+def _add_bias_forward(x, bias):
+  return x + bias, None
+
+
+def _add_bias_backward(_, grad):
+  rows = grad.reshape(-1, grad.shape[-1])
+  return grad, jnp.dot(jnp.ones(rows.shape[0], grad.dtype), rows)
+
+
+add_bias.defvjp(_add_bias_forward, _add_bias_backward)
 
 
 class MaskedLMHead(nn.Module):
@@ -44,11 +65,12 @@ class MaskedLMHead(nn.Module):
         `attend`), which the decoder shares as in the paper.
     """
     config = self.config
-    x = dense(config, config.hidden_size, ("embed", "mlp"), "transform")(hidden)
+    x = dense(config, config.hidden_size, config.hidden_size, ("embed", "mlp"),
+              "transform")(hidden)
     x = activation(config.hidden_act)(x)
     x = layer_norm(config, "transform_layer_norm")(x.astype(jnp.float32))
     bias = self.param("bias", zeros_init(("vocab",)), (config.vocab_size,), jnp.float32)
-    return decode(x.astype(config.dtype)) + bias
+    return add_bias(decode(x.astype(config.dtype)), bias)
 
 
 class OutputLayer(nn.Module):
@@ -72,6 +94,6 @@ class OutputLayer(nn.Module):
                         (x.shape[-1], self.features), jnp.float32)
     bias = self.param("bias", zeros_init((None,)), (self.features,), jnp.float32)
     dtype = jnp.dtype(self.config.dtype)
-    logits = jnp.einsum("...e,ef->...f", x.astype(dtype), kernel.astype(dtype),
-                        preferred_element_type=jnp.float32)
+    logits = matmul(x.astype(dtype), kernel.astype(dtype),
+                    preferred_element_type=jnp.float32)
     return logits + bias

@@ -13,12 +13,14 @@ LayerNorm and the residual additions stay float32.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bertjax.models import attention
 from bertjax.models.config import BertConfig
 
 Array = jax.Array
@@ -52,16 +54,57 @@ def zeros_init(axes: tuple[str, ...]) -> nn.initializers.Initializer:
   return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
 
 
-def dense(config: BertConfig, features: int, axes: tuple[str, str], name: str) -> nn.Dense:
-  """A Dense layer with logically named kernel (`axes`) and bias (`axes[1]`)."""
-  return nn.Dense(
-      features,
-      dtype=jnp.dtype(config.dtype),
-      param_dtype=jnp.float32,
-      kernel_init=kernel_init(config, axes),
-      bias_init=zeros_init(axes[1:]),
-      name=name,
-  )
+def matmul(x: Array, kernel: Array, contracting: int = 1,
+           preferred_element_type=None) -> Array:
+  """x[..., *in] @ kernel[*in, *out] -> [..., *out], as one 2-D matmul.
+
+  The rows are x's leading axes, flattened: XLA's CPU matmuls, and the weight
+  gradient above all, are fastest as 2-D products (contracting the batch and
+  length axes of a 3-D input at once runs ~2x slower); on TPUs and GPUs the
+  reshapes are free.
+
+  Args:
+    contracting: How many trailing axes of `x` (leading of `kernel`) are summed.
+  """
+  inner = x.shape[x.ndim - contracting:]
+  assert inner == kernel.shape[:contracting], (x.shape, kernel.shape)
+  rows = x.reshape(-1, math.prod(inner))
+  out = jnp.dot(rows, kernel.reshape(rows.shape[1], -1),
+                preferred_element_type=preferred_element_type)
+  return out.reshape(*x.shape[:x.ndim - contracting], *kernel.shape[contracting:])
+
+
+class Dense(nn.Module):
+  """A dense layer: float32 kernel `kernel_shape` (logical `axes`) and bias
+  (its output axes), computed in `config.dtype` as one 2-D matmul (`matmul`).
+
+  Attributes:
+    contracting: Leading axes of the kernel that are input axes.
+  """
+
+  config: BertConfig
+  kernel_shape: tuple[int, ...]
+  axes: tuple[str | None, ...]
+  contracting: int = 1
+
+  @nn.compact
+  def __call__(self, x: Array | None) -> Array | tuple[Array, Array]:
+    """Applies the layer to `x`; with None, returns its float32 (kernel, bias)."""
+    kernel = self.param("kernel", kernel_init(self.config, self.axes), self.kernel_shape,
+                        jnp.float32)
+    bias = self.param("bias", zeros_init(self.axes[self.contracting:]),
+                      self.kernel_shape[self.contracting:], jnp.float32)
+    if x is None:
+      return kernel, bias
+    dtype = jnp.dtype(self.config.dtype)
+    return (matmul(x.astype(dtype), kernel.astype(dtype), self.contracting)
+            + bias.astype(dtype))
+
+
+def dense(config: BertConfig, in_features: int, features: int, axes: tuple[str, str],
+          name: str) -> Dense:
+  """A [in_features, features] dense layer with logically named kernel axes."""
+  return Dense(config, (in_features, features), axes, name=name)
 
 
 def layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
@@ -109,7 +152,7 @@ class Embeddings(nn.Module):
     def table(rows: int, axes: tuple[str | None, str], name: str) -> EmbeddingTable:
       return EmbeddingTable(config, rows, axes, name=name)
 
-    self.word_embeddings = table(config.vocab_size, ("vocab", "embed"), "word_embeddings")
+    self.word_embeddings = table(config.embedding_rows, ("vocab", "embed"), "word_embeddings")
     self.position_embeddings = table(config.max_position_embeddings, (None, "embed"),
                                      "position_embeddings")
     self.token_type_embeddings = table(config.type_vocab_size, (None, "embed"),
@@ -128,84 +171,57 @@ class Embeddings(nn.Module):
     return nn.with_logical_constraint(x, BATCH_LENGTH_EMBED)
 
   def attend(self, query: Array) -> Array:
-    """Scores [..., embed] against every word embedding: float32 [..., vocab]."""
-    table = self.word_embeddings.embedding.astype(self.config.dtype)
-    return jnp.einsum("...e,ve->...v", query.astype(self.config.dtype), table,
-                      preferred_element_type=jnp.float32)
-
-
-def padding_mask(attention_mask: Array) -> Array:
-  """[batch, length] 1/0 -> boolean [batch, 1, 1, length]: which keys to attend to."""
-  return attention_mask[:, None, None, :].astype(bool)
-
-
-class EinsumDense(nn.Module):
-  """A dense layer over several input or output axes (the attention projections).
-
-  Flax's DenseGeneral initialises a flattened kernel, which logical-axis
-  constraints of the unflattened one reject; this one initialises it whole.
-  """
-
-  config: BertConfig
-  equation: str
-  kernel_shape: tuple[int, ...]
-  kernel_axes: tuple[str, ...]
-  bias_shape: tuple[int, ...]
-  bias_axes: tuple[str, ...]
-
-  @nn.compact
-  def __call__(self, x: Array) -> Array:
-    dtype = jnp.dtype(self.config.dtype)
-    kernel = self.param("kernel", kernel_init(self.config, self.kernel_axes),
-                        self.kernel_shape, jnp.float32)
-    bias = self.param("bias", zeros_init(self.bias_axes), self.bias_shape, jnp.float32)
-    return jnp.einsum(self.equation, x.astype(dtype), kernel.astype(dtype)) + bias.astype(dtype)
+    """Scores [..., embed] against every word: float32 [..., vocab_size] (the
+    table's padding rows are scored by the matmul and cut off)."""
+    table = self.word_embeddings.embedding.astype(self.config.dtype)  # [rows, embed]
+    rows = query.reshape(-1, query.shape[-1]).astype(self.config.dtype)  # as in `matmul`
+    scores = jax.lax.dot_general(rows, table, (((1,), (1,)), ((), ())),
+                                 preferred_element_type=jnp.float32)
+    scores = scores.reshape(*query.shape[:-1], table.shape[0])
+    return scores[..., :self.config.vocab_size]
 
 
 class SelfAttention(nn.Module):
-  """Multi-head self-attention over the keys a [batch, 1, 1, k] mask allows
-  (and, with `config.causal`, only the keys at or before each query)."""
+  """Multi-head self-attention over the keys `segments` allows (and, with
+  `config.causal`, only those at or before each query)."""
 
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x: Array, mask: Array, deterministic: bool) -> Array:
+  def __call__(self, x: Array, segments: attention.Segments, deterministic: bool) -> Array:
     config = self.config
     heads, kv, embed = config.num_heads, config.head_dim, config.hidden_size
+    dtype = jnp.dtype(config.dtype)
 
-    def project(name: str) -> Array:  # [batch, length, heads, kv]
-      projected = EinsumDense(config, "bte,ehd->bthd", (embed, heads, kv),
-                              ("embed", "heads", "kv"), (heads, kv), ("heads", "kv"),
-                              name=name)(x)
-      return nn.with_logical_constraint(projected, BATCH_LENGTH_HEADS_KV)
+    # Query, key and value in one matmul: their three kernels (the reference's
+    # layout, which checkpoints convert one to one) side by side.
+    weights = [Dense(config, (embed, heads, kv), ("embed", "heads", "kv"), name=name)(None)
+               for name in ("query", "key", "value")]
+    kernel = jnp.stack([k.astype(dtype) for k, _ in weights], axis=1)  # [embed, 3, heads, kv]
+    bias = jnp.stack([b.astype(dtype) for _, b in weights])            # [3, heads, kv]
+    qkv = matmul(x.astype(dtype), kernel) + bias  # [batch, length, 3, heads, kv]
+    query, key, value = (nn.with_logical_constraint(qkv[:, :, i], BATCH_LENGTH_HEADS_KV)
+                         for i in range(3))
 
-    query, key, value = project("query"), project("key"), project("value")
-    if config.attention_impl == "xla":
-      context = self._xla_attention(query, key, value, mask, deterministic)
+    dropout = not deterministic and config.attention_dropout_prob > 0
+    kernel_name = attention.choose(config.attention_impl, length=x.shape[1], head_dim=kv,
+                                   dtype=config.dtype, dropout=dropout)
+    if kernel_name == "xla":
+      context = self._xla_attention(query, key, value, segments, deterministic)
     else:
-      if not deterministic and config.attention_dropout_prob > 0:
-        raise ValueError(
-            f"BertConfig.attention_impl={config.attention_impl!r} has no attention "
-            f"dropout, but attention_dropout_prob={config.attention_dropout_prob}: set "
-            "attention_dropout_prob=0.0 or attention_impl='xla' for training.")
-      context = jax.nn.dot_product_attention(
-          query, key, value, mask=mask, is_causal=config.causal,
-          implementation="cudnn" if config.attention_impl == "cudnn" else "xla")
+      context = attention.fused(kernel_name, query, key, value, segments, config.causal)
     context = nn.with_logical_constraint(context, BATCH_LENGTH_HEADS_KV)
-    return EinsumDense(config, "bthd,hde->bte", (heads, kv, embed), ("heads", "kv", "embed"),
-                       (embed,), ("embed",), name="output")(context)
+    return Dense(config, (heads, kv, embed), ("heads", "kv", "embed"), contracting=2,
+                 name="output")(context)
 
-  def _xla_attention(self, query: Array, key: Array, value: Array, mask: Array,
-                     deterministic: bool) -> Array:
+  def _xla_attention(self, query: Array, key: Array, value: Array,
+                     segments: attention.Segments, deterministic: bool) -> Array:
     config = self.config
     query = query * jnp.asarray(config.head_dim ** -0.5, query.dtype)
     # [batch, heads, q, k], float32 so the softmax is exact in bfloat16 runs.
     scores = jnp.einsum("bqhd,bkhd->bhqk", query, key,
                         preferred_element_type=jnp.float32)
-    if config.causal:
-      length = query.shape[1]
-      mask = mask & jnp.tril(jnp.ones((length, length), bool))
-    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+    scores = jnp.where(segments.mask(config.causal), scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1)
     probs = nn.Dropout(config.attention_dropout_prob)(probs, deterministic=deterministic)
     return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(value.dtype), value)
@@ -217,21 +233,23 @@ class TransformerLayer(nn.Module):
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x: Array, mask: Array, deterministic: bool) -> Array:
+  def __call__(self, x: Array, segments: attention.Segments, deterministic: bool) -> Array:
     """Maps [batch, length, embed] to [batch, length, embed]."""
     config = self.config
     dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    attended = SelfAttention(config, name="attention")(x, mask, deterministic)
+    attended = SelfAttention(config, name="attention")(x, segments, deterministic)
     attended = dropout(attended, deterministic=deterministic)
     x = layer_norm(config, "attention_layer_norm")(
         x.astype(jnp.float32) + attended.astype(jnp.float32)).astype(config.dtype)
     x = nn.with_logical_constraint(x, BATCH_LENGTH_EMBED)
 
-    hidden = dense(config, config.intermediate_size, ("embed", "mlp"), "intermediate")(x)
+    hidden = dense(config, config.hidden_size, config.intermediate_size, ("embed", "mlp"),
+                   "intermediate")(x)
     hidden = activation(config.hidden_act)(hidden)
     hidden = nn.with_logical_constraint(hidden, BATCH_LENGTH_MLP)
-    hidden = dense(config, config.hidden_size, ("mlp", "embed"), "output")(hidden)
+    hidden = dense(config, config.intermediate_size, config.hidden_size, ("mlp", "embed"),
+                   "output")(hidden)
     hidden = dropout(hidden, deterministic=deterministic)
     x = layer_norm(config, "output_layer_norm")(
         x.astype(jnp.float32) + hidden.astype(jnp.float32)).astype(config.dtype)

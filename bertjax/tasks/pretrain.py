@@ -19,7 +19,8 @@ import flax.linen as nn
 import jax
 import ml_collections
 
-from bertjax import checkpoint, files, flops, hosts, metrics, optim, runs, sharding, signals, train
+from bertjax import (checkpoint, files, flops, hosts, metrics, optim, runs, sharding, signals,
+                     throughput, train)
 from bertjax.data import loader, shards
 from bertjax.data.masking import MaskingConfig
 from bertjax.models import BertConfig
@@ -98,6 +99,12 @@ def validate(config: ml_collections.ConfigDict, mesh_devices: int) -> tuple[int,
                       ("max_consecutive_skips", config.max_consecutive_skips)):
     if value is not None and value < 1:  # max_to_keep=None keeps every step
       raise ValueError(f"{name} must be >= 1, got {value}")
+  if config.data.worker_count < -1:
+    raise ValueError(f"data.worker_count={config.data.worker_count}: give the loader processes "
+                     "(0: in the training process), or -1 to size them for the devices")
+  if config.data.max_sequences_per_row < 1:
+    raise ValueError(f"data.max_sequences_per_row={config.data.max_sequences_per_row} must be "
+                     ">= 1 (1: one sequence a row; more: packed rows)")
   eval_percent = config.data.eval_percent
   if not 0 <= eval_percent < 100:
     raise ValueError(f"data.eval_percent={eval_percent} must be in [0, 100): the share of "
@@ -125,16 +132,18 @@ def masking_config(config: ml_collections.ConfigDict, max_predictions: int) -> M
 
 
 def loader_config(config: ml_collections.ConfigDict, data_dir: str, phase: Phase,
-                  split: str, batch_size: int, seed_offset: int = 0) -> loader.LoaderConfig:
+                  split: str, batch_size: int, seed_offset: int = 0,
+                  worker_count: int = 0) -> loader.LoaderConfig:
   data = config.data
   return loader.LoaderConfig(
       data_dir, objective=config.objective, max_seq_length=phase.max_seq_length,
       batch_size=batch_size // jax.process_count(),
       masking=masking_config(config, phase.max_predictions),
       short_seq_prob=data.short_seq_prob, seed=config.seed + 1000 * phase.index + seed_offset,
-      shuffle_window=data.shuffle_window, worker_count=data.worker_count, split=split,
+      shuffle_window=data.shuffle_window, worker_count=worker_count, split=split,
       eval_percent=data.eval_percent, host_sharding=data.host_sharding,
-      static=data.static and split == "train")
+      static=data.static and split == "train",
+      max_sequences_per_row=data.max_sequences_per_row, packing_window=data.packing_window)
 
 
 def prepare_data(config: ml_collections.ConfigDict, workdir: str) -> str:
@@ -319,17 +328,16 @@ class _Trainer:
         async_save=config.checkpoint.async_save)
     self.batch_sharding = sharding.batch_sharding(self.mesh)
     self.peak, peak_source = flops.peak_tflops(self.bert.dtype)
-    self.per_token = 0.0  # model FLOPs per token of the current phase
-    # Throughput since (time, step): since the last log line, and since the
-    # phase began or the last evaluation ended.
-    self.window = self.interval = (time.perf_counter(), 0)
+    self.meter = throughput.Meter()
+    self.warned_input_bound = False
+    self.workers = 0  # loader processes of the phase running
     self.stop: signals.StopRequests | None = None
     self.saving: int | None = None  # the step of the last save started
     self.last_eval: dict[str, float] = {}
     self.last_eval_step = 0
-    logging.info("Mesh %s over %d devices (%s); peak %.3f TFLOP/s per device (%s)",
-                 dict(self.mesh.shape), len(devices), devices[0].device_kind, self.peak,
-                 peak_source)
+    logging.info("Mesh %s over %d devices (%s); peak %s TFLOP/s per device (%s)",
+                 dict(self.mesh.shape), len(devices), devices[0].device_kind,
+                 "unknown" if self.peak is None else f"{self.peak:.3f}", peak_source)
 
   def run(self) -> dict[str, float]:
     """Trains to the end (or a preemption); the metrics are stored on any exit."""
@@ -433,11 +441,14 @@ class _Trainer:
     config = self.config
     logging.info("Phase %d: steps %d-%d at length %d", phase.index, phase.start, phase.end,
                  phase.max_seq_length)
+    resuming = restored_data is not None and restored_data["phase"] == phase.index
+    self.workers = self._loader_workers(phase, restored_data if resuming else None)
     iterator = loader.DeviceIterator(iter(loader.make_dataset(
-        loader_config(config, self.data_dir, phase, "train", config.train.batch_size),
+        loader_config(config, self.data_dir, phase, "train", config.train.batch_size,
+                      worker_count=self.workers),
         jax.process_index(), jax.process_count())), self.batch_sharding)
     try:
-      if restored_data is not None and restored_data["phase"] == phase.index:
+      if resuming:
         if restored_data["loader"] is None:
           logging.warning("The checkpoint ends its run; the data of the steps added after it "
                           "starts from the beginning of phase %d", phase.index)
@@ -447,6 +458,30 @@ class _Trainer:
     finally:
       iterator.close()
 
+  def _loader_workers(self, phase: Phase, restored_data: dict[str, Any] | None) -> int:
+    """The phase's loader processes: those its checkpoint was saved with (the
+    loader's state depends on them), else `data.worker_count`, else (-1) the
+    rule of `throughput.loader_workers` for these devices."""
+    configured = self.config.data.worker_count
+    if restored_data is not None and restored_data["loader"] is not None:
+      saved = restored_data.get("workers", max(configured, 0))  # older checkpoints: as set
+      if configured >= 0 and configured != saved:
+        logging.warning("data.worker_count=%d, but the checkpoint's loader position is of %d "
+                        "worker processes: resuming with %d", configured, saved, saved)
+      return saved
+    if configured >= 0:
+      return configured
+    device = jax.local_devices()[0]
+    workers = throughput.loader_workers(
+        platform=device.platform, length=phase.max_seq_length,
+        flops_per_sequence=phase.max_seq_length * flops.flops_per_token(
+            self.bert, phase.max_seq_length, phase.max_predictions),
+        local_devices=jax.local_device_count(), peak_tflops=self.peak,
+        cpus=os.cpu_count() or 1)
+    logging.info("Input pipeline: %d worker process(es) for length %d (data.worker_count=-1: "
+                 "bertjax.throughput.loader_workers)", workers, phase.max_seq_length)
+    return workers
+
   def _meta(self) -> dict[str, Any]:
     return {"model": self.config.model.to_dict(), "objective": self.config.objective}
 
@@ -454,7 +489,6 @@ class _Trainer:
     """The steps of one phase; returns (state, last metrics)."""
     config = self.config
     length = phase.max_seq_length
-    self.per_token = flops.flops_per_token(self.bert, length, phase.max_predictions)
     step = int(state.step)
     batch = next(iterator)
     start = time.perf_counter()
@@ -467,7 +501,7 @@ class _Trainer:
 
     profile_dir = os.path.join(self.workdir, "profile")
     pending = None  # (step, device metrics): fetched one step late
-    self.window = self.interval = (time.perf_counter(), step)
+    self.meter.restart(step)
     while step < phase.end:
       if config.profile.start_step >= 0 and step == config.profile.start_step:
         jax.profiler.start_trace(profile_dir)
@@ -481,22 +515,31 @@ class _Trainer:
         jax.profiler.stop_trace()
 
       stopping = self.stop.stop_now() or self.checkpointer.reached_preemption(step)
+      evaluating = config.eval.every_steps > 0 and step % config.eval.every_steps == 0
       if stopping or step % config.checkpoint.every_steps == 0:
-        self._save(step, state, {"phase": phase.index, "loader": iterator.get_state()})
+        # The step's own metrics first: the metrics stored with a checkpoint
+        # reach its step, so that a rerun from it misses no line.
+        result = self._report(*pending, length,
+                              last=stopping or evaluating or step == phase.end) or result
+        pending = None
+        self._save(step, state, {"phase": phase.index, "loader": iterator.get_state(),
+                                 "workers": self.workers})
       if stopping:
-        self._report(*pending, length, last=True)  # the step's metrics, before leaving
         self.checkpointer.close()
         interrupted = self.stop.requested == "Ctrl-C"
         logging.warning("%s: checkpoint saved at step %d; rerun the same command to resume",
                         "Interrupted" if interrupted else "Preempted", step)
         raise SystemExit(INTERRUPTED_EXIT_CODE if interrupted else PREEMPTED_EXIT_CODE)
-      if config.eval.every_steps > 0 and step % config.eval.every_steps == 0:
-        result = self._report(*pending, length, last=True) or result  # timed before evaluating
-        pending = None
+      if evaluating:
+        if pending is not None:  # timed before evaluating
+          result = self._report(*pending, length, last=True) or result
+          pending = None
         result.update(self._evaluate(state, phase, step))
-        self.window = self.interval = (time.perf_counter(), step)  # evaluation left out
+        self.meter.restart(step)  # evaluation left out
       if step < phase.end:
-        batch = next(iterator)
+        waiting = time.perf_counter()
+        batch = next(iterator)  # prefetched while the device runs: waiting is input-bound
+        self.meter.waited(time.perf_counter() - waiting)
     if pending is not None:
       result = self._report(*pending, length, last=True) or result
     return state, result
@@ -512,8 +555,7 @@ class _Trainer:
     # batches): a run killed after it resumes there and loses no line.
     self.writer.flush()
     held = time.perf_counter() - started
-    self.window = (self.window[0] + held, self.window[1])
-    self.interval = (self.interval[0] + held, self.interval[1])
+    self.meter.hold(held)
     self.writer.write(step, {"save_blocking_s": held}, "checkpoint/")
 
   def _report(self, step: int, device_metrics, length: int,
@@ -534,19 +576,27 @@ class _Trainer:
           f"{int(values['consecutive_skipped'])} consecutive steps had a non-finite loss or "
           f"gradients (up to step {step}); lower optimizer.learning_rate, check the data, or "
           "raise max_consecutive_skips")
+    work = {name: values.pop(name) for name in _WORK}
+    self.meter.add(work["real_tokens"], work["sequences"], work["model_flops"])
     if not last and step % config.log_every_steps:
       return None
     # Steps up to `step` are done (its metrics arrived): time per finished step.
-    started, start_step = self.interval if last else self.window
-    now = time.perf_counter()
-    seconds_per_step = max(now - started, 1e-9) / max(step - start_step, 1)
-    self.window = (now, step)
+    rates = self.meter.take(step, whole_interval=last)
+    seconds_per_step = rates.seconds_per_step
     batch_size = config.train.batch_size
-    values["sequences_per_s"] = batch_size / seconds_per_step
-    values["tokens_per_s"] = batch_size * length / seconds_per_step
-    values["tflops_per_s_per_device"] = (values["tokens_per_s"] * self.per_token
-                                         / jax.device_count() / 1e12)
-    values["mfu"] = values["tflops_per_s_per_device"] / self.peak
+    values["sequences_per_s"] = rates.sequences_per_s
+    values["tokens_per_s"] = batch_size * length / seconds_per_step  # padding included
+    values["real_tokens_per_s"] = rates.real_tokens_per_s
+    values["padding"] = 1 - values["real_tokens_per_s"] / values["tokens_per_s"]
+    values["tflops_per_s_per_device"] = rates.model_flops_per_s / jax.device_count() / 1e12
+    if self.peak is not None:
+      values["mfu"] = values["tflops_per_s_per_device"] / self.peak
+    values["input_wait"] = rates.input_wait_share
+    if rates.input_bound and not self.warned_input_bound and jax.process_index() == 0:
+      self.warned_input_bound = True
+      logging.warning("Input-bound: the steps up to %d waited for data %.0f%% of the time; "
+                      "raise data.worker_count (now %d) or check the data's storage", step,
+                      100 * rates.input_wait_share, self.workers)
     values["eta_s"] = seconds_per_step * (self.total_steps - step)
     values["max_seq_length"] = length
     if jax.process_index() == 0:
@@ -576,6 +626,10 @@ class _Trainer:
                   + "  ".join(f"{k} {v:.4f}" for k, v in values.items()))
     self.writer.write(step, values, "eval/")
     return {f"eval_{k}": v for k, v in values.items()}
+
+
+# A step's useful work (`bertjax.train.batch_work`), turned into rates.
+_WORK = ("real_tokens", "sequences", "token_pairs", "predictions", "nsp_pairs", "model_flops")
 
 
 def _memory_numbers(memory) -> dict[str, float]:

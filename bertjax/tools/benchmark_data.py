@@ -1,28 +1,41 @@
-r"""Throughput of the pre-training data path on one core.
+r"""Throughput of the pre-training data path on one core, and what devices consume.
 
   python -m bertjax.tools.benchmark_data
   python -m bertjax.tools.benchmark_data --input='corpus/*.txt' --vocab=vocab.txt
+  python -m bertjax.tools.benchmark_data --config=configs/base_pretrain.py --accelerator=H200
+  python -m bertjax.tools.benchmark_data --config=configs/large_pretrain.py --accelerator=v4-32
 
 Prints one JSON line per measurement:
 - `builder`: end-to-end tokens/s of `prepare_pretraining_data` with one worker
   (read, split, tokenise, write) on raw text in the original format;
-- `loader`: masked sequences/s of the `mlm_nsp` pipeline (instances, shuffle,
-  batching, masking; no worker processes) at each `--lengths`.
-Without `--input`, the raw text is the demo corpus (the standard library's
-docstrings) written out `--repeat` times, with a WordPiece vocabulary trained
-on it.
+- `loader`: sequences/s one loader process delivers (instances, shuffle,
+  packing, masking, batching), per length: the `mlm_nsp` pipeline at
+  `--lengths`, or with `--config` that config's objective, masking and packing
+  at each of its phases' lengths, with the share of padding slots;
+- `consumption` (with `--config` and `--accelerator`): the sequences/s one
+  host's devices take at 40% and 60% MFU for that model and length, and the
+  loader processes that needs next to what `data.worker_count=-1` picks.
+`--accelerator` is a gcloud TPU type (`v4-32`, `v5litepod-16`: chips per host
+from the slice) or a device of `bertjax.flops.PEAK_TFLOPS` (`H200`, `A100`)
+with `--devices_per_host`. Without `--input`, the raw text is the demo corpus
+(the standard library's docstrings) written out `--repeat` times, with a
+WordPiece vocabulary trained on it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 import tempfile
 import time
 
 from absl import app, flags
+from ml_collections import config_flags
 
-from bertjax.data import builder, corpus, loader, vocabulary
+from bertjax import flops, throughput
+from bertjax.data import builder, corpus, loader, packing, vocabulary
 from bertjax.data.masking import MaskingConfig
 from bertjax.data.tokenizers import tokenizer_from_vocab_file
 
@@ -30,9 +43,19 @@ _INPUT = flags.DEFINE_string("input", None, "Raw text (files/globs); default: th
                              "corpus written out.")
 _VOCAB = flags.DEFINE_string("vocab", None, "vocab.txt; default: trained on the input.")
 _REPEAT = flags.DEFINE_integer("repeat", 8, "Copies of the demo corpus in the raw text.")
-_LENGTHS = flags.DEFINE_list("lengths", ["128", "512"], "Sequence lengths for the loader.")
-_BATCH = flags.DEFINE_integer("batch", 256, "Loader batch size.")
+_LENGTHS = flags.DEFINE_list("lengths", ["128", "512"], "Sequence lengths for the loader "
+                             "(without --config).")
+_BATCH = flags.DEFINE_integer("batch", 256, "Loader batch size (rows).")
 _BATCHES = flags.DEFINE_integer("batches", 40, "Timed loader batches.")
+_CONFIG = config_flags.DEFINE_config_file("config", None, "A pre-training config: measure "
+                                          "its loader settings and model.", lock_config=True)
+_ACCELERATOR = flags.DEFINE_string("accelerator", None, "gcloud TPU type (v4-32) or a "
+                                   "bertjax.flops.PEAK_TFLOPS device (H200): what it consumes.")
+_DEVICES_PER_HOST = flags.DEFINE_integer("devices_per_host", 8, "GPUs a host (with a GPU "
+                                         "--accelerator).")
+_HOST_CPUS = flags.DEFINE_integer("host_cpus", None, "Cores of the accelerator's host, for "
+                                  "the worker-count rule; default: this machine's.")
+_MFUS = (0.4, 0.6)
 
 
 def _demo_text(path: str, repeat: int) -> None:
@@ -43,9 +66,46 @@ def _demo_text(path: str, repeat: int) -> None:
         f.write("\n".join(document) + "\n\n")
 
 
+def accelerator(name: str, devices_per_host: int) -> tuple[str, int, float]:
+  """(PEAK_TFLOPS key, devices a host, bfloat16 peak TFLOP/s a device) of a
+  gcloud TPU type or a table device.
+
+  Raises:
+    ValueError: neither, naming both kinds.
+  """
+  from bertjax import topology
+
+  tpu_keys = {"v4": "TPU v4", "v5e": "TPU v5 lite", "v5p": "TPU v5p", "v6e": "TPU v6 lite"}
+  try:
+    tpu_slice = topology.parse(name)
+  except ValueError:
+    pass
+  else:
+    key = tpu_keys[tpu_slice.generation.name]
+    return key, tpu_slice.chips // tpu_slice.hosts, flops.PEAK_TFLOPS[key][0]
+  for key, (bf16, _) in flops.PEAK_TFLOPS.items():
+    if key.lower() == name.lower():
+      return key, devices_per_host, bf16
+  raise ValueError(f"--accelerator={name}: give a gcloud TPU type (v4-32, v5litepod-16, ...) "
+                   f"or one of {', '.join(flops.PEAK_TFLOPS)}")
+
+
+def _loaders(config) -> list[tuple[loader.LoaderConfig, int]]:
+  """(loader settings, max predictions) to measure: the config's phases, or
+  mlm_nsp at --lengths."""
+  if config is None:
+    return [(None, int(n)) for n in _LENGTHS.value]
+  from bertjax.tasks import pretrain
+
+  return [(phase, phase.max_seq_length) for phase in pretrain.phases(config)]
+
+
 def main(argv):
   del argv
   os.environ["RAYON_NUM_THREADS"] = "1"  # one core for the Rust tokenizer too
+  config = _CONFIG.value
+  target = (accelerator(_ACCELERATOR.value, _DEVICES_PER_HOST.value)
+            if _ACCELERATOR.value else None)
   with tempfile.TemporaryDirectory() as scratch:
     raw = _INPUT.value
     if raw is None:
@@ -66,21 +126,63 @@ def main(argv):
                       "tokens_per_s": round(stats.tokens / seconds),
                       "vocab_size": tokenizer.vocab_size}))
 
-    for length in (int(n) for n in _LENGTHS.value):
-      config = loader.LoaderConfig(
-          data_dir, objective="mlm_nsp", max_seq_length=length, batch_size=_BATCH.value,
-          masking=MaskingConfig(max_predictions=-(-15 * length // 100)))
-      iterator = iter(loader.make_dataset(config))
-      for _ in range(3):
-        next(iterator)
-      start = time.perf_counter()
-      for _ in range(_BATCHES.value):
-        next(iterator)
-      seconds = time.perf_counter() - start
-      print(json.dumps({"stage": "loader", "cores": 1, "objective": "mlm_nsp",
+    for phase, length in _loaders(config):
+      if config is None:
+        settings = loader.LoaderConfig(
+            data_dir, objective="mlm_nsp", max_seq_length=length, batch_size=_BATCH.value,
+            masking=MaskingConfig(max_predictions=-(-15 * length // 100)))
+      else:
+        from bertjax.tasks import pretrain
+
+        # A window no larger than what is timed: the rate is the stream's, not
+        # that of handing out instances made before the clock started.
+        settings = pretrain.loader_config(config, data_dir, phase, "train", _BATCH.value)
+        settings = dataclasses.replace(
+            settings, shuffle_window=min(settings.shuffle_window, _BATCH.value * 4))
+      rates = _measure(settings)
+      print(json.dumps({"stage": "loader", "cores": 1, "objective": settings.objective,
                         "max_seq_length": length, "batch": _BATCH.value,
-                        "sequences_per_s": round(_BATCHES.value * _BATCH.value / seconds),
-                        "seconds": round(seconds, 2)}))
+                        "max_sequences_per_row": settings.max_sequences_per_row, **rates}))
+      if target is not None and config is not None:
+        print(json.dumps(_consumption(config, phase, target, rates["sequences_per_s"])))
+
+
+def _measure(settings: loader.LoaderConfig) -> dict:
+  iterator = iter(loader.make_dataset(settings))
+  for _ in range(3):
+    next(iterator)
+  sequences = padding = 0.0
+  start = time.perf_counter()
+  for _ in range(_BATCHES.value):
+    batch = next(iterator)
+    ids = batch["segment_ids"] if "segment_ids" in batch else batch["attention_mask"]
+    sequences += float(ids.max(axis=1).sum())
+    padding += packing.padding_share(batch)
+  seconds = time.perf_counter() - start
+  return {"sequences_per_s": round(sequences / seconds), "rows_per_s":
+          round(_BATCHES.value * settings.batch_size / seconds),
+          "sequences_per_row": round(sequences / (_BATCHES.value * settings.batch_size), 3),
+          "padding": round(padding / _BATCHES.value, 4), "seconds": round(seconds, 2)}
+
+
+def _consumption(config, phase, target: tuple[str, int, float], delivered: float) -> dict:
+  from bertjax.models import BertConfig
+
+  key, devices, peak = target
+  cpus = _HOST_CPUS.value or os.cpu_count() or 1
+  bert = BertConfig.from_run_config(config)
+  per_sequence = phase.max_seq_length * flops.flops_per_token(
+      bert, phase.max_seq_length, phase.max_predictions)
+  needed = {f"{mfu:.0%}": round(devices * peak * 1e12 * mfu / per_sequence) for mfu in _MFUS}
+  return {"stage": "consumption", "accelerator": key, "devices_per_host": devices,
+          "peak_tflops_per_device": peak, "max_seq_length": phase.max_seq_length,
+          "model_flops_per_sequence": per_sequence, "sequences_per_s_needed": needed,
+          "loader_processes_needed": {mfu: math.ceil(n / delivered) for mfu, n in needed.items()},
+          "worker_count_rule": throughput.loader_workers(
+              platform="tpu" if key.startswith("TPU") else "gpu",
+              length=phase.max_seq_length, flops_per_sequence=per_sequence,
+              local_devices=devices, peak_tflops=peak, cpus=cpus),
+          "host_cpus": cpus}
 
 
 if __name__ == "__main__":

@@ -113,8 +113,9 @@ def make_target(config, accelerator_type: str, num_slices: int) -> Target:
 
 
 def batch_spec(objective: str, batch_size: int, length: int, predictions: int,
-               sharding) -> dict[str, Any]:
-  """ShapeDtypeStructs of a pre-training batch as `bertjax.data.loader` makes it."""
+               sharding, max_sequences_per_row: int = 1) -> dict[str, Any]:
+  """ShapeDtypeStructs of a pre-training batch as `bertjax.data.loader` makes it
+  (rows of up to `max_sequences_per_row` sequences: `bertjax.data.packing`)."""
   import jax
   import jax.numpy as jnp
 
@@ -122,15 +123,23 @@ def batch_spec(objective: str, batch_size: int, length: int, predictions: int,
     return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
 
   tokens = (batch_size, length)
-  batch = {"input_ids": spec(tokens, jnp.int32), "attention_mask": spec(tokens, jnp.int32),
-           "token_type_ids": spec(tokens, jnp.int32)}
+  batch = {"input_ids": spec(tokens, jnp.int32), "token_type_ids": spec(tokens, jnp.int32)}
+  packed = max_sequences_per_row > 1
+  if packed:
+    batch.update(segment_ids=spec(tokens, jnp.int32), position_ids=spec(tokens, jnp.int32))
+  else:
+    batch["attention_mask"] = spec(tokens, jnp.int32)
   if objective == "ltr":
     batch.update(lm_labels=spec(tokens, jnp.int32), lm_weights=spec(tokens, jnp.float32))
     return batch
   masked = (batch_size, predictions)
   batch.update(masked_positions=spec(masked, jnp.int32), masked_ids=spec(masked, jnp.int32),
                masked_weights=spec(masked, jnp.float32))
-  if objective == "mlm_nsp":
+  if objective == "mlm_nsp" and packed:
+    pairs = (batch_size, max_sequences_per_row)
+    batch.update(next_sentence_labels=spec(pairs, jnp.int32),
+                 nsp_positions=spec(pairs, jnp.int32), nsp_weights=spec(pairs, jnp.float32))
+  elif objective == "mlm_nsp":
     batch["next_sentence_labels"] = spec((batch_size,), jnp.int32)
   return batch
 
@@ -357,7 +366,8 @@ class Compiler:
     from bertjax import flops
 
     batch = batch_spec(self.config.objective, batch_size, phase.max_seq_length,
-                       phase.max_predictions, self.batch_sharding)
+                       phase.max_predictions, self.batch_sharding,
+                       self.config.data.max_sequences_per_row)
     with jax.set_mesh(self.target.mesh), nn.logical_axis_rules(self.rules):
       result = compile_step(step, self.state if training else self.state.params, batch)
     total = result["per_chip_bytes"].get("total")

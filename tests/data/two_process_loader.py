@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+os.environ["XLA_FLAGS"] = "--xla_backend_optimization_level=0 --xla_force_host_platform_device_count=2"
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402

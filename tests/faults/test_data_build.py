@@ -6,10 +6,12 @@ system) and checks that finished work survives and the message says what to do.
 """
 
 import gzip
+import json
 import os
 import socket
 import subprocess
 import sys
+import tarfile
 
 import pytest
 from tqdm import tqdm
@@ -316,3 +318,192 @@ def test_progress_has_a_total_and_an_eta(tmp_path, vocab, capfd):
                  "--vocab_size=200")
   assert result.returncode == 0, result.stderr
   assert "100%" in result.stderr, result.stderr
+
+
+def test_a_binary_start_skips_its_lines_not_the_file(tmp_path):
+  """Binary is judged from samples across the file (start, middle, end)."""
+  documents = _good_documents(200)
+  path = tmp_path / "nul_start.txt"
+  path.write_bytes(b"\x00" * 9000 + b"\n\n" + _text(documents).encode())
+  got, stats = _documents_of(path)
+  assert got == documents
+  assert stats.files_read == 1 and not stats.files_skipped
+  assert stats.lines_skipped == {"NUL bytes": 1}
+  # A file binary in every sample is still skipped whole.
+  blob = tmp_path / "blob.bin"
+  blob.write_bytes(bytes(range(256)) * 200)
+  assert _documents_of(blob)[1].files_skipped == {"binary file (over 5% control characters)": 1}
+
+
+def test_ansi_coloured_text_is_read_without_its_escapes(tmp_path):
+  documents = _good_documents(30)
+  coloured = [[" ".join(f"\x1b[1;3{i % 8}m{word}\x1b[0m" for i, word in enumerate(s.split()))
+               for s in document] for document in documents]
+  path = tmp_path / "log.txt"
+  path.write_text(_text(coloured))
+  got, stats = _documents_of(path)
+  assert stats.files_read == 1 and not stats.files_skipped and not stats.lines_skipped
+  assert got == documents
+
+
+def test_latin1_text_is_named(tmp_path):
+  documents = [[f"Déjà vu {d}: le café où l'été {s} est là." for s in range(3)]
+               for d in range(40)]
+  path = tmp_path / "latin.txt"
+  path.write_bytes(_text(documents).encode("latin-1"))
+  got, stats = _documents_of(path)
+  assert got == []
+  [reason] = stats.files_skipped
+  assert reason.startswith("not UTF-8 (looks like Latin-1/cp1252"), reason
+  assert "latin.txt" in stats.summary()
+  # A few such lines in a UTF-8 file cost their lines, and the file is named.
+  mixed = tmp_path / "mixed.txt"
+  mixed.write_bytes(_text(_good_documents(40)).encode() + "un café.\n\n".encode("latin-1"))
+  got, stats = _documents_of(mixed)
+  assert len(got) == 40 and stats.lines_skipped == {"invalid UTF-8": 1}
+  assert "skipped lines: 1 (invalid UTF-8), in " + str(mixed) in stats.summary()
+
+
+def test_a_small_cut_gzip_file_keeps_what_precedes_the_cut(tmp_path):
+  documents = _good_documents(40)
+  data = gzip.compress(_text(documents).encode())
+  assert len(_text(documents)) < 8192
+  path = tmp_path / "cut.txt.gz"
+  path.write_bytes(data[:len(data) * 2 // 3])
+  got, stats = _documents_of(path)
+  assert 0 < len(got) < 40 and got == documents[:len(got)]
+  assert stats.files_read == 1 and not stats.files_skipped
+  assert stats.lines_skipped == {"the rest of a damaged gzip file": 1}
+
+
+@pytest.mark.parametrize("mode,name", [("w", "corpus.tar"), ("w:gz", "corpus.tar.gz")])
+def test_tar_archives_are_named(tmp_path, mode, name):
+  text = tmp_path / "a.txt"
+  text.write_text(_text(_good_documents(30)))
+  with tarfile.open(tmp_path / name, mode) as archive:
+    archive.add(text, "a.txt")
+  got, stats = _documents_of(tmp_path / name)
+  assert got == []
+  assert stats.files_skipped == {"a tar archive (unpack it first)": 1}
+
+
+def _dataset_on(url):
+  """The files (name -> bytes) of the dataset at `url` if it looks complete to a
+  reader (its dataset_info.json and every shard's stats), else None."""
+  names = set(files.listdir(url)) if files.isdir(url) else set()
+  if shards.INFO_FILE not in names:
+    return None
+  count = json.loads(files.read_bytes(files.join(url, shards.INFO_FILE)))["num_shards"]
+  shard_names = [shards.shard_name(i, count) for i in range(count)]
+  if not all(shards.stats_path(name) in names for name in shard_names):
+    return None
+  wanted = [shards.INFO_FILE, "vocab.txt", *shard_names, *map(shards.stats_path, shard_names)]
+  return {name: files.read_bytes(files.join(url, name)) for name in wanted if name in names}
+
+
+def _watch_remote(monkeypatch, remote):
+  """Records the dataset a reader of `remote` sees before each upload or removal
+  there; returns that list and the number of uploads so far ([count])."""
+  seen, uploads = [], [0]
+  upload, remove = files.upload, files.remove
+
+  def watched_upload(local, url):
+    if url.startswith(remote):
+      seen.append(_dataset_on(remote))
+      uploads[0] += 1
+    return upload(local, url)
+
+  def watched_remove(url):
+    if url.startswith(remote):
+      seen.append(_dataset_on(remote))
+    return remove(url)
+
+  monkeypatch.setattr(files, "upload", watched_upload)
+  monkeypatch.setattr(files, "remove", watched_remove)
+  return seen, uploads
+
+
+def _fail_upload(monkeypatch, remote, at):
+  """Makes the `at`-th upload to `remote` (from 0) fail."""
+  upload, count = files.upload, [0]
+
+  def failing(local, url):
+    if url.startswith(remote):
+      count[0] += 1
+      if count[0] == at + 1:
+        raise OSError("injected upload failure")
+    return upload(local, url)
+
+  monkeypatch.setattr(files, "upload", failing)
+
+
+def test_overwrite_on_gcs_always_leaves_a_usable_dataset(tmp_path, vocab, gcs, monkeypatch):
+  """Another shard count: the new shards have new names, so the old dataset
+  stays whole until the new one's dataset_info.json replaces the old one."""
+  remote = gcs.url_of("swap/other_count")
+  good = write_corpus(tmp_path / "good.txt", num_documents=12)
+  builder.prepare(str(good), remote, WordPieceTokenizer(vocab), num_shards=2,
+                  show_progress=False)
+  old = _dataset_on(remote)
+  other = write_corpus(tmp_path / "other.txt", num_documents=5, seed=3)
+
+  def replace():
+    return builder.prepare(str(other), remote, WordPieceTokenizer(vocab), num_shards=3,
+                           overwrite=True, show_progress=False)
+
+  with monkeypatch.context() as patch:
+    seen, uploads = _watch_remote(patch, remote)
+    replace()
+  new = _dataset_on(remote)
+  assert new is not None and new != old
+  assert all(state in (old, new) for state in seen), [s and sorted(s) for s in seen]
+  assert not [n for n in files.listdir(remote) if "-of-00002" in n]  # the old shards go
+  # An upload failing at any point leaves the old dataset whole, and says so.
+  builder.prepare(str(good), remote, WordPieceTokenizer(vocab), num_shards=2,
+                  overwrite=True, show_progress=False)
+  assert _dataset_on(remote) == old
+  for at in range(uploads[0]):
+    with monkeypatch.context() as patch:
+      _fail_upload(patch, remote, at)
+      with pytest.raises(OSError, match="the old dataset there is whole") as error:
+        replace()
+    assert str(remote) in str(error.value) and "--overwrite" in str(error.value)
+    assert _dataset_on(remote) == old, at
+    assert len(shards.complete_shards(remote)) == 2
+  assert replace().documents_used == 5
+  assert _dataset_on(remote) == new
+
+
+def test_overwrite_on_gcs_never_mixes_shards_and_resumes(tmp_path, vocab, gcs, monkeypatch):
+  """The same shard count: the new shards overwrite the old ones' names, so the
+  old dataset is withdrawn first (never old and new shards under one mark), and
+  a failed upload is finished by running the command again."""
+  remote = gcs.url_of("swap/same_count")
+  good = write_corpus(tmp_path / "good.txt", num_documents=12)
+  builder.prepare(str(good), remote, WordPieceTokenizer(vocab), num_shards=2,
+                  show_progress=False)
+  old = _dataset_on(remote)
+  other = write_corpus(tmp_path / "other.txt", num_documents=5, seed=3)
+
+  def replace(spec):
+    return builder.prepare(str(spec), remote, WordPieceTokenizer(vocab), num_shards=2,
+                           overwrite=True, show_progress=False)
+
+  with monkeypatch.context() as patch:
+    seen, uploads = _watch_remote(patch, remote)
+    replace(other)
+  new = _dataset_on(remote)
+  assert new is not None and new != old
+  assert all(state in (old, None, new) for state in seen), [s and sorted(s) for s in seen]
+  for at in range(uploads[0]):
+    replace(good)
+    assert _dataset_on(remote) == old
+    with monkeypatch.context() as patch:
+      _fail_upload(patch, remote, at)
+      with pytest.raises(OSError, match="upload") as error:
+        replace(other)
+    assert _dataset_on(remote) in (old, None), at  # never a mix
+    if _dataset_on(remote) is None:
+      assert "rerun the same command" in str(error.value), error.value
+    assert replace(other).documents_used == 5
+    assert _dataset_on(remote) == new, at

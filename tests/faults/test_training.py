@@ -78,6 +78,8 @@ from bertjax import main
 from bertjax.tasks import pretrain
 finalize = ocp.CheckpointManager._finalize
 def slow_finalize(self, *args, **kwargs):
+  import sys
+  print("test: finalising a save", file=sys.stderr, flush=True)
   time.sleep(3)
   return finalize(self, *args, **kwargs)
 ocp.CheckpointManager._finalize = slow_finalize
@@ -101,7 +103,8 @@ def test_second_ctrl_c_aborts_at_once_and_says_where_a_rerun_resumes(prepared_di
   _wait_for_step(process, workdir, 25)
   process.send_signal(signal.SIGINT)
   deadline = time.time() + 60
-  while "Ctrl-C: saving" not in open(log_path).read() and time.time() < deadline:
+  # The save starts at the next step boundary; wait until it is in flight.
+  while "test: finalising a save" not in open(log_path).read() and time.time() < deadline:
     time.sleep(0.02)
   started = time.time()
   process.send_signal(signal.SIGINT)

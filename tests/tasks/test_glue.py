@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from tests.envs import cpu_env
 from tests.tasks.finetuning import tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -136,8 +137,7 @@ def test_fine_tunes_an_imported_hugging_face_checkpoint_with_main(tiny_hf_checkp
   data = str(tmp_path / "RTE")
   write_rte(data)
   workdir = str(tmp_path / "run")
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+  env = cpu_env(2)
   result = subprocess.run(
       [sys.executable, "-m", "bertjax.main", "--config=configs/glue.py:rte",
        f"--workdir={workdir}", f"--config.init_checkpoint={hf_dir}",
@@ -184,10 +184,9 @@ def test_two_processes_fine_tune_like_one(tiny_hf_checkpoint, tmp_path):
             "--config.max_seq_length=32", "--config.train.learning_rate=2e-3",
             "--config.train.epochs=2", "--config.log_every_steps=1"]
 
-  base_env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   one = str(tmp_path / "one")
   result = subprocess.run(command(one), cwd=ROOT, capture_output=True, text=True,
-                          env={**base_env, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
+                          env=cpu_env(2),
                           timeout=600)
   assert result.returncode == 0, result.stderr[-3000:]
   with socket.socket() as s:
@@ -198,8 +197,7 @@ def test_two_processes_fine_tune_like_one(tiny_hf_checkpoint, tmp_path):
       command(two) + [f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
                       f"--process_id={i}"], cwd=ROOT, stdout=subprocess.DEVNULL,
       stderr=subprocess.PIPE, text=True,
-      env={**base_env, "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
-           "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"}) for i in range(2)]
+      env=cpu_env(1, JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo")) for i in range(2)]
   outputs = [p.communicate(timeout=600)[1] for p in processes]
   for process, output in zip(processes, outputs):
     assert process.returncode == 0, output[-3000:]

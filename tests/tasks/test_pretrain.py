@@ -17,6 +17,7 @@ import time
 import numpy as np
 import pytest
 
+from tests.envs import cpu_env
 from tests.tasks.finetuning import set_fields
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -39,9 +40,7 @@ def _args(workdir, prepared_dir, **overrides):
 
 
 def _env(devices=4):
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-  return env
+  return cpu_env(devices)
 
 
 def _losses(workdir):
@@ -185,6 +184,48 @@ def test_static_masking_from_the_config_runs_and_resumes_exactly(uninterrupted, 
   for step, values in losses.items():
     assert values == [expected[step]] * len(values), step
   assert {n: os.path.getmtime(os.path.join(data, n)) for n in built} == built  # reused
+
+
+def test_packed_rows_train_log_real_throughput_and_resume_exactly(uninterrupted, prepared_dir,
+                                                                  tmp_path):
+  """Rows of up to 3 sequences (both phases): fewer padding slots than the
+  unpacked run, throughput of real tokens and MFU logged; a preemption and a
+  rerun (which asks for other loader processes, and keeps the checkpoint's)
+  give every loss of the uninterrupted packed run."""
+  packed = {"data.max_sequences_per_row": 3, "data.packing_window": 200,
+            "train.total_steps": 40, "train.long_from_step": 20, "eval.every_steps": 20,
+            "checkpoint.every_steps": 10}
+  whole = str(tmp_path / "whole")
+  result = _run(_args(whole, prepared_dir, **packed), _env())
+  assert "Input pipeline: 0 worker process(es) for length 32" in result.stderr
+  records = [json.loads(line) for line in open(os.path.join(whole, "metrics.jsonl"))]
+  train = {r["step"]: r for r in records if "train/loss" in r}
+  unpacked = {r["step"]: r for r in map(json.loads, open(os.path.join(
+      uninterrupted, "metrics.jsonl"))) if "train/loss" in r}
+  # At 64 tokens the rows hold more than one sequence (at 32, 5 masked
+  # positions a row leave no room for another pair's).
+  padding = lambda run, first: np.mean([run[s]["train/padding"] for s in range(first, first + 20)])
+  packed_64, unpacked_64 = padding(train, 21), padding(unpacked, SWITCH + 1)
+  assert packed_64 < 0.5 * unpacked_64, (packed_64, unpacked_64)
+  assert train[30]["train/sequences_per_s"] > 1.1 * train[30]["train/tokens_per_s"] / 64
+  for step in (10, 30):
+    assert train[step]["train/real_tokens_per_s"] <= train[step]["train/tokens_per_s"]
+    assert 0 <= train[step]["train/input_wait"] <= 1 and train[step]["train/mfu"] > 0
+  expected = {step: values[0] for step, values in _losses(whole).items()}
+  assert sorted(expected) == list(range(1, 41))
+  evals = [r for r in records if "eval/nsp_accuracy" in r]
+  assert [r["step"] for r in evals] == [20, 40]
+
+  workdir = str(tmp_path / "killed")
+  code, _ = _start_and_stop(_args(workdir, prepared_dir, **packed), _env(), workdir, 33,
+                            signal.SIGTERM)
+  assert code == 143 and 20 < _saved_steps(workdir)[-1] < 40  # saved in the second phase
+  result = _run(_args(workdir, prepared_dir, **packed, **{"data.worker_count": 2}), _env())
+  assert "data.worker_count=2, but the checkpoint's loader position is of 0" in result.stderr
+  losses = _losses(workdir)
+  assert sorted(losses) == list(range(1, 41))
+  for step, values in losses.items():
+    assert values == [expected[step]] * len(values), step
 
 
 def test_sigterm_saves_exits_and_resumes(uninterrupted, prepared_dir, tmp_path):

@@ -33,7 +33,9 @@ TINY = ["--config.train.total_steps=10", "--config.train.long_from_step=8",
 
 
 def run_tool(*args):
-  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+  env = {k: v for k, v in os.environ.items()  # as a user runs it, no test cache
+         if k not in ("XLA_FLAGS", "JAX_PLATFORMS") and not k.startswith("JAX_PERSISTENT")
+         and k != "JAX_COMPILATION_CACHE_DIR"}
   result = subprocess.run([sys.executable, "-m", "bertjax.tools.compile", *args], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=300)
   report = None
@@ -210,17 +212,20 @@ def test_the_accumulation_that_fits_is_checked_by_compiling():
   assert compiled[2:] == [(128, 2), (512, 2), (128, 4), (512, 4)]
 
 
+@pytest.mark.parametrize("sequences_per_row", [1, 3])
 @pytest.mark.parametrize("objective", ["mlm_nsp", "mlm", "ltr"])
-def test_batch_spec_matches_the_loader(prepared_dir, objective):
+def test_batch_spec_matches_the_loader(prepared_dir, objective, sequences_per_row):
   """The abstract batch compiled for is the loader's batch: names, shapes, dtypes."""
   from bertjax.data import loader
   from bertjax.data.masking import MaskingConfig
   from bertjax.tools import compile as compile_tool
 
   config = loader.LoaderConfig(prepared_dir, objective=objective, max_seq_length=32,
-                               batch_size=4, masking=MaskingConfig(max_predictions=5))
+                               batch_size=4, masking=MaskingConfig(max_predictions=5),
+                               max_sequences_per_row=sequences_per_row)
   batch = next(iter(loader.make_dataset(config)))
-  spec = compile_tool.batch_spec(objective, 4, 32, 5, sharding=None)
+  spec = compile_tool.batch_spec(objective, 4, 32, 5, sharding=None,
+                                 max_sequences_per_row=sequences_per_row)
   assert sorted(spec) == sorted(batch)
   for name, value in batch.items():
     assert (spec[name].shape, np.dtype(spec[name].dtype)) == (value.shape, value.dtype), name
@@ -290,6 +295,23 @@ def test_two_slices_sum_gradients_over_the_data_center_network():
   crossing = {kind: value for kind, value in report["collectives"]["train_32"].items()
               if kind.startswith("dcn-") and value["count"]}
   assert crossing, report["collectives"]["train_32"]
+
+
+@needs_libtpu
+def test_splash_attention_compiles_for_the_tpu():
+  """The Pallas kernel, lowered by libtpu (not interpreted): the attention's
+  products run inside it, so the traced matmuls of the step are fewer."""
+  length = ["--config.train.long_from_step=-1", "--config.train.max_seq_length=128",
+            "--config.train.max_predictions=20", "--eval=false"]
+  common = ["--config=configs/base_pretrain.py:size=bert_tiny", "--topology=v5litepod-8",
+            "--config.model.vocab_size=512", *TINY[:1], *TINY[2:5], *length]
+  reports = {}
+  for kernel in ("xla", "splash"):
+    result, reports[kernel] = run_tool(*common, f"--config.model.attention_impl={kernel}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert reports[kernel]["fits"] is True
+  xla, splash = (reports[k]["flops_per_step"]["train_128"]["matmuls"] for k in ("xla", "splash"))
+  assert splash < xla, (splash, xla)
 
 
 @needs_libtpu

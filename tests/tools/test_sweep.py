@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+from tests.envs import cpu_env
 from tests.tasks.test_glue import write_sst2
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -19,8 +20,7 @@ def test_sweep_runs_each_pair_selects_on_dev_and_resumes(tiny_hf_checkpoint, tmp
              f"--config.data.dir={data}", "--config.model.dtype=float32",
              "--config.max_seq_length=16", "--config.train.epochs=2",
              "--learning_rates=3e-3,1e-6", "--seeds=0,1"]
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+  env = cpu_env(2)
   result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
   assert result.returncode == 0, result.stderr[-3000:]

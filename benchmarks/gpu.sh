@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The GPU benchmark: one JSON line per configuration, under 8 minutes on one GPU.
+#
+#   pip install -e '.[gpu]' && bash benchmarks/gpu.sh | tee gpu.jsonl
+#
+# From a fresh checkout: the environment (one line), the attention kernels'
+# numbers against float32 softmax attention (benchmarks/attention_numerics.py),
+# then the pre-training step (`python -m bertjax.benchmark`, bf16, layers
+# scanned) of BERT-base and BERT-large at lengths 128 and 512 on real text
+# (the offline demo corpus, prepared first), each as
+#   paper:  XLA attention with attention dropout 0.1, padded rows;
+#   xla:    XLA attention without attention dropout, padded rows (base at 128);
+#   fused:  `auto` (cuDNN) attention, padded rows;
+#   packed: `auto` attention, rows of up to 3 sequences.
+# A configuration that fails prints {"config": ..., "error": ...}; one that
+# would pass the time budget (BUDGET_S, default 450 s) prints "skipped".
+# SIZES ("preset batch@128 batch@512", ';'-separated) and VOCAB_SIZE change the
+# runs (tests/test_benchmark.py runs it so on a CPU).
+# MFU counts real tokens only (bertjax.flops.model_flops); docs/benchmarks.md
+# holds the table.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+
+budget=${BUDGET_S:-450}
+start=$(date +%s)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export BERTJAX_CACHE_DIR="$work/cache"
+
+python - <<'EOF'
+import json, jax
+device = jax.devices()[0]
+print(json.dumps({"environment": {"jax": jax.__version__, "platform": device.platform,
+                                  "device_kind": device.device_kind,
+                                  "devices": jax.device_count()}}))
+EOF
+
+python benchmarks/attention_numerics.py
+
+json_tail() {  # the last $2 lines of the log $1, as a JSON string
+  tail -n "$2" "$1" | python -c 'import json, sys; print(json.dumps(sys.stdin.read()[-1500:]))'
+}
+
+if ! python -m bertjax.tools.train_vocab --input=demo:stdlib --output="$work/vocab.txt" \
+    --vocab_size="${VOCAB_SIZE:-30522}" >"$work/prepare.log" 2>&1 ||
+   ! python -m bertjax.tools.prepare_pretraining_data --input=demo:stdlib \
+    --vocab="$work/vocab.txt" --output_dir="$work/data" --num_shards=4 \
+    >>"$work/prepare.log" 2>&1; then
+  echo "{\"error\": \"preparing the demo data failed\", \"log\": $(json_tail "$work/prepare.log" 3)}"
+  exit 1
+fi
+
+run() {  # name size length batch attention attention_dropout sequences_per_row
+  local name=$1 size=$2 length=$3 batch=$4 attention=$5 dropout=$6 rows=$7
+  local config="{\"config\": \"$name\", \"size\": \"$size\", \"seq_len\": $length"
+  if (( $(date +%s) - start > budget )); then
+    echo "$config, \"skipped\": \"past the ${budget} s budget\"}"
+    return
+  fi
+  local out
+  if out=$(timeout "${RUN_TIMEOUT_S:-150}" python -m bertjax.benchmark --size="$size" --seq_len="$length" \
+      --batch="$batch" --scan --dtype=bfloat16 --attention="$attention" \
+      --attention_dropout="$dropout" --data_dir="$work/data" --sequences_per_row="$rows" \
+      --steps=10 --warmup=2 --batches=4 2>"$work/err.log"); then
+    echo "$config, \"result\": $(echo "$out" | tail -n 1)}"
+  else
+    echo "$config, \"error\": $(json_tail "$work/err.log" 5)}"
+  fi
+}
+
+IFS=';' read -r -a sizes <<<"${SIZES:-bert_base 256 64;bert_large 128 32}"
+for size_batch in "${sizes[@]}"; do
+  read -r size batch128 batch512 <<<"$size_batch"
+  for length in 128 512; do
+    batch=$batch128
+    [ "$length" = 512 ] && batch=$batch512
+    run paper "$size" "$length" "$batch" xla 0.1 1
+    if [ "$size" = bert_base ] && [ "$length" = 128 ]; then
+      run xla "$size" "$length" "$batch" xla 0.0 1
+    fi
+    run fused "$size" "$length" "$batch" auto 0.0 1
+    run packed "$size" "$length" "$batch" auto 0.0 3
+  done
+done
+echo "{\"total_s\": $(( $(date +%s) - start ))}"

@@ -1,0 +1,199 @@
+"""The attention kernels against plain softmax attention, unpacked and packed.
+
+Splash attention (the TPU Pallas kernel) runs here in interpret mode, alone
+and under `shard_map` on 8 fake devices; it is compiled for real TPU
+topologies in tests/tools/test_compile.py. cuDNN's kernel needs an NVIDIA GPU:
+here its call is traced (shapes and argument checks) and its packed layout
+checked; `benchmarks/gpu.sh` compares its numbers on a GPU.
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bertjax import sharding
+from bertjax.models import BertConfig, BertEncoder, attention, init_params
+
+BATCH, LENGTH, HEADS, HEAD_DIM = 4, 128, 4, 16
+
+
+def _segments(packed: bool) -> attention.Segments:
+  if not packed:  # rows of 128, 100, 61 and 7 real tokens, padding at the end
+    mask = np.arange(LENGTH)[None] < np.array([128, 100, 61, 7])[:, None]
+    return attention.Segments.unpacked(jnp.asarray(mask, jnp.int32))
+  ids = np.zeros((BATCH, LENGTH), np.int32)
+  for row, lengths in enumerate([[128], [50, 40, 38], [5, 60, 3], [30]]):
+    start = 0
+    for segment, n in enumerate(lengths, 1):
+      ids[row, start:start + n] = segment
+      start += n
+  return attention.Segments.from_ids(jnp.asarray(ids))
+
+
+def _qkv(seed=0, dtype=jnp.float32):
+  rng = np.random.default_rng(seed)
+  return tuple(jnp.asarray(rng.normal(size=(BATCH, LENGTH, HEADS, HEAD_DIM)), dtype)
+               for _ in range(3))
+
+
+def _loss(kernel, segments, causal):
+  weights = jnp.cos(jnp.arange(BATCH * LENGTH * HEADS * HEAD_DIM)).reshape(
+      BATCH, LENGTH, HEADS, HEAD_DIM)
+  real = segments.real_queries()[:, :, None, None]
+
+  def loss(q, k, v):
+    return (jnp.where(real, kernel(q, k, v, segments, causal), 0) * weights).sum()
+
+  return loss
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("implementation", ["dot_product", "splash"])
+def test_kernel_matches_softmax_attention(implementation, causal, packed):
+  segments = _segments(packed)
+  q, k, v = _qkv()
+  fused = lambda q, k, v, s, c: attention.fused(implementation, q, k, v, s, c)
+  got = jax.jit(fused, static_argnums=4)(q, k, v, segments, causal)
+  expected = attention.reference(q, k, v, segments, causal)
+  np.testing.assert_allclose(got, expected, atol=2e-5)
+  grads = jax.jit(jax.grad(_loss(fused, segments, causal), (0, 1, 2)))(q, k, v)
+  expected_grads = jax.grad(_loss(attention.reference, segments, causal), (0, 1, 2))(q, k, v)
+  for name, g, e in zip("qkv", grads, expected_grads):
+    np.testing.assert_allclose(g, e, atol=1e-4, err_msg=name)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_splash_pads_other_lengths_to_its_tiles(packed):
+  segments = _segments(packed)
+  short = attention.Segments(segments.queries[:, :100], segments.keys[:, :100],
+                             segments.packed)
+  q, k, v = (x[:, :100] for x in _qkv())
+  got = attention.fused("splash", q, k, v, short, True)
+  np.testing.assert_allclose(got, attention.reference(q, k, v, short, True), atol=2e-5)
+
+
+def test_packed_sequences_do_not_see_each_other():
+  segments = _segments(packed=True)
+  q, k, v = _qkv()
+  out = attention.fused("splash", q, k, v, segments, False)
+  # Row 1 holds sequences of 50, 40 and 38 tokens; its second sequence alone:
+  alone = attention.reference(*(x[1:2, 50:90] for x in (q, k, v)),
+                              attention.Segments.unpacked(jnp.ones((1, 40), jnp.int32)), False)
+  np.testing.assert_allclose(out[1:2, 50:90], alone, atol=2e-5)
+  changed = k.at[1, :50].set(7.0).at[1, 90:].set(-3.0)
+  again = attention.fused("splash", q, changed, v, segments, False)
+  np.testing.assert_array_equal(again[1, 50:90], out[1, 50:90])
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_splash_under_shard_map_on_the_mesh(packed):
+  segments = _segments(packed)
+  q, k, v = _qkv(seed=1)
+  mesh = sharding.make_mesh((2, 2, 2))
+  rules = (("batch", ("data", "fsdp")), ("heads", "tensor"), ("length", None), ("kv", None))
+  spec = jax.NamedSharding(mesh, jax.P(("data", "fsdp"), None, "tensor", None))
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    q, k, v = (jax.device_put(x, spec) for x in (q, k, v))
+    got = jax.jit(lambda *a: attention.fused("splash", *a, segments, False))(q, k, v)
+    grads = jax.jit(jax.grad(_loss(lambda *a: attention.fused("splash", *a), segments,
+                                   False), (0, 1, 2)))(q, k, v)
+    hlo = jax.jit(lambda *a: attention.fused("splash", *a, segments, False)).lower(
+        q, k, v).as_text()
+  assert "all-gather" not in hlo  # each device attends over its own rows and heads
+  np.testing.assert_allclose(got, attention.reference(q, k, v, segments, False), atol=2e-5)
+  expected = jax.grad(_loss(attention.reference, segments, False), (0, 1, 2))(q, k, v)
+  for g, e in zip(grads, expected):
+    np.testing.assert_allclose(g, e, atol=1e-4)
+
+
+def test_ragged_layout_of_packed_rows():
+  ids = jnp.asarray([[1, 1, 1, 2, 2, 3, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1], [1, 0, 0, 0, 0, 0, 0, 0]])
+  seqlen, offsets = attention.ragged_layout(ids)
+  np.testing.assert_array_equal(seqlen, [[3, 2, 1, -1, -1, -1, -1, -1],
+                                         [8, -1, -1, -1, -1, -1, -1, -1],
+                                         [1, -1, -1, -1, -1, -1, -1, -1]])
+  np.testing.assert_array_equal(offsets, [[0, 3, 5, -1, -1, -1, -1, -1, -1],
+                                          [0, -1, -1, -1, -1, -1, -1, -1, -1],
+                                          [0, -1, -1, -1, -1, -1, -1, -1, -1]])
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_cudnn_call_traces(monkeypatch, packed, causal):
+  """The cuDNN call passes the checks of jax's cuDNN wrapper (its shapes, dtypes
+  and mask arguments); it runs only on a GPU."""
+  from jax._src.cudnn import fused_attention_stablehlo as cudnn
+
+  monkeypatch.setattr(cudnn, "check_cudnn_version", lambda: 91000)
+  monkeypatch.setattr(cudnn, "check_compute_capability", lambda *a: True, raising=False)
+  q, k, v = _qkv(dtype=jnp.bfloat16)
+  segments = _segments(packed)
+  out = jax.eval_shape(lambda q, k, v: attention.fused("cudnn", q, k, v, segments, causal),
+                       q, k, v)
+  assert out.shape == q.shape and out.dtype == jnp.bfloat16
+
+
+@pytest.mark.skipif(jax.devices()[0].platform != "gpu", reason="cuDNN attention needs a GPU")
+@pytest.mark.parametrize("packed", [False, True])
+def test_cudnn_matches_softmax_attention(packed):
+  segments = _segments(packed)
+  q, k, v = _qkv(dtype=jnp.bfloat16)
+  got = attention.fused("cudnn", q, k, v, segments, False).astype(jnp.float32)
+  np.testing.assert_allclose(got, attention.reference(q, k, v, segments, False), atol=3e-2)
+
+
+@pytest.mark.parametrize("target,dtype,length,dropout,expected", [
+    ("tpu", "bfloat16", 128, False, "splash"),
+    ("tpu", "bfloat16", 96, False, "xla"),      # not a multiple of splash's tiles
+    ("gpu", "bfloat16", 96, False, "cudnn"),
+    ("gpu", "float32", 128, False, "xla"),      # cuDNN's flash kernel is 16-bit
+    ("cpu", "float32", 128, False, "xla"),
+    ("tpu", "bfloat16", 512, True, "xla"),      # attention dropout: only XLA has it
+])
+def test_auto_picks_the_kernel_the_call_allows(target, dtype, length, dropout, expected):
+  assert attention.choose("auto", length=length, head_dim=64, dtype=dtype, dropout=dropout,
+                          target=target) == expected
+
+
+@pytest.mark.parametrize("implementation,settings,says", [
+    ("splash", dict(dropout=True), "has no attention dropout"),
+    ("cudnn", dict(dtype="float32"), "needs dtype"),
+    ("cudnn", dict(target="tpu"), "runs on NVIDIA GPUs"),
+])
+def test_a_kernel_that_cannot_run_the_call_says_why(implementation, settings, says):
+  arguments = dict(length=128, head_dim=64, dtype="bfloat16", dropout=False, target="gpu")
+  with pytest.raises(ValueError, match=says):
+    attention.choose(implementation, **{**arguments, **settings})
+
+
+def test_a_packed_row_encodes_each_sequence_as_if_alone():
+  """Block-diagonal attention and positions restarting per sequence: the
+  encoder gives each packed sequence the outputs it gets on its own row."""
+  config = BertConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=2,
+                      intermediate_size=48, max_position_embeddings=128)
+  params = nn.meta.unbox(init_params(BertEncoder(config), jax.random.key(0), length=LENGTH))
+  rng = np.random.default_rng(0)
+  lengths = [50, 40, 38]
+  sequences = [rng.integers(1, 64, n) for n in lengths]
+  types = [(np.arange(n) >= n // 2).astype(np.int32) for n in lengths]
+  ids = np.concatenate(sequences)[None]
+  segment_ids = np.concatenate([np.full(n, i + 1) for i, n in enumerate(lengths)])[None]
+  positions = np.concatenate([np.arange(n) for n in lengths])[None]
+  starts = np.cumsum([0, *lengths[:-1]])
+  for implementation in ("xla", "dot_product", "splash"):
+    model = BertEncoder(config.replace(attention_impl=implementation))
+    packed = model.apply({"params": params}, jnp.asarray(ids),
+                         token_type_ids=jnp.asarray(np.concatenate(types)[None]),
+                         position_ids=jnp.asarray(positions),
+                         segment_ids=jnp.asarray(segment_ids),
+                         pool_positions=jnp.asarray(starts[None]))
+    for i, (sequence, start) in enumerate(zip(sequences, starts)):
+      alone = BertEncoder(config).apply({"params": params}, jnp.asarray(sequence[None]),
+                                        token_type_ids=jnp.asarray(types[i][None]))
+      np.testing.assert_allclose(packed.sequence_output[0, start:start + len(sequence)],
+                                 alone.sequence_output[0], atol=2e-5, err_msg=implementation)
+      np.testing.assert_allclose(packed.pooled_output[0, i], alone.pooled_output[0],
+                                 atol=2e-5, err_msg=implementation)

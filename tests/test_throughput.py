@@ -1,0 +1,62 @@
+"""Throughput windows and the loader-process rule."""
+
+import math
+
+import pytest
+
+from bertjax import flops, throughput
+from bertjax.models import BertConfig
+
+
+class _Clock:
+  def __init__(self):
+    self.now = 100.0
+
+  def __call__(self):
+    return self.now
+
+
+def test_windows_rate_the_work_and_leave_out_held_time(monkeypatch):
+  clock = _Clock()
+  monkeypatch.setattr(throughput.time, "perf_counter", clock)
+  meter = throughput.Meter(step=10)
+  for _ in range(4):  # 4 steps of 2 s, each waiting 0.5 s for its batch
+    clock.now += 2
+    meter.add(real_tokens=1000, sequences=8, model_flops=1e12)
+    meter.waited(0.5)
+  clock.now += 3
+  meter.hold(3)  # a checkpoint save held the loop: not the steps' time
+  rates = meter.take(14)
+  assert rates.seconds_per_step == pytest.approx(2.0)
+  assert rates.real_tokens_per_s == pytest.approx(500)
+  assert rates.sequences_per_s == pytest.approx(4)
+  assert rates.model_flops_per_s == pytest.approx(5e11)
+  assert rates.input_wait_share == pytest.approx(0.25) and rates.input_bound
+  clock.now += 1
+  meter.add(real_tokens=100, sequences=1, model_flops=0)
+  line = meter.take(15)  # the line window starts again at each take
+  assert line.seconds_per_step == pytest.approx(1.0) and line.input_wait_share == 0
+  interval = meter.take(15, whole_interval=True)  # the phase so far
+  assert interval.seconds_per_step == pytest.approx(9 / 5)
+  assert interval.real_tokens_per_s == pytest.approx(4100 / 9)
+  assert not throughput.Rates(1, 1, 1, 1, 0.04).input_bound
+
+
+def test_loader_processes_follow_what_the_devices_consume():
+  base = BertConfig.from_preset("bert_base")
+  per_sequence = 128 * flops.flops_per_token(base, 128, 20)
+  rule = lambda **k: throughput.loader_workers(
+      **{"platform": "gpu", "length": 128, "flops_per_sequence": per_sequence,
+         "local_devices": 8, "peak_tflops": 989.0, "cpus": 224, **k})
+  # 8 H200s at 60% of their peak take 8 * 989e12 * 0.6 / per_sequence sequences
+  # a second; twice that over one process's rate.
+  wanted = 8 * 989e12 * 0.6 / per_sequence
+  assert rule() == math.ceil(2 * wanted / throughput.loader_sequences_per_s(128))
+  assert 8 <= rule() <= 16
+  assert rule(local_devices=1) < rule()
+  assert rule(cpus=6) == 4            # the host's cores less two
+  assert rule(platform="cpu") == 0    # the demo: in the training process
+  assert rule(peak_tflops=None) == 4  # an accelerator not in the table
+  # One process's rate, the fit of the measured 12,665 (128) and 8,811 (512).
+  assert throughput.loader_sequences_per_s(128) == pytest.approx(12_665, rel=0.02)
+  assert throughput.loader_sequences_per_s(512) == pytest.approx(8_811, rel=0.02)
