@@ -14,8 +14,9 @@ LOGICAL_AXIS_RULES = (
     ("batch", ("data", "fsdp")),
     ("length", None),
     ("embed", "fsdp"),
-    # The word embeddings shard over `embed` only; padded to a multiple of 128
-    # (`model.vocab_pad_multiple`), their rows divide over "tensor" too.
+    # The word embedding table's rows. Padded to a multiple of 128
+    # (`model.vocab_pad_multiple`) they divide over "tensor" too, if mapped there
+    # (the masked LM's bias, `vocab_size` long, stays replicated).
     ("vocab", None),
     ("mlp", "tensor"),
     ("heads", "tensor"),

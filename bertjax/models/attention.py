@@ -15,14 +15,16 @@ Kernels (`BertConfig.attention_impl`):
   computation, any device. Layers call it themselves (it needs the dropout RNG).
 - "dot_product": `jax.nn.dot_product_attention`'s XLA implementation.
 - "cudnn": cuDNN's fused flash attention on NVIDIA GPUs (bfloat16/float16):
-  sequence lengths for unpacked rows, its packed (ragged offsets) layout for
-  packed ones.
+  sequence lengths for unpacked rows (so their padding must be at the end, as
+  every bertjax pipeline and tokenizer writes it), its packed (ragged offsets)
+  layout for packed ones (Hopper GPUs and newer).
 - "splash": the Pallas splash attention kernel of TPUs with segment ids,
   under `shard_map` on the mesh; interpreted on CPUs (tests). Rows are padded
   to its tiles (multiples of 128 tokens), so "auto" takes it only for lengths
   that need no padding.
-- "auto": `choose` picks per call: splash on TPU, cuDNN on GPU, XLA otherwise,
-  and XLA whenever attention dropout is on (fused kernels have none).
+- "auto": `choose` picks per call: splash on TPU, cuDNN on GPU (where it can
+  run the call), XLA otherwise, and XLA whenever attention dropout is on
+  (fused kernels have none).
 Fused kernels write zeros at padding queries (the XLA path's values there are
 meaningless too); every kernel agrees with "xla" at real positions
 (tests/models/test_attention.py).
@@ -65,7 +67,8 @@ class Segments:
     return cls(ids, ids, True)
 
   def mask(self, causal: bool) -> Array:
-    """Boolean [batch, 1, q, k] (unpacked: [batch, 1, 1, k]) of allowed pairs."""
+    """Boolean [batch, 1, q, k] of allowed pairs ([batch, 1, 1, k] for
+    unpacked rows without the causal mask)."""
     if self.packed:
       mask = self.queries[:, None, :, None] == self.keys[:, None, None, :]
     else:
@@ -89,16 +92,32 @@ def platform() -> str:
   return jax.default_backend()
 
 
+def _gpu_runs_packed_cudnn() -> bool:
+  """Whether this host's GPU has cuDNN's packed layout (Hopper, compute
+  capability 9.0, or newer; jax refuses it before)."""
+  try:
+    capability = jax.local_devices(backend="gpu")[0].compute_capability
+  except (RuntimeError, IndexError, AttributeError):
+    return False
+  major, _, minor = str(capability).partition(".")
+  return (int(major), int(minor or 0)) >= (9, 0)
+
+
 def choose(implementation: str, *, length: int, head_dim: int, dtype: str, dropout: bool,
-           target: str | None = None) -> str:
+           packed: bool = False, target: str | None = None) -> str:
   """The kernel `implementation` ("auto" or a name) runs as, for one call.
 
   Args:
+    implementation: `BertConfig.attention_impl`: "auto" or one of `FUSED`/"xla".
     length: Tokens per row.
     head_dim: Width of a head.
     dtype: Compute dtype.
     dropout: Whether attention dropout is applied (training with a rate > 0).
+    packed: Whether rows hold several sequences (`Segments.packed`).
     target: Platform ("tpu", "gpu", "cpu"); default `platform()`.
+
+  Returns:
+    The kernel's name: "xla" or one of `FUSED`.
 
   Raises:
     ValueError: a named kernel that cannot run this call, saying what would.
@@ -116,7 +135,8 @@ def choose(implementation: str, *, length: int, head_dim: int, dtype: str, dropo
   if implementation == "auto":
     if target == "tpu" and length % SPLASH_BLOCK == 0:
       return "splash"
-    if target == "gpu" and dtype in ("bfloat16", "float16") and head_dim <= 128:
+    if (target == "gpu" and dtype in ("bfloat16", "float16") and head_dim <= 128
+        and head_dim % 8 == 0 and (not packed or _gpu_runs_packed_cudnn())):
       return "cudnn"
     return "xla"
   if implementation == "cudnn":
@@ -126,6 +146,13 @@ def choose(implementation: str, *, length: int, head_dim: int, dtype: str, dropo
     if target != "gpu":
       raise ValueError(f"attention_impl='cudnn' runs on NVIDIA GPUs, not {target}; use "
                        "'auto'")
+    if packed and not _gpu_runs_packed_cudnn():
+      raise ValueError("attention_impl='cudnn' runs packed rows (data.max_sequences_per_row "
+                       "> 1) on Hopper GPUs and newer only; use 'auto' (XLA attention here) "
+                       "or unpacked rows")
+  if implementation == "splash" and target != "tpu" and target != "cpu":
+    raise ValueError(f"attention_impl='splash' runs on TPUs (interpreted on CPUs), not "
+                     f"{target}; use 'auto'")
   return implementation
 
 
@@ -134,7 +161,10 @@ def fused(implementation: str, query: Array, key: Array, value: Array, segments:
   """Attention by a fused kernel ("dot_product", "cudnn", "splash"), no dropout.
 
   Args:
-    query, key, value: [batch, length, heads, head_dim], compute dtype.
+    implementation: One of `FUSED`.
+    query: [batch, length, heads, head_dim], compute dtype.
+    key: [batch, length, heads, head_dim], compute dtype.
+    value: [batch, length, heads, head_dim], compute dtype.
     segments: Which keys each query sees.
     causal: Also only keys at or before the query.
 
@@ -174,9 +204,15 @@ def _cudnn(query: Array, key: Array, value: Array, segments: Segments, causal: b
 
 
 def ragged_layout(segment_ids: Array) -> tuple[Array, Array]:
-  """cuDNN's packed layout of rows of segments 1..k in order from position 0:
-  int32 [batch, length] tokens of each id 1..length and [batch, length + 1]
-  their first positions, -1 for the ids a row lacks."""
+  """cuDNN's packed layout of rows of segments 1..k in order from position 0.
+
+  Args:
+    segment_ids: int32 [batch, length], 1..k per sequence, 0 padding.
+
+  Returns:
+    (seqlen, offsets): int32 [batch, length] tokens of each id 1..length and
+    [batch, length + 1] their first positions, -1 for the ids a row lacks.
+  """
   length = segment_ids.shape[1]
   counts = jax.vmap(lambda ids: jnp.bincount(ids, length=length + 1))(segment_ids)[:, 1:]
   present = counts > 0
@@ -221,9 +257,9 @@ def _splash(query: Array, key: Array, value: Array, segments: Segments, causal: 
   if jax.sharding.get_abstract_mesh().empty:
     return attend(query, key, value, segments.queries, segments.keys)
   qkv_spec = nn.logical_to_mesh_axes(("batch", "length", "heads", "kv"))
-  if qkv_spec[1] is not None:
-    raise ValueError("attention_impl='splash' does not shard the length axis; map the "
-                     "logical axis 'length' to None in logical_axis_rules")
+  if qkv_spec[1] is not None or qkv_spec[3] is not None:
+    raise ValueError("attention_impl='splash' shards rows and heads only; map the logical "
+                     "axes 'length' and 'kv' to None in logical_axis_rules")
   ids_spec = jax.P(qkv_spec[0], None)
   return jax.shard_map(attend, in_specs=(qkv_spec, qkv_spec, qkv_spec, ids_spec, ids_spec),
                        out_specs=qkv_spec, check_vma=False)(

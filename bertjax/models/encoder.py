@@ -36,6 +36,22 @@ def pool(x: Array, attention_mask: Array, causal: bool) -> Array:
   return jnp.take_along_axis(x, last[:, None, None], axis=1)[:, 0]
 
 
+def restarting_positions(segment_ids: Array) -> Array:
+  """Positions counted from 0 at the start of each run of equal ids.
+
+  Args:
+    segment_ids: [batch, length] ids of a packed row (1, 2, ..., then 0).
+
+  Returns:
+    int32 [batch, length]: each token's position within its sequence.
+  """
+  index = jnp.arange(segment_ids.shape[1], dtype=jnp.int32)
+  starts = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool),
+                            segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+  first = jax.lax.cummax(jnp.where(starts, index, 0), axis=1)  # [batch, length]
+  return index - first
+
+
 @flax.struct.dataclass
 class EncoderOutput:
   """What the encoder computes.
@@ -44,6 +60,7 @@ class EncoderOutput:
     sequence_output: [batch, length, embed] last layer, compute dtype.
     pooled_output: [batch, embed] tanh(dense([CLS])), or None without a pooler.
       A causal (left-to-right) model pools its last real token instead (`pool`).
+      Given `pool_positions` [batch, sequences]: [batch, sequences, embed].
     hidden_states: [num_layers + 1, batch, length, embed], the embedding output
       then every layer's output, when `config.return_hidden_states`; else None.
   """
@@ -115,11 +132,13 @@ class BertEncoder(nn.Module):
 
     Args:
       input_ids: [batch, length] token ids.
-      attention_mask: [batch, length], 1 for real tokens and 0 for padding;
-        default all ones (or `segment_ids > 0`).
+      attention_mask: [batch, length], 1 for real tokens and 0 for padding
+        (at the end of the row, as the tokenizers pad: the cuDNN kernel reads
+        it as lengths); default all ones. Not read with `segment_ids`, which
+        say the same (`segment_ids > 0`).
       token_type_ids: [batch, length] token types (sentence A or B); default zeros.
-      position_ids: [batch, length] positions; default 0..length-1 (packed
-        rows restart them at each sequence).
+      position_ids: [batch, length] positions; default 0..length-1, or with
+        `segment_ids` 0.. from each sequence's start (`restarting_positions`).
       deterministic: Disable dropout (evaluation and inference).
       segment_ids: [batch, length] packed rows: 1, 2, ... for the sequences in
         order, 0 for the padding after them; no sequence attends to another.
@@ -140,7 +159,9 @@ class BertEncoder(nn.Module):
       attention_mask = jnp.ones((batch, length), jnp.int32)
     if token_type_ids is None:
       token_type_ids = jnp.zeros((batch, length), jnp.int32)
-    if position_ids is None:
+    if position_ids is None and segment_ids is not None:
+      position_ids = restarting_positions(segment_ids)
+    elif position_ids is None:
       position_ids = jnp.broadcast_to(jnp.arange(length), (batch, length))
 
     x = embedded = self.embeddings(input_ids, token_type_ids, position_ids,

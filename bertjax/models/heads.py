@@ -69,7 +69,9 @@ class MaskedLMHead(nn.Module):
               "transform")(hidden)
     x = activation(config.hidden_act)(x)
     x = layer_norm(config, "transform_layer_norm")(x.astype(jnp.float32))
-    bias = self.param("bias", zeros_init(("vocab",)), (config.vocab_size,), jnp.float32)
+    # Replicated (30,522 floats): `vocab_size` need not divide over a mesh axis
+    # as the padded table's rows do.
+    bias = self.param("bias", zeros_init((None,)), (config.vocab_size,), jnp.float32)
     return add_bias(decode(x.astype(config.dtype)), bias)
 
 

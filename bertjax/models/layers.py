@@ -55,16 +55,23 @@ def zeros_init(axes: tuple[str, ...]) -> nn.initializers.Initializer:
 
 
 def matmul(x: Array, kernel: Array, contracting: int = 1,
-           preferred_element_type=None) -> Array:
+           preferred_element_type: jnp.dtype | None = None) -> Array:
   """x[..., *in] @ kernel[*in, *out] -> [..., *out], as one 2-D matmul.
 
   The rows are x's leading axes, flattened: XLA's CPU matmuls, and the weight
   gradient above all, are fastest as 2-D products (contracting the batch and
-  length axes of a 3-D input at once runs ~2x slower); on TPUs and GPUs the
-  reshapes are free.
+  length axes of a 3-D input at once runs ~2x slower). On TPUs and GPUs the
+  reshapes are free as long as a sharded axis is the major part of the axes
+  flattened with it (the first of `in` or of `out`).
 
   Args:
+    x: [..., *in] input.
+    kernel: [*in, *out] weights.
     contracting: How many trailing axes of `x` (leading of `kernel`) are summed.
+    preferred_element_type: The product's dtype (default: the operands').
+
+  Returns:
+    [..., *out].
   """
   inner = x.shape[x.ndim - contracting:]
   assert inner == kernel.shape[:contracting], (x.shape, kernel.shape)
@@ -79,6 +86,9 @@ class Dense(nn.Module):
   (its output axes), computed in `config.dtype` as one 2-D matmul (`matmul`).
 
   Attributes:
+    config: The architecture (compute dtype, initializer).
+    kernel_shape: [*in, *out] of the kernel.
+    axes: Logical names of the kernel's axes; the bias takes those of `out`.
     contracting: Leading axes of the kernel that are input axes.
   """
 
@@ -194,18 +204,21 @@ class SelfAttention(nn.Module):
     dtype = jnp.dtype(config.dtype)
 
     # Query, key and value in one matmul: their three kernels (the reference's
-    # layout, which checkpoints convert one to one) side by side.
+    # layout, which checkpoints convert one to one) side by side within each
+    # head, so that heads stay the major part of the matmul's flattened output
+    # axis and a mesh axis that shards heads shards it without moving data.
     weights = [Dense(config, (embed, heads, kv), ("embed", "heads", "kv"), name=name)(None)
                for name in ("query", "key", "value")]
-    kernel = jnp.stack([k.astype(dtype) for k, _ in weights], axis=1)  # [embed, 3, heads, kv]
-    bias = jnp.stack([b.astype(dtype) for _, b in weights])            # [3, heads, kv]
-    qkv = matmul(x.astype(dtype), kernel) + bias  # [batch, length, 3, heads, kv]
-    query, key, value = (nn.with_logical_constraint(qkv[:, :, i], BATCH_LENGTH_HEADS_KV)
+    kernel = jnp.stack([k.astype(dtype) for k, _ in weights], axis=2)  # [embed, heads, 3, kv]
+    bias = jnp.stack([b.astype(dtype) for _, b in weights], axis=1)    # [heads, 3, kv]
+    qkv = matmul(x.astype(dtype), kernel) + bias  # [batch, length, heads, 3, kv]
+    query, key, value = (nn.with_logical_constraint(qkv[:, :, :, i], BATCH_LENGTH_HEADS_KV)
                          for i in range(3))
 
     dropout = not deterministic and config.attention_dropout_prob > 0
     kernel_name = attention.choose(config.attention_impl, length=x.shape[1], head_dim=kv,
-                                   dtype=config.dtype, dropout=dropout)
+                                   dtype=config.dtype, dropout=dropout,
+                                   packed=segments.packed)
     if kernel_name == "xla":
       context = self._xla_attention(query, key, value, segments, deterministic)
     else:

@@ -15,6 +15,7 @@ import pytest
 
 from bertjax import sharding
 from bertjax.models import BertConfig, BertEncoder, attention, init_params
+from bertjax.models.encoder import restarting_positions
 
 BATCH, LENGTH, HEADS, HEAD_DIM = 4, 128, 4, 16
 
@@ -158,10 +159,31 @@ def test_auto_picks_the_kernel_the_call_allows(target, dtype, length, dropout, e
                           target=target) == expected
 
 
+@pytest.mark.parametrize("capability,packed_kernel", [
+    ("8.0", "xla"), ("8.9", "xla"), ("9.0", "cudnn"), ("10.0", "cudnn"), ("12.1", "cudnn")])
+def test_auto_runs_packed_rows_on_cudnn_from_hopper_on(monkeypatch, capability, packed_kernel):
+  """jax refuses cuDNN's packed layout before compute capability 9.0 (A100:
+  8.0): packed rows take XLA's attention there, unpacked ones cuDNN's."""
+
+  class Gpu:
+    compute_capability = capability
+
+  monkeypatch.setattr(jax, "local_devices", lambda backend=None: [Gpu()])
+  arguments = dict(length=128, head_dim=64, dtype="bfloat16", dropout=False, target="gpu")
+  assert attention.choose("auto", packed=True, **arguments) == packed_kernel
+  assert attention.choose("auto", packed=False, **arguments) == "cudnn"
+  assert attention.choose("auto", packed=False, **{**arguments, "head_dim": 36}) == "xla"
+  if packed_kernel == "xla":
+    with pytest.raises(ValueError, match="Hopper GPUs and newer"):
+      attention.choose("cudnn", packed=True, **arguments)
+
+
 @pytest.mark.parametrize("implementation,settings,says", [
     ("splash", dict(dropout=True), "has no attention dropout"),
     ("cudnn", dict(dtype="float32"), "needs dtype"),
     ("cudnn", dict(target="tpu"), "runs on NVIDIA GPUs"),
+    ("cudnn", dict(packed=True), "Hopper GPUs and newer"),  # no GPU here at all
+    ("splash", dict(target="gpu"), "runs on TPUs"),
 ])
 def test_a_kernel_that_cannot_run_the_call_says_why(implementation, settings, says):
   arguments = dict(length=128, head_dim=64, dtype="bfloat16", dropout=False, target="gpu")
@@ -183,11 +205,14 @@ def test_a_packed_row_encodes_each_sequence_as_if_alone():
   segment_ids = np.concatenate([np.full(n, i + 1) for i, n in enumerate(lengths)])[None]
   positions = np.concatenate([np.arange(n) for n in lengths])[None]
   starts = np.cumsum([0, *lengths[:-1]])
+  np.testing.assert_array_equal(restarting_positions(jnp.asarray(segment_ids)), positions)
   for implementation in ("xla", "dot_product", "splash"):
     model = BertEncoder(config.replace(attention_impl=implementation))
     packed = model.apply({"params": params}, jnp.asarray(ids),
                          token_type_ids=jnp.asarray(np.concatenate(types)[None]),
-                         position_ids=jnp.asarray(positions),
+                         # the positions the encoder derives from the ids under "xla"
+                         position_ids=(None if implementation == "xla"
+                                       else jnp.asarray(positions)),
                          segment_ids=jnp.asarray(segment_ids),
                          pool_positions=jnp.asarray(starts[None]))
     for i, (sequence, start) in enumerate(zip(sequences, starts)):
