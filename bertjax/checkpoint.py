@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import sys
 import time
@@ -25,6 +26,7 @@ from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from absl import logging as absl_logging
 from etils import epath
 
 STATE, DATA, META = "state", "data", "meta"
@@ -57,10 +59,33 @@ _NOT_DAMAGE = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "PERMISSION_DENIED", "UNAUTHE
                "Forbidden")
 
 
-# What a save's failure is raised as when it is a bug (kept, with its traceback)
-# rather than the storage failing (worded as a `CheckpointSaveError`).
+# A save's failure is the storage's (worded as a `CheckpointSaveError`: which
+# step, where a rerun resumes) when it, or an error it was raised from, is an
+# OSError (gcsfs' FileNotFoundError, refused connections, a full disk), comes
+# from a storage client library, or carries one of these texts (tensorstore's
+# ValueErrors carry a status code; orbax names a directory that went away).
+# Anything else is a bug, raised as it is with its traceback: a rerun would
+# only fail the same way.
+_STORAGE_TEXTS = (*_NOT_DAMAGE, "NOT_FOUND", "ABORTED", "DATA_LOSS", "FAILED_PRECONDITION",
+                  "does not exist", "No such file")
+_STORAGE_LIBRARIES = ("aiohttp", "gcsfs", "fsspec", "google", "requests", "urllib3")
 _BUGS = (TypeError, AttributeError, KeyError, IndexError, NameError, AssertionError,
          NotImplementedError)
+
+
+def _storage_failure(error: BaseException) -> bool:
+  """Whether a save's `error` is the storage failing rather than a bug."""
+  seen = set()
+  while error is not None and id(error) not in seen:  # `raise ... from` chains
+    seen.add(id(error))
+    if isinstance(error, _BUGS):
+      return False
+    if (isinstance(error, OSError)
+        or type(error).__module__.split(".")[0] in _STORAGE_LIBRARIES
+        or any(text in str(error) for text in _STORAGE_TEXTS)):
+      return True
+    error = error.__cause__
+  return False
 
 
 def _damage_or_raise(error: Exception, where: str) -> DamagedCheckpointError:
@@ -94,6 +119,30 @@ def _quiet_closed_event_loop() -> None:
 
   quiet_excepthook._bertjax_quiet = True
   sys.excepthook, sys.unraisablehook = quiet_excepthook, quiet_unraisablehook
+
+
+# What the text of a failed orbax task or tensorstore write contains.
+_CHECKPOINT_IO = ("/orbax/", "tensorstore_spec")
+
+
+class _UnretrievedSaveErrors(logging.Filter):
+  """Drops asyncio's notes, at exit, of orbax tasks and tensorstore writes
+  whose failure was never retrieved: a failed save leaves several, each with a
+  traceback. Installed once a `CheckpointSaveError` has said what failed (until
+  then such a note may be the only trace of a failed write); `--verbosity=1`
+  keeps them."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if absl_logging.get_verbosity() > absl_logging.INFO:
+      return True
+    return not ("never retrieved" in str(record.msg)
+                and any(mark in record.getMessage() for mark in _CHECKPOINT_IO))
+
+
+def _quiet_unretrieved_save_errors() -> None:
+  logger = logging.getLogger("asyncio")
+  if not any(isinstance(f, _UnretrievedSaveErrors) for f in logger.filters):
+    logger.addFilter(_UnretrievedSaveErrors())
 
 
 class PerProcessJsonHandler(ocp.CheckpointHandler):
@@ -184,10 +233,12 @@ class Checkpointer:
     """Starts saving a step (unless it is saved already); returns whether it did.
 
     Raises:
-      CheckpointSaveError: this save, or the one before it (orbax reports a
-        background save's failure when the next one starts), failed.
+      CheckpointSaveError: the storage failed this save, or the one before it
+        (orbax reports a background save's failure when the next one starts).
     """
     self.wait()  # the save before (orbax would wait for it too): its error is its own
+    if step in self._manager.all_steps():
+      return False
     self._last_step = step
     try:
       started = self._manager.save(step, args=ocp.args.Composite(**{
@@ -195,9 +246,9 @@ class Checkpointer:
           DATA: PerProcessJsonSave(data_state),
           META: ocp.args.JsonSave(meta),
       }), force=True)
-    except _BUGS:
-      raise
     except Exception as e:  # pylint: disable=broad-except
+      if not _storage_failure(e):
+        raise
       self._failure = self._save_failed(step, e)
       raise self._failure from e
     self._in_flight = step
@@ -205,6 +256,7 @@ class Checkpointer:
 
   def _save_failed(self, step: int | None, error: Exception) -> CheckpointSaveError:
     """The error that says which save failed, why, and where a rerun resumes."""
+    _quiet_unretrieved_save_errors()  # this error says what they would
     try:
       finished = [s for s in self._manager.all_steps() if s != step]
       resume = f"step {max(finished)}" if finished else "step 0 (no finished checkpoint)"
@@ -321,16 +373,17 @@ class Checkpointer:
     join, which would log it as a failed save with a traceback.
 
     Raises:
-      CheckpointSaveError: the save failed (raised again by later waits).
+      CheckpointSaveError: the storage failed the save (raised by the wait
+        that finds it; later ones return).
     """
     while self.saving():
       time.sleep(0.05)
     step, self._in_flight = self._in_flight, None
     try:
       self._manager.wait_until_finished()
-    except _BUGS:
-      raise
     except Exception as e:  # pylint: disable=broad-except
+      if not _storage_failure(e):
+        raise
       self._failure = self._failure or self._save_failed(step, e)
       raise self._failure from e
 
@@ -345,13 +398,17 @@ class Checkpointer:
       raise  # the save is still in flight: `saving()` says so
     except BaseException:
       self._closed = True  # the save failed: nothing is in flight
+      try:
+        self._manager.close()  # its threads; the save's error is the one raised
+      except Exception:  # pylint: disable=broad-except
+        pass
       raise
     self._closed = True
     try:
       self._manager.close()
-    except _BUGS:
-      raise
     except Exception as e:  # pylint: disable=broad-except  # a failed save, reported again
+      if not _storage_failure(e):
+        raise
       self._failure = self._failure or self._save_failed(self._last_step, e)
       raise self._failure from e
 

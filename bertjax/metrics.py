@@ -7,6 +7,7 @@ is needed to write them. Only process 0 writes.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import logging as pylogging
@@ -308,39 +309,47 @@ def log(message: str) -> None:
   logging.info("%s", message)
 
 
-# What the text of a failed orbax task or tensorstore write contains.
-_CHECKPOINT_IO = ("/orbax/", "tensorstore_spec")
+def _quiet_orbax(record: pylogging.LogRecord) -> bool:
+  """Whether `record` is orbax's, at the default verbosity (`--verbosity=1`
+  shows all of orbax's lines as they are)."""
+  return (logging.get_verbosity() <= logging.INFO
+          and "/orbax/" in record.pathname.replace(os.sep, "/"))
 
 
 class _OrbaxInfoFilter(pylogging.Filter):
-  """At the default verbosity, quiets orbax.
-
-  Dropped: orbax's INFO records (every checkpoint save or restore logs a few
-  dozen lines, which would bury the training lines), the tracebacks of its
-  errors (a failed save logs one from each of its threads; bertjax's own error
-  then says which step failed and where a rerun resumes), and asyncio's notes,
-  at exit, of orbax tasks and tensorstore writes whose failure was never
-  retrieved (that same save). Warnings and errors pass as one line each;
-  `--verbosity=1` shows everything."""
+  """Drops orbax's INFO records at the default verbosity: every checkpoint
+  save or restore logs a few dozen lines, which would bury the training lines."""
 
   def filter(self, record: pylogging.LogRecord) -> bool:
-    if logging.get_verbosity() > logging.INFO:
-      return True
-    if "/orbax/" not in record.pathname.replace(os.sep, "/"):
-      return not (record.name == "asyncio" and "never retrieved" in str(record.msg)
-                  and any(mark in record.getMessage() for mark in _CHECKPOINT_IO))
-    if record.levelno <= pylogging.INFO:
-      return False
-    message = record.getMessage()
-    if record.exc_info or "\n" in message:  # a traceback, or an error's text with one
-      record.exc_info = record.exc_text = None
-      record.msg, record.args = "%s (--verbosity=1 shows the traceback)", (
-          message.strip().splitlines()[0] if message.strip() else "",)
-    return True
+    return not (_quiet_orbax(record) and record.levelno <= pylogging.INFO)
+
+
+class _OneLineOrbaxErrors(pylogging.Formatter):
+  """Writes orbax's warnings and errors as one line each at the default
+  verbosity: a failed save logs its traceback from each of orbax's threads,
+  and bertjax's own error then says which step failed and where a rerun
+  resumes. The record itself is left whole for any other handler."""
+
+  def __init__(self, formatter: pylogging.Formatter | None):
+    super().__init__()
+    self.formatter = formatter or pylogging.Formatter()
+
+  def format(self, record: pylogging.LogRecord) -> str:
+    if _quiet_orbax(record):
+      message = record.getMessage()
+      if record.exc_info or "\n" in message:  # a traceback, or an error's text with one
+        record = copy.copy(record)
+        record.exc_info = record.exc_text = None
+        record.msg, record.args = "%s (--verbosity=1 shows the traceback)", (
+            message.strip().splitlines()[0] if message.strip() else "",)
+    return self.formatter.format(record)
 
 
 def quiet_checkpoint_logs() -> None:
-  """Installs the filter on absl's log handler (once)."""
+  """Installs the filter and the formatter on absl's log handler (once)."""
   handler = logging.get_absl_handler()
   if not any(isinstance(f, _OrbaxInfoFilter) for f in handler.filters):
     handler.addFilter(_OrbaxInfoFilter())
+  python_handler = handler.python_handler
+  if not isinstance(python_handler.formatter, _OneLineOrbaxErrors):
+    python_handler.setFormatter(_OneLineOrbaxErrors(python_handler.formatter))

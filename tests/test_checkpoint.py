@@ -1,5 +1,6 @@
 """Checkpoints: exact round trips into shardings, unfinished saves, wrong shapes."""
 
+import logging
 import os
 
 import flax.linen as nn
@@ -42,6 +43,47 @@ def test_round_trip_is_exact_and_keeps_shardings(tmp_path):
   kernel = restored.params["bert"]["layers"]["layer"]["intermediate"]["kernel"]
   assert kernel.sharding.spec == jax.P(None, "fsdp", "tensor")
   assert os.path.isfile(tmp_path / "5" / "data" / "process_0-of-1.json")
+
+
+def test_a_step_saved_already_is_not_saved_again(tmp_path):
+  mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
+  state, _ = _state(CONFIG, mesh)
+  manager = checkpoint.Checkpointer(str(tmp_path))
+  assert manager.save(5, state, {"phase": 0, "loader": None}, {"n": 1})
+  manager.wait()
+  assert not manager.save(5, state, {"phase": 0, "loader": None}, {"n": 2})
+  manager.close()
+  assert checkpoint.Checkpointer(str(tmp_path)).all_steps() == [5]
+
+
+def test_a_bug_in_a_save_is_raised_as_it_is(tmp_path):
+  """What is not the storage failing keeps its type and traceback: a rerun
+  would fail the same way, so no 'rerun to resume' line stands for it."""
+  mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
+  state, _ = _state(CONFIG, mesh)
+  manager = checkpoint.Checkpointer(str(tmp_path), async_save=False)
+  with pytest.raises(TypeError, match="not JSON serializable"):
+    manager.save(5, state, {"phase": 0, "loader": None}, {"objective": object()})
+  manager.close()
+
+
+@pytest.mark.parametrize("error,storage", [
+    (FileNotFoundError("http://127.0.0.1/upload/storage/v1/b/gone/o"), True),
+    (ConnectionRefusedError("refused"), True),
+    (ValueError("NOT_FOUND: Error writing \"x\" [tensorstore_spec=...]"), True),
+    (ValueError("Checkpoint directory does not exist: gs://b/run/30/state"), True),
+    (RuntimeError("UNAVAILABLE: the server went away"), True),
+    (ValueError("Expected a tree of arrays, got a list"), False),
+    (RuntimeError("RESOURCE_EXHAUSTED"), True),
+    (TypeError("Object of type object is not JSON serializable"), False),
+    (KeyError("NOT_FOUND"), False),  # a bug whatever its text
+])
+def test_storage_failures_are_told_from_bugs(error, storage):
+  assert checkpoint._storage_failure(error) == storage
+  try:
+    raise RuntimeError("the save failed") from error
+  except RuntimeError as wrapped:
+    assert checkpoint._storage_failure(wrapped) == (storage and not isinstance(error, KeyError))
 
 
 def test_unfinished_save_is_never_latest(tmp_path):
@@ -129,3 +171,19 @@ def test_a_save_the_storage_refuses_is_one_clear_error_and_nothing_waits(gcs):
   except checkpoint.CheckpointSaveError as e:
     assert "step 20" in str(e)
   assert time.monotonic() - started < 30
+  # The error said what failed: asyncio's notes at exit of the same save's
+  # unretrieved task and write failures are dropped from now on, others kept.
+  notes = [f for f in logging.getLogger("asyncio").filters
+           if isinstance(f, checkpoint._UnretrievedSaveErrors)]
+  assert len(notes) == 1
+  task = logging.LogRecord(
+      "asyncio", logging.ERROR, "/usr/lib/python3.11/asyncio/base_events.py", 1,
+      "Task exception was never retrieved\nfuture: <Task finished coro=<save() defined at "
+      "/venv/lib/python3.11/site-packages/orbax/checkpoint/_src/x.py:1>>", (), None)
+  write = logging.LogRecord(
+      "asyncio", logging.ERROR, "/x/base_events.py", 1,
+      "%s exception was never retrieved\nValueError('NOT_FOUND: ... [tensorstore_spec=...]')",
+      ("Future",), None)
+  other = logging.LogRecord("asyncio", logging.ERROR, "/x/base_events.py", 1,
+                            "Task exception was never retrieved\n<Task a.py>", (), None)
+  assert not notes[0].filter(task) and not notes[0].filter(write) and notes[0].filter(other)

@@ -164,6 +164,18 @@ def test_cross_entropy_and_correct_are_optax_and_argmax():
   np.testing.assert_allclose(grad, want, rtol=1e-5, atol=1e-7)
 
 
+def test_a_tie_for_the_largest_logit_counts_as_correct_and_nan_as_wrong():
+  """Where "correct" departs from argmax (documented): a label tied for the
+  row's maximum is counted right (argmax takes the first of the tied); a row
+  with a NaN is wrong."""
+  logits = np.array([[0.0, 2.0, 2.0, 1.0], [1.0, 1.0, 1.0, 1.0], [0.0, np.nan, 0.0, 0.0]],
+                    np.float32)
+  labels = np.array([2, 3, 0], np.int32)
+  _, correct = jax.jit(train.cross_entropy_and_correct)(logits, labels)
+  np.testing.assert_array_equal(correct, [True, True, False])
+  assert not (logits.argmax(-1) == labels)[:2].any()
+
+
 def test_summarize_eval():
   values = train.summarize_eval({"mlm_loss": 20.0, "mlm_correct": 3.0, "mlm_count": 10.0,
                                  "nsp_loss": 3.0, "nsp_correct": 4.0, "nsp_count": 5.0})
