@@ -101,19 +101,34 @@ def loader_sequences_per_s(length: int) -> float:
   return 1.0 / (_PER_SEQUENCE_S + _PER_TOKEN_S * length)
 
 
-def loader_workers(*, platform: str, length: int, flops_per_sequence: float,
-                   local_devices: int, peak_tflops: float | None, cpus: int) -> int:
+def loader_workers(*, platform: str, length: int, flops_per_row: float, local_devices: int,
+                   peak_tflops: float | None, cpus: int, sequences_per_row: float = 1.0) -> int:
   """The loader processes a host needs to feed its devices (`data.worker_count=-1`).
 
   On CPUs the pipeline runs in the training process (0). Accelerators consume
-  up to `local_devices * peak * 0.6 / flops_per_sequence` sequences a second;
-  the rule takes twice that over one process's rate (`loader_sequences_per_s`),
-  at least 1 and at most the host's cores less two (the trainer and the
-  prefetch thread). An accelerator without a peak in `bertjax.flops` gets 4.
+  up to `local_devices * peak * 0.6 / flops_per_row` rows a second, each of
+  `sequences_per_row` sequences for the loader to make (packed rows: pass the
+  most a row holds, to size for full rows); the rule takes twice those
+  sequences over one process's rate (`loader_sequences_per_s`), at least 1 and
+  at most the host's cores less two (the trainer and the prefetch thread). An
+  accelerator without a peak in `bertjax.flops` gets 4.
+
+  Args:
+    platform: "cpu", "gpu" or "tpu".
+    length: Tokens per row.
+    flops_per_row: Model FLOPs of one training row of `length` tokens.
+    local_devices: Accelerators of this host.
+    peak_tflops: One device's peak (`bertjax.flops.peak_tflops`), or None.
+    cpus: The host's cores.
+    sequences_per_row: Sequences the loader makes for one row.
+
+  Returns:
+    The number of loader processes.
   """
   if platform == "cpu" or cpus < 3:
     return 0
   if peak_tflops is None:
     return min(cpus - 2, 4)
-  wanted = local_devices * peak_tflops * 1e12 * _PLANNED_MFU / flops_per_sequence
-  return max(1, min(cpus - 2, math.ceil(_MARGIN * wanted / loader_sequences_per_s(length))))
+  rows = local_devices * peak_tflops * 1e12 * _PLANNED_MFU / flops_per_row
+  sequences = rows * sequences_per_row
+  return max(1, min(cpus - 2, math.ceil(_MARGIN * sequences / loader_sequences_per_s(length))))

@@ -44,16 +44,19 @@ def test_windows_rate_the_work_and_leave_out_held_time(monkeypatch):
 
 def test_loader_processes_follow_what_the_devices_consume():
   base = BertConfig.from_preset("bert_base")
-  per_sequence = 128 * flops.flops_per_token(base, 128, 20)
+  per_row = 128 * flops.flops_per_token(base, 128, 20)
   rule = lambda **k: throughput.loader_workers(
-      **{"platform": "gpu", "length": 128, "flops_per_sequence": per_sequence,
+      **{"platform": "gpu", "length": 128, "flops_per_row": per_row,
          "local_devices": 8, "peak_tflops": 989.0, "cpus": 224, **k})
-  # 8 H200s at 60% of their peak take 8 * 989e12 * 0.6 / per_sequence sequences
-  # a second; twice that over one process's rate.
-  wanted = 8 * 989e12 * 0.6 / per_sequence
+  # 8 H200s at 60% of their peak take 8 * 989e12 * 0.6 / per_row rows a second;
+  # twice that over one process's rate.
+  wanted = 8 * 989e12 * 0.6 / per_row
   assert rule() == math.ceil(2 * wanted / throughput.loader_sequences_per_s(128))
   assert 8 <= rule() <= 16
   assert rule(local_devices=1) < rule()
+  # Packed rows of up to 3 sequences: 3 times the sequences to make a second.
+  assert rule(sequences_per_row=3) == math.ceil(
+      2 * 3 * wanted / throughput.loader_sequences_per_s(128))
   assert rule(cpus=6) == 4            # the host's cores less two
   assert rule(platform="cpu") == 0    # the demo: in the training process
   assert rule(peak_tflops=None) == 4  # an accelerator not in the table

@@ -387,17 +387,20 @@ def _swap_in(directory: str, names: list[str], info: dict[str, Any],
       remove(name)
     put(shards.INFO_FILE)
   except Exception as error:  # pylint: disable=broad-except
-    if not files.is_remote(directory):
-      raise
-    if withdrawn:
+    remote = files.is_remote(directory)
+    if withdrawn and remote:
       left = ("the old dataset there was withdrawn first, as the new one reuses its file "
               f"names, and the new one is whole in {local}: rerun the same command to "
               "finish the upload")
+    elif withdrawn:
+      left = ("the old dataset there was withdrawn first, as the new one reuses its file "
+              "names: rerun with --overwrite to build the new one again")
     else:
       left = ("the old dataset there is whole" if old_info is not None else "nothing there "
               "is marked finished") + "; rerun with --overwrite to try again"
-    raise OSError(f"{directory}: the upload of the new dataset failed part-way "
-                  f"({type(error).__name__}: {error}); {left}") from error
+    raise OSError(f"{directory}: {'the upload of ' if remote else 'moving in '}the new "
+                  f"dataset failed part-way ({type(error).__name__}: {error}); {left}"
+                  ) from error
   stale = [name for name in sorted(present) if name.startswith(_STALE) and name not in names]
   try:
     for name in stale:

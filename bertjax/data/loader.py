@@ -9,6 +9,9 @@ Per JAX process (host):
     -> masks (mlm objectives) or next-token targets (ltr)
     -> [worker processes] -> global jax.Arrays on the mesh, prefetched
 
+With `max_sequences_per_row > 1` the shuffled instances are masked a window
+at a time, packed into rows (`bertjax.data.packing`), then batched.
+
 Every step is deterministic for a seed, and the iterator's state (a small JSON
 dict) restores it exactly: the batches after a restore are those that would
 have come next, across epoch boundaries and with worker processes (for the same
@@ -24,7 +27,7 @@ import os
 import queue
 import struct
 import threading
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import grain
 import numpy as np
@@ -33,7 +36,7 @@ from bertjax.data import instances, masking, packing, shards
 from bertjax.data.windows import WindowShuffle
 from bertjax.data.tokenizers import tokenizer_from_settings
 
-Batch = dict[str, np.ndarray]
+Batch = packing.Batch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +48,7 @@ class LoaderConfig:
     objective: "mlm_nsp" (the paper), "mlm_pairs" (No NSP: its pairs, no NSP
       labels), "mlm" (No NSP on packed sequences) or "ltr" (LTR & No NSP).
     max_seq_length: Tokens per sequence (128, then 512 in the paper).
-    batch_size: Sequences per batch on this process.
+    batch_size: Rows per batch on this process (a sequence each, unpacked).
     masking: Masking rates (ignored by "ltr").
     short_seq_prob: Probability of a shorter target length.
     seed: Seeds the order, the instances and the masks.
@@ -67,8 +70,9 @@ class LoaderConfig:
       number of processes, for small runs and equivalence tests).
     max_sequences_per_row: 1: a sequence a row, padded. More: rows pack up to
       this many sequences that do not attend to each other
-      (`bertjax.data.packing`); `mlm` and `ltr` sequences then stay within a
-      document. `batch_size` counts rows.
+      (`bertjax.data.packing`); dynamic `mlm` and `ltr` sequences then stay
+      within a document (static ones are packed as they were written).
+      `batch_size` counts rows.
     packing_window: Sequences packed together (more: fuller rows).
   """
 
@@ -336,7 +340,8 @@ def _decoded_examples(records: list[bytes]) -> list[packing.Example]:
   return examples
 
 
-def _packed_rows(stream: grain.IterDataset, prepare, config: LoaderConfig,
+def _packed_rows(stream: grain.IterDataset,
+                 prepare: Callable[[list[Any]], list[packing.Example]], config: LoaderConfig,
                  pad_id: int) -> grain.IterDataset:
   """Sequences -> batches of packed rows."""
   predictions = config.masking.max_predictions

@@ -27,10 +27,12 @@ import numpy as np
 
 from bertjax.data import windows
 
-Batch = dict[str, np.ndarray]
+Batch = dict[str, np.ndarray]  # a batch of named arrays, [batch, ...] each
 
 # Tokens of the shortest sequence a row can take: [CLS] x [SEP].
 _MIN_SEQUENCE = 3
+# Tags the random stream of each window's row order.
+_ROW_ORDER = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +61,13 @@ def pack(lengths: Sequence[int], predictions: Sequence[int], max_length: int,
   Each sequence, longest first (ties in order), goes into the open row with
   the least room that still holds it, its predictions and one more sequence;
   otherwise it opens a row.
+
+  Args:
+    lengths: Tokens of each sequence.
+    predictions: Masked positions of each sequence.
+    max_length: Tokens of a row.
+    max_sequences: Sequences a row may hold.
+    max_predictions: Masked positions a row may hold.
 
   Returns:
     The rows, each the indices of its sequences (in the order placed).
@@ -115,7 +124,8 @@ class PackedRows(windows.WindowStage):
     rows = pack([len(e.token_ids) for e in examples],
                 [len(e.masked_positions) for e in examples], self.max_length,
                 self.max_sequences, self.max_predictions)
-    order = np.random.default_rng([self.seed, window_index]).permutation(len(rows))
+    # Its own stream: the window shuffle draws [seed, window_index].
+    order = np.random.default_rng([self.seed, _ROW_ORDER, window_index]).permutation(len(rows))
     return [[examples[i] for i in rows[r]] for r in order]
 
 
@@ -153,28 +163,27 @@ class Collate:
       batch["next_sentence_labels"] = np.zeros((size, self.sequences), np.int32)
       batch["nsp_positions"] = np.zeros((size, self.sequences), np.int32)
       batch["nsp_weights"] = np.zeros((size, self.sequences), np.float32)
-    for r, row in enumerate(rows):
+    for r, row in enumerate(rows):  # r: the row's index in the batch
       start, predicted = 0, 0
-      for s, example in enumerate(row):
-        n = len(example.token_ids)
-        end = start + n
+      for slot, example in enumerate(row):
+        end = start + len(example.token_ids)
         batch["input_ids"][r, start:end] = example.token_ids
         batch["token_type_ids"][r, start + example.num_first:end] = 1
-        batch["segment_ids"][r, start:end] = s + 1
-        batch["position_ids"][r, start:end] = np.arange(n)
+        batch["segment_ids"][r, start:end] = slot + 1
+        batch["position_ids"][r, start:end] = np.arange(end - start)
         if self.objective == "ltr":
           batch["lm_labels"][r, start:end - 1] = example.token_ids[1:]
           batch["lm_weights"][r, start:end - 1] = 1
         else:
-          p = len(example.masked_positions)
-          batch["masked_positions"][r, predicted:predicted + p] = example.masked_positions + start
-          batch["masked_ids"][r, predicted:predicted + p] = example.masked_ids
-          batch["masked_weights"][r, predicted:predicted + p] = 1
-          predicted += p
+          taken = slice(predicted, predicted + len(example.masked_positions))
+          batch["masked_positions"][r, taken] = example.masked_positions + start
+          batch["masked_ids"][r, taken] = example.masked_ids
+          batch["masked_weights"][r, taken] = 1
+          predicted = taken.stop
         if self.objective == "mlm_nsp":
-          batch["next_sentence_labels"][r, s] = example.next_sentence_label
-          batch["nsp_positions"][r, s] = start
-          batch["nsp_weights"][r, s] = 1
+          batch["next_sentence_labels"][r, slot] = example.next_sentence_label
+          batch["nsp_positions"][r, slot] = start
+          batch["nsp_weights"][r, slot] = 1
         start = end
     return batch
 

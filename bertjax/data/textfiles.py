@@ -21,8 +21,10 @@ from typing import Callable, NamedTuple
 # A file is judged by three 8 KB samples (decompressed and decoded): its start,
 # middle and end (of a compressed file: of its first MiB). Text has almost no
 # control characters; machine code, images and archives have many. A file is
-# binary only when every sample is: a binary stretch in a text file, like a
-# stray NUL or bad byte, costs only its lines.
+# binary when most samples are: a binary stretch in a text file, like a stray
+# NUL or bad byte, costs only its lines, while a binary file whose end is text
+# (a PDF's cross-reference table) is still binary. Formats that text never
+# starts with are named by their signature.
 _SAMPLE_BYTES = 8192
 _COMPRESSED_SAMPLE_BYTES = 1 << 20
 _MAX_CONTROL_SHARE = 0.05
@@ -36,6 +38,13 @@ _COMPRESSIONS = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz"}
 _ARCHIVES = {b"\x28\xb5\x2f\xfd": "zstd-compressed (decompress it first)",
              b"PK\x03\x04": "zip archive (extract its files first)",
              b"7z\xbc\xaf\x27\x1c": "7z archive (extract its files first)"}
+_BINARY_FORMATS = {b"%PDF-": "a PDF document (extract its text first)",
+                   b"\x7fELF": "an executable (ELF)",
+                   b"\x89PNG\r\n\x1a\n": "a PNG image", b"\xff\xd8\xff": "a JPEG image",
+                   b"GIF87a": "a GIF image", b"GIF89a": "a GIF image",
+                   b"SQLite format 3\x00": "an SQLite database",
+                   b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1": "an old Microsoft Office document",
+                   b"ARROW1": "an Apache Arrow file", b"PAR1": "a Parquet file"}
 _TAR_MAGIC_OFFSET, _TAR_MAGIC = 257, b"ustar"  # POSIX and GNU tar headers
 _TAR = "a tar archive (unpack it first)"
 # What a damaged or cut compressed stream raises.
@@ -83,7 +92,7 @@ def inspect(path: str, size: int | None = None) -> tuple[str, str] | str:
   """
   with open_binary(path) as raw:
     head = raw.read(_SAMPLE_BYTES)
-    for magic, reason in _ARCHIVES.items():
+    for magic, reason in (*_ARCHIVES.items(), *_BINARY_FORMATS.items()):
       if head.startswith(magic):
         return reason
     if _is_tar(head):
@@ -139,7 +148,7 @@ def _judge(samples: list[_Sample], encoding: str, codec: str) -> str | None:
   if encoding == "utf-8" and _is_utf16_without_mark(head):
     return "UTF-16 without a byte-order mark (convert it to UTF-8)"
   binary = [_control_share(text) > _MAX_CONTROL_SHARE for text in texts]
-  if all(binary):
+  if 2 * sum(binary) > len(binary):
     return f"binary file (over {_MAX_CONTROL_SHARE:.0%} control characters)"
   text = "".join(t for t, is_binary in zip(texts, binary) if not is_binary)
   if text.count("\ufffd") > _MAX_UNDECODABLE_SHARE * len(text):

@@ -12,9 +12,10 @@ Prints one JSON line per measurement:
   packing, masking, batching), per length: the `mlm_nsp` pipeline at
   `--lengths`, or with `--config` that config's objective, masking and packing
   at each of its phases' lengths, with the share of padding slots;
-- `consumption` (with `--config` and `--accelerator`): the sequences/s one
-  host's devices take at 40% and 60% MFU for that model and length, and the
-  loader processes that needs next to what `data.worker_count=-1` picks.
+- `consumption` (with `--config` and `--accelerator`): the rows/s one host's
+  devices take at 40% and 60% MFU for that model and length, and the loader
+  processes that needs at the rows/s measured (a packed row holds several
+  sequences) next to what `data.worker_count=-1` picks.
 `--accelerator` is a gcloud TPU type (`v4-32`, `v5litepod-16`: chips per host
 from the slice) or a device of `bertjax.flops.PEAK_TFLOPS` (`H200`, `A100`)
 with `--devices_per_host`. Without `--input`, the raw text is the demo corpus
@@ -30,7 +31,9 @@ import math
 import os
 import tempfile
 import time
+from typing import TYPE_CHECKING
 
+import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
 
@@ -38,6 +41,9 @@ from bertjax import flops, throughput
 from bertjax.data import builder, corpus, loader, packing, vocabulary
 from bertjax.data.masking import MaskingConfig
 from bertjax.data.tokenizers import tokenizer_from_vocab_file
+
+if TYPE_CHECKING:
+  from bertjax.tasks.pretrain_data import Phase
 
 _INPUT = flags.DEFINE_string("input", None, "Raw text (files/globs); default: the demo "
                              "corpus written out.")
@@ -90,14 +96,14 @@ def accelerator(name: str, devices_per_host: int) -> tuple[str, int, float]:
                    f"or one of {', '.join(flops.PEAK_TFLOPS)}")
 
 
-def _loaders(config) -> list[tuple[loader.LoaderConfig, int]]:
-  """(loader settings, max predictions) to measure: the config's phases, or
-  mlm_nsp at --lengths."""
+def _loaders(config: ml_collections.ConfigDict | None) -> list[tuple[Phase | None, int]]:
+  """(phase, sequence length) to measure: the config's phases, or (None,
+  length) for mlm_nsp at each of --lengths without a config."""
   if config is None:
     return [(None, int(n)) for n in _LENGTHS.value]
-  from bertjax.tasks import pretrain
+  from bertjax.tasks import pretrain_data
 
-  return [(phase, phase.max_seq_length) for phase in pretrain.phases(config)]
+  return [(phase, phase.max_seq_length) for phase in pretrain_data.phases(config)]
 
 
 def main(argv):
@@ -132,11 +138,11 @@ def main(argv):
             data_dir, objective="mlm_nsp", max_seq_length=length, batch_size=_BATCH.value,
             masking=MaskingConfig(max_predictions=-(-15 * length // 100)))
       else:
-        from bertjax.tasks import pretrain
+        from bertjax.tasks import pretrain_data
 
         # A window no larger than what is timed: the rate is the stream's, not
         # that of handing out instances made before the clock started.
-        settings = pretrain.loader_config(config, data_dir, phase, "train", _BATCH.value)
+        settings = pretrain_data.loader_config(config, data_dir, phase, "train", _BATCH.value)
         settings = dataclasses.replace(
             settings, shuffle_window=min(settings.shuffle_window, _BATCH.value * 4))
       rates = _measure(settings)
@@ -144,44 +150,55 @@ def main(argv):
                         "max_seq_length": length, "batch": _BATCH.value,
                         "max_sequences_per_row": settings.max_sequences_per_row, **rates}))
       if target is not None and config is not None:
-        print(json.dumps(_consumption(config, phase, target, rates["sequences_per_s"])))
+        print(json.dumps(_consumption(config, phase, target, rates, settings)))
 
 
 def _measure(settings: loader.LoaderConfig) -> dict:
+  """Rates of the loader over --batches batches (at least two packing windows'
+  worth: a window is packed at once, when its first row is asked for)."""
+  batches = _BATCHES.value
+  if settings.packed:
+    batches = max(batches, math.ceil(2 * settings.packing_window / settings.batch_size))
   iterator = iter(loader.make_dataset(settings))
   for _ in range(3):
     next(iterator)
   sequences = padding = 0.0
   start = time.perf_counter()
-  for _ in range(_BATCHES.value):
+  for _ in range(batches):
     batch = next(iterator)
     ids = batch["segment_ids"] if "segment_ids" in batch else batch["attention_mask"]
     sequences += float(ids.max(axis=1).sum())
     padding += packing.padding_share(batch)
   seconds = time.perf_counter() - start
-  return {"sequences_per_s": round(sequences / seconds), "rows_per_s":
-          round(_BATCHES.value * settings.batch_size / seconds),
-          "sequences_per_row": round(sequences / (_BATCHES.value * settings.batch_size), 3),
-          "padding": round(padding / _BATCHES.value, 4), "seconds": round(seconds, 2)}
+  rows = batches * settings.batch_size
+  return {"sequences_per_s": round(sequences / seconds), "rows_per_s": round(rows / seconds),
+          "sequences_per_row": round(sequences / rows, 3), "batches": batches,
+          "padding": round(padding / batches, 4), "seconds": round(seconds, 2)}
 
 
-def _consumption(config, phase, target: tuple[str, int, float], delivered: float) -> dict:
+def _consumption(config: ml_collections.ConfigDict, phase: Phase,
+                 target: tuple[str, int, float], rates: dict,
+                 settings: loader.LoaderConfig) -> dict:
+  """What the target's devices consume of the phase's rows a second at each
+  MFU, and the loader processes that takes at the rate measured (`rates`)."""
   from bertjax.models import BertConfig
 
   key, devices, peak = target
   cpus = _HOST_CPUS.value or os.cpu_count() or 1
   bert = BertConfig.from_run_config(config)
-  per_sequence = phase.max_seq_length * flops.flops_per_token(
+  per_row = phase.max_seq_length * flops.flops_per_token(
       bert, phase.max_seq_length, phase.max_predictions)
-  needed = {f"{mfu:.0%}": round(devices * peak * 1e12 * mfu / per_sequence) for mfu in _MFUS}
+  needed = {f"{mfu:.0%}": round(devices * peak * 1e12 * mfu / per_row) for mfu in _MFUS}
+  delivered = rates["rows_per_s"]  # one process; a packed row holds several sequences
   return {"stage": "consumption", "accelerator": key, "devices_per_host": devices,
           "peak_tflops_per_device": peak, "max_seq_length": phase.max_seq_length,
-          "model_flops_per_sequence": per_sequence, "sequences_per_s_needed": needed,
+          "model_flops_per_row": per_row, "rows_per_s_needed": needed,
           "loader_processes_needed": {mfu: math.ceil(n / delivered) for mfu, n in needed.items()},
           "worker_count_rule": throughput.loader_workers(
               platform="tpu" if key.startswith("TPU") else "gpu",
-              length=phase.max_seq_length, flops_per_sequence=per_sequence,
-              local_devices=devices, peak_tflops=peak, cpus=cpus),
+              length=phase.max_seq_length, flops_per_row=per_row, local_devices=devices,
+              peak_tflops=peak, cpus=cpus,
+              sequences_per_row=settings.max_sequences_per_row),
           "host_cpus": cpus}
 
 

@@ -310,9 +310,9 @@ def compile_step(jitted, *args) -> dict[str, Any]:
 def _phase_programs(config) -> list[tuple[str, Any]]:
   """(name, phase) of each distinct program: `128`, `512` (`512_80` where two
   phases share a length)."""
-  from bertjax.tasks import pretrain
+  from bertjax.tasks import pretrain_data
 
-  phases = pretrain.phases(config)
+  phases = pretrain_data.phases(config)
   lengths = [phase.max_seq_length for phase in phases]
   programs = {(f"{phase.max_seq_length}" if lengths.count(phase.max_seq_length) == 1 else
                f"{phase.max_seq_length}_{phase.max_predictions}"): phase for phase in phases}

@@ -12,7 +12,6 @@ and renamed when complete: a failed conversion leaves nothing behind.
 
 from __future__ import annotations
 
-import os
 import sys
 
 from absl import app, flags

@@ -52,10 +52,9 @@ def test_hostile_corpus_is_fully_accounted(tmp_path, vocab):
   stats = builder.prepare(f"{inputs}/*.txt", str(tmp_path / "out"), tokenizer,
                                            num_shards=3, show_progress=False)
   assert stats.files_read == 2
-  assert stats.files_skipped == {"empty file": 1,
-                                 "binary file (over 5% control characters)": 1}
+  assert stats.files_skipped == {"empty file": 1, "an executable (ELF)": 1}
   assert sorted(stats.skipped_file_names) == [
-      ["binary file (over 5% control characters)", str(inputs / "binary.txt")],
+      ["an executable (ELF)", str(inputs / "binary.txt")],
       ["empty file", str(inputs / "empty.txt")]]
   assert stats.documents_read == stats.documents_used + sum(stats.documents_skipped.values())
   assert stats.documents_skipped == {"no readable lines": 1, "no sentences": 1}

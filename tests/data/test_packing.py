@@ -141,14 +141,29 @@ def test_packed_loss_sums_equal_the_unpacked_ones(prepared_dir, objective):
     assert float(work[name]) == float(unpacked_work[name]), name
 
 
+def _window_indices(state) -> list[int]:
+  """The window indices of the window stages in an iterator's state, outermost first."""
+  if not isinstance(state, dict):
+    return []
+  found = [state["window_index"]] if "window_index" in state and "filled" in state else []
+  for value in state.values():
+    found += _window_indices(value)
+  return found
+
+
 @pytest.mark.parametrize("objective", ["mlm_nsp", "mlm"])
 def test_restore_gives_the_next_packed_batches(prepared_dir, objective):
   config = _config(prepared_dir, objective, batch_size=4, max_sequences_per_row=3,
                    packing_window=WINDOW, num_epochs=None)
   iterator = iter(loader.make_dataset(config))
-  for _ in range(7):  # into the second packing window
+  for _ in range(100):  # into the second packing window, then two batches on
     next(iterator)
+    if _window_indices(iterator.get_state())[0] >= 1:
+      break
+  next(iterator), next(iterator)
   state = iterator.get_state()
+  assert _window_indices(state)[0] >= 1, state  # the packing stage's (outermost)
+  assert state["position"] > 0, state  # mid-window: the restore re-packs the window
   expected = [next(iterator) for _ in range(12)]
   restored = iter(loader.make_dataset(config))
   restored.set_state(state)

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tarfile
 
+import numpy as np
 import pytest
 from tqdm import tqdm
 
@@ -335,6 +336,22 @@ def test_a_binary_start_skips_its_lines_not_the_file(tmp_path):
   assert _documents_of(blob)[1].files_skipped == {"binary file (over 5% control characters)": 1}
 
 
+def test_a_binary_file_with_a_text_end_is_skipped(tmp_path):
+  """A binary body whose end is text (a PDF's cross-reference table, a log
+  appended to a dump) is binary: most of its samples are. A known binary
+  format is named by its signature, text or not after it."""
+  rng = np.random.default_rng(0)
+  trailer = "".join(f"{i:010d} 00000 n \n" for i in range(2000)).encode()
+  body = rng.integers(0, 256, 60_000, dtype=np.uint8).tobytes()
+  dump = tmp_path / "dump.bin"
+  dump.write_bytes(body + b"\n" + trailer)
+  assert _documents_of(dump)[1].files_skipped == {"binary file (over 5% control characters)": 1}
+  pdf = tmp_path / "paper.pdf.txt"
+  pdf.write_bytes(b"%PDF-1.7\n" + _text(_good_documents(50)).encode())
+  got, stats = _documents_of(pdf)
+  assert got == [] and stats.files_skipped == {"a PDF document (extract its text first)": 1}
+
+
 def test_ansi_coloured_text_is_read_without_its_escapes(tmp_path):
   documents = _good_documents(30)
   coloured = [[" ".join(f"\x1b[1;3{i % 8}m{word}\x1b[0m" for i, word in enumerate(s.split()))
@@ -435,6 +452,38 @@ def _fail_upload(monkeypatch, remote, at):
     return upload(local, url)
 
   monkeypatch.setattr(files, "upload", failing)
+
+
+def test_a_local_swap_failing_part_way_says_what_it_left(tmp_path, vocab, monkeypatch):
+  """The same shard count, locally: the old dataset is withdrawn before its
+  shards are replaced; a move failing after that says so, and --overwrite
+  builds the new one again."""
+  out = tmp_path / "out"
+  good = write_corpus(tmp_path / "good.txt", num_documents=12)
+  builder.prepare(str(good), str(out), WordPieceTokenizer(vocab), num_shards=2,
+                  show_progress=False)
+  other = write_corpus(tmp_path / "other.txt", num_documents=5, seed=3)
+  replace = os.replace
+
+  def failing(source, target, *args, **kwargs):
+    if (os.path.dirname(os.fspath(target)) == str(out)
+        and os.path.basename(os.fspath(target)).startswith("documents-")):
+      raise OSError("injected: no space left on device")
+    return replace(source, target, *args, **kwargs)
+
+  with monkeypatch.context() as patch:
+    patch.setattr(os, "replace", failing)
+    with pytest.raises(OSError, match=f"{out}: moving in the new dataset failed part-way "
+                                      r"\(OSError: injected: no space left on device\); the "
+                                      "old dataset there was withdrawn first, as the new one "
+                                      "reuses its file names: rerun with --overwrite"):
+      builder.prepare(str(other), str(out), WordPieceTokenizer(vocab), num_shards=2,
+                      overwrite=True, show_progress=False)
+  assert _dataset_on(str(out)) is None  # nothing there looks finished
+  assert not [n for n in os.listdir(tmp_path) if ".tmp" in n]  # no staging left behind
+  stats = builder.prepare(str(other), str(out), WordPieceTokenizer(vocab), num_shards=2,
+                          overwrite=True, show_progress=False)
+  assert stats.documents_used == 5 and _dataset_on(str(out)) is not None
 
 
 def test_overwrite_on_gcs_always_leaves_a_usable_dataset(tmp_path, vocab, gcs, monkeypatch):

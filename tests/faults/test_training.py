@@ -6,7 +6,6 @@ few faults that cannot be produced from outside (an error while a save is in
 flight) are injected into the real code with a patch.
 """
 
-import json
 import os
 import signal
 import subprocess
@@ -205,6 +204,28 @@ def test_a_refused_rerun_leaves_the_config_and_the_run_as_they_were(finished_run
   assert bertjax.load_pretrained(workdir).config.hidden_size == 32
 
 
+def test_a_rerun_refuses_a_data_position_of_other_stream_settings(finished_run,
+                                                                   prepared_dir, tmp_path):
+  """A loader position is a place in the stream of its shuffle and packing
+  windows: resumed under others it would be another place (or fail in the
+  loader), so the rerun is refused in one line that says what to set."""
+  import shutil
+
+  from bertjax.tasks import pretrain
+
+  workdir = _copy(finished_run, tmp_path)
+  shutil.rmtree(os.path.join(workdir, "checkpoints", "30"))  # resume mid-run, at 20
+  for changes, flag in (({"data.shuffle_window": 7}, "--config.data.shuffle_window=1000"),
+                        ({"data.max_sequences_per_row": 2},
+                         "--config.data.max_sequences_per_row=1"),
+                        ({"seed": 5}, "--config.seed=0")):
+    with pytest.raises(ValueError, match=f"the checkpoint's data position is in the stream of "
+                                         f"{flag}, not of this run's .*: resume with {flag}, "
+                                         "or start a new --workdir"):
+      pretrain.run(_demo_config(prepared_dir, **{"train.total_steps": 30, **changes}), workdir)
+  pretrain.run(_demo_config(prepared_dir, **{"train.total_steps": 30}), workdir)  # as saved
+
+
 def test_fine_tuning_refuses_to_write_into_a_pretraining_run(finished_run, tmp_path):
   from configs import glue as glue_config
   from bertjax.tasks import glue
@@ -280,32 +301,32 @@ def test_fine_tuning_reads_the_newest_step_that_is_intact(finished_run, tmp_path
 
 
 def test_a_workdir_built_from_other_text_is_not_reused(tmp_path, monkeypatch):
-  from bertjax.tasks import pretrain
+  from bertjax.tasks import pretrain_data
   from tests.conftest import write_corpus
 
   first, second = write_corpus(tmp_path / "a.txt"), write_corpus(tmp_path / "b.txt", seed=1)
   workdir = str(tmp_path / "run")
   config = _demo_config("", **{"data.dir": "", "data.build_from": str(first),
                                "data.vocab_size": 300})
-  pretrain.prepare_data(config, workdir)
+  pretrain_data.prepare_data(config, workdir)
   for change in ({"data.build_from": str(second)}, {"data.vocab_size": 400}):
     with pytest.raises(ValueError, match="were built with other settings .*give another "
                                          "--workdir, or delete both"):
-      pretrain.prepare_data(set_fields(config.copy_and_resolve_references(), change), workdir)
+      pretrain_data.prepare_data(set_fields(config.copy_and_resolve_references(), change), workdir)
   # The same file named another way is the same input.
   monkeypatch.chdir(tmp_path)
-  pretrain.prepare_data(set_fields(config.copy_and_resolve_references(),
-                                   {"data.build_from": "a.txt"}), workdir)
+  pretrain_data.prepare_data(set_fields(config.copy_and_resolve_references(),
+                                        {"data.build_from": "a.txt"}), workdir)
   # A workdir built before the record was kept is judged by its dataset's input.
   os.remove(os.path.join(workdir, "built_from.json"))
   with pytest.raises(ValueError, match="were built with other settings"):
-    pretrain.prepare_data(set_fields(config.copy_and_resolve_references(),
-                                     {"data.build_from": str(second)}), workdir)
+    pretrain_data.prepare_data(set_fields(config.copy_and_resolve_references(),
+                                          {"data.build_from": str(second)}), workdir)
 
 
 def test_a_data_build_cut_short_is_completed_by_the_rerun(tmp_path, monkeypatch):
   from bertjax.data import shards
-  from bertjax.tasks import pretrain
+  from bertjax.tasks import pretrain_data
   from tests.conftest import write_corpus
 
   monkeypatch.chdir(tmp_path)
@@ -313,11 +334,11 @@ def test_a_data_build_cut_short_is_completed_by_the_rerun(tmp_path, monkeypatch)
   workdir = str(tmp_path / "run")
   config = _demo_config("", **{"data.dir": "", "data.build_from": str(corpus),
                                "data.vocab_size": 300})
-  data_dir = pretrain.prepare_data(config, workdir)
+  data_dir = pretrain_data.prepare_data(config, workdir)
   # As if killed before the last shard was marked finished.
   last = sorted(n for n in os.listdir(data_dir) if n.endswith(".stats.json"))[-1]
   os.remove(os.path.join(data_dir, last))
-  pretrain.prepare_data(config, workdir)
+  pretrain_data.prepare_data(config, workdir)
   assert len(shards.complete_shards(data_dir)) == 4
 
 

@@ -349,17 +349,17 @@ def test_throughput_leaves_out_checkpoints_and_holds_at_interval_ends(prepared_d
 
 def test_a_vocabulary_larger_than_the_embeddings_is_refused(prepared_dir):
   from bertjax.data import shards
-  from bertjax.tasks import pretrain
+  from bertjax.tasks import pretrain_data
 
   data_vocab = shards.read_info(prepared_dir)["vocab_size"]
-  pretrain.check_vocabulary(_demo_config(prepared_dir), prepared_dir)
-  pretrain.check_vocabulary(_demo_config(prepared_dir, **{"model.vocab_size": 256}),
-                            prepared_dir)  # a padded table is fine
+  pretrain_data.check_vocabulary(_demo_config(prepared_dir), prepared_dir)
+  pretrain_data.check_vocabulary(_demo_config(prepared_dir, **{"model.vocab_size": 256}),
+                                 prepared_dir)  # a padded table is fine
   with pytest.raises(ValueError, match=f"prepared with a {data_vocab}-token vocabulary, larger "
                                        f"than model.vocab_size=200: set "
                                        f"--config.model.vocab_size={data_vocab}"):
-    pretrain.check_vocabulary(_demo_config(prepared_dir, **{"model.vocab_size": 200}),
-                              prepared_dir)
+    pretrain_data.check_vocabulary(_demo_config(prepared_dir, **{"model.vocab_size": 200}),
+                                   prepared_dir)
 
 
 def test_a_checkpoint_of_another_shape_is_refused(uninterrupted, prepared_dir, tmp_path):

@@ -1,0 +1,239 @@
+"""The data of a pre-training run: its phases, each phase's loader settings,
+and the prepared data checked (or built) before the first step.
+
+A run is one or two phases: `train.max_seq_length` (128 in the paper) until
+`train.long_from_step`, then `train.long_seq_length` (512) to the end. The
+prepared documents are built first when the config says how (`data.build_from`,
+the demo), checked for documents in every process's splits and against the
+model's vocabulary, and given each phase's statically masked instances when
+`data.static` asks for them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from absl import logging
+import jax
+import ml_collections
+
+from bertjax import files, hosts
+from bertjax.data import loader, shards
+from bertjax.data.masking import MaskingConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+  """Steps [start, end) at one sequence length."""
+
+  index: int
+  start: int
+  end: int
+  max_seq_length: int
+  max_predictions: int
+
+
+def phases(config: ml_collections.ConfigDict) -> list[Phase]:
+  """The run's phases from `config.train`."""
+  train_config = config.train
+  total = train_config.total_steps
+  long_from = train_config.long_from_step
+  if long_from is None or long_from < 0 or long_from >= total:
+    return [Phase(0, 0, total, train_config.max_seq_length, train_config.max_predictions)]
+  return [Phase(0, 0, long_from, train_config.max_seq_length, train_config.max_predictions),
+          Phase(1, long_from, total, train_config.long_seq_length,
+                train_config.long_max_predictions)]
+
+
+def stream_settings(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """The settings whose stream a loader position is a position in (the seed and
+  the windows of the shuffle and the packing), by their flag names; saved beside
+  the position."""
+  return {"seed": config.seed,
+          **{f"data.{name}": config.data[name]
+             for name in ("shuffle_window", "max_sequences_per_row", "packing_window")}}
+
+
+def check_stream(saved: dict[str, Any] | None, current: dict[str, Any]) -> None:
+  """Refuses to resume a loader position in the stream of other settings (it
+  would resume at another place, or fail in the loader)."""
+  if saved is None:  # checkpoints from before the settings were saved
+    return
+  changed = {name: value for name, value in saved.items() if current.get(name) != value}
+  if changed:
+    was = ", ".join(f"--config.{name}={value}" for name, value in changed.items())
+    now = ", ".join(f"{name}={current.get(name)}" for name in changed)
+    raise ValueError(f"the checkpoint's data position is in the stream of {was}, not of this "
+                     f"run's {now}: resume with {was}, or start a new --workdir")
+
+
+def masking_config(config: ml_collections.ConfigDict, max_predictions: int) -> MaskingConfig:
+  return MaskingConfig(masked_lm_prob=config.data.masked_lm_prob,
+                       max_predictions=max_predictions,
+                       mask_rate=config.data.mask_rate,
+                       random_rate=config.data.random_rate,
+                       whole_word=config.data.whole_word_masking)
+
+
+def loader_config(config: ml_collections.ConfigDict, data_dir: str, phase: Phase,
+                  split: str, batch_size: int, seed_offset: int = 0,
+                  worker_count: int = 0) -> loader.LoaderConfig:
+  data = config.data
+  return loader.LoaderConfig(
+      data_dir, objective=config.objective, max_seq_length=phase.max_seq_length,
+      batch_size=batch_size // jax.process_count(),
+      masking=masking_config(config, phase.max_predictions),
+      short_seq_prob=data.short_seq_prob, seed=config.seed + 1000 * phase.index + seed_offset,
+      shuffle_window=data.shuffle_window, worker_count=worker_count, split=split,
+      eval_percent=data.eval_percent, host_sharding=data.host_sharding,
+      static=data.static and split == "train",
+      max_sequences_per_row=data.max_sequences_per_row, packing_window=data.packing_window)
+
+
+def prepare_data(config: ml_collections.ConfigDict, workdir: str) -> str:
+  """The prepared data directory (a local copy of a gs:// one): built first when
+  the config says how (the demo; a build cut short is completed), checked for
+  documents in every process's splits, then given each phase's statically
+  masked instances when `data.static` asks for them."""
+  data_dir = config.data.dir or files.join(workdir, "data")
+  if config.data.build_from:
+    if not config.data.dir:
+      _check_built_from(config, workdir, data_dir)
+    if not _complete(data_dir):  # the builder keeps the shards already finished
+      _build_documents(config, workdir, data_dir)
+  shards.complete_shards(data_dir)  # a clear error if it is not there
+  local = shards.local_directory(data_dir)
+  check_splits(config, local)  # before the (expensive) static instances
+  if config.data.static:
+    _build_static(config, data_dir)
+    local = shards.local_directory(data_dir)
+  return local
+
+
+def _complete(data_dir: str) -> bool:
+  try:
+    shards.complete_shards(data_dir)
+    return True
+  except (OSError, ValueError):
+    return False
+
+
+# What `<workdir>/vocab.txt` and `<workdir>/data` are built from (`data.build_from`),
+# written before they are.
+_BUILT_FROM_FILE = "built_from.json"
+
+
+def _built_from(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  return {"build_from": config.data.build_from, "vocab_size": config.data.vocab_size}
+
+
+def _source(spec: str) -> str:
+  """`spec` with a local path made absolute (the same file however it is named)."""
+  if ":" in spec.split("/")[0] or files.is_remote(spec):  # demo:, tfds:, gs://
+    return spec
+  return os.path.abspath(spec)
+
+
+def _check_built_from(config: ml_collections.ConfigDict, workdir: str, data_dir: str) -> None:
+  """Refuses to reuse a workdir's vocabulary and data built from other settings,
+  and records these settings before anything is built."""
+  path, wanted = files.join(workdir, _BUILT_FROM_FILE), _built_from(config)
+  built = None
+  if files.isfile(path):
+    built = files.read_json(path)
+  elif files.isfile(files.join(data_dir, shards.INFO_FILE)):  # built before the record was
+    built = {"build_from": shards.read_info(data_dir).get("input"),
+             "vocab_size": wanted["vocab_size"]}
+  if built is not None:
+    changed = [f"data.{key}={built.get(key)!r} then, {wanted[key]!r} now" for key in wanted
+               if (_source(str(built.get(key))) if key == "build_from" else built.get(key))
+               != (_source(wanted[key]) if key == "build_from" else wanted[key])]
+    if changed:
+      raise ValueError(f"{data_dir} and {files.join(workdir, 'vocab.txt')} were built with "
+                       f"other settings ({', '.join(changed)}); give another --workdir, or "
+                       "delete both to rebuild them here")
+  if jax.process_index() == 0 and not files.isfile(path):
+    files.makedirs(workdir)
+    files.write_json(path, wanted)
+
+
+def check_splits(config: ml_collections.ConfigDict, data_dir: str) -> None:
+  """Every process must find documents in the training split and, when the run
+  evaluates, in the held-out split; decided on every host from the document
+  count alone, so all of them stop together (none waits in a collective)."""
+  num_documents = len(loader.DocumentSource(data_dir))
+  processes = 1 if config.data.host_sharding == "rows" else jax.process_count()
+  splits = ["train"] + (["eval"] if config.eval.every_steps > 0 else [])
+  for split in splits:
+    chosen = len(loader.split_documents(num_documents, split, config.data.eval_percent))
+    if chosen < processes:
+      advice = ("raise data.eval_percent" if split == "eval" else "lower data.eval_percent")
+      raise ValueError(
+          f"{data_dir}: data.eval_percent={config.data.eval_percent} of {num_documents} "
+          f"documents leaves {chosen} in the {split} split, fewer than the {processes} "
+          f"process(es) that read it; {advice}, or use more data"
+          + (" or data.host_sharding='rows'" if processes > 1 else ""))
+
+
+def _build_static(config: ml_collections.ConfigDict, data_dir: str) -> None:
+  """Each phase's statically masked instances (the original's regime: masked once,
+  `data.static_dupe_factor` copies), built by every host for its shards unless
+  there already with these settings."""
+  from bertjax.data import builder
+
+  for phase in phases(config):
+    count, error = 0, None
+    try:
+      count = builder.prepare_static(
+          data_dir, objective=config.objective, max_seq_length=phase.max_seq_length,
+          masking=masking_config(config, phase.max_predictions),
+          dupe_factor=config.data.static_dupe_factor,
+          short_seq_prob=config.data.short_seq_prob, seed=config.seed + 1000 * phase.index,
+          eval_percent=config.data.eval_percent, num_workers=os.cpu_count() or 1,
+          num_hosts=jax.process_count(), host_index=jax.process_index(), show_progress=False)
+    except Exception as e:  # every host learns of a failure on any (none waits)
+      error = e
+    hosts.agree(error, f"building the static instances of length {phase.max_seq_length}")
+    logging.info("Static instances of length %d: %d on this host", phase.max_seq_length,
+                 count)
+
+
+def _build_documents(config: ml_collections.ConfigDict, workdir: str, data_dir: str) -> None:
+  """Trains a vocabulary on `data.build_from` and prepares it into `data_dir` (host 0;
+  the other hosts learn whether it worked, rather than wait for it forever)."""
+  error = None
+  if jax.process_index() == 0:
+    try:
+      _build_on_this_host(config, workdir, data_dir)
+    except Exception as e:  # shared with the other hosts below, then re-raised
+      error = e
+  hosts.agree(error, "preparing the data")
+
+
+def _build_on_this_host(config: ml_collections.ConfigDict, workdir: str, data_dir: str) -> None:
+  from bertjax.data import builder, vocabulary
+  from bertjax.data.tokenizers import tokenizer_from_vocab_file
+
+  vocab = files.join(workdir, "vocab.txt")
+  if not files.isfile(vocab):
+    logging.info("Training a %d-token WordPiece vocabulary on %s", config.data.vocab_size,
+                 config.data.build_from)
+    vocabulary.train(config.data.build_from, vocab, vocab_size=config.data.vocab_size,
+                     show_progress=False)
+  logging.info("Preparing %s into %s", config.data.build_from, data_dir)
+  stats = builder.prepare(config.data.build_from, data_dir, tokenizer_from_vocab_file(vocab),
+                          num_shards=4, num_workers=1, show_progress=False)
+  logging.info("Prepared data:\n%s", stats.summary())
+
+
+def check_vocabulary(config: ml_collections.ConfigDict, data_dir: str) -> None:
+  """The model's word embeddings must cover the data's token ids (a larger table,
+  padded for sharding, is fine): an id past the table would be clamped by the
+  lookup, silently."""
+  data_vocab = shards.read_info(data_dir)["vocab_size"]
+  if data_vocab > config.model.vocab_size:
+    raise ValueError(f"{data_dir} was prepared with a {data_vocab}-token vocabulary, larger "
+                     f"than model.vocab_size={config.model.vocab_size}: set "
+                     f"--config.model.vocab_size={data_vocab}")
