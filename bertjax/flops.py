@@ -11,6 +11,7 @@ reward it, nor padding.
 from __future__ import annotations
 
 import time
+from typing import TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -47,8 +48,11 @@ PEAK_TFLOPS = {
 }
 
 
-def model_flops(config: BertConfig, tokens, token_pairs, predictions, nsp_sequences,
-                training: bool = True):
+Count = TypeVar("Count", float, jax.Array)
+
+
+def model_flops(config: BertConfig, tokens: Count, token_pairs: Count, predictions: Count,
+                nsp_sequences: Count, training: bool = True) -> Count:
   """Model FLOPs of the useful work of a batch (numbers or device scalars).
 
   Args:

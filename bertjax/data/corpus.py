@@ -15,7 +15,8 @@ whose first line starts inside it, and reads past its end to finish the last.
 Files compressed with gzip, bzip2 or xz, and UTF-16 or UTF-32 text with a
 byte-order mark, are read too, each whole by one reader. Everything not used is
 counted with its reason in `CorpusStats`, and the first few skipped files, and
-files with skipped lines, are named.
+files with lines skipped while reading them, are named (sentences that
+tokenise to nothing are counted, not placed).
 """
 
 from __future__ import annotations
