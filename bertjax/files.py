@@ -118,12 +118,40 @@ def staging_name(path: str) -> str:
   return os.path.join(directory, f".{name}.tmp-{host}-{os.getpid()}-{secrets.token_hex(4)}")
 
 
+def _bucket(url: str) -> str:
+  """`gs://bucket` of `gs://bucket/path`."""
+  scheme, _, rest = os.fspath(url).partition("://")
+  return f"{scheme}://{rest.split('/', 1)[0]}"
+
+
+@contextlib.contextmanager
+def _writing(url: str) -> Iterator[None]:
+  """Says so when a write to `url` failed because its bucket is not there
+  (gcsfs' error names only the upload's address). bertjax never creates
+  buckets: where one goes, and who pays for it, is the user's to decide."""
+  try:
+    yield
+  except FileNotFoundError as error:
+    bucket = _bucket(url)
+    try:
+      missing = not _epath(bucket).exists()
+    except Exception:  # pylint: disable=broad-except  # cannot tell: the error as it was
+      missing = False
+    if missing:
+      raise FileNotFoundError(
+          f"cannot write {url}: the bucket {bucket} does not exist, or this account cannot "
+          f"see it; create it in the region of your TPUs or GPUs (gcloud storage buckets "
+          f"create {bucket} --location=REGION) or correct the path") from error
+    raise
+
+
 def upload(local: str, remote: str) -> None:
   """Copies a local file to a URL."""
   from etils import epath
 
-  _epath(remote).parent.mkdir(parents=True, exist_ok=True)
-  epath.Path(local).copy(_epath(remote), overwrite=True)
+  with _writing(remote):
+    _epath(remote).parent.mkdir(parents=True, exist_ok=True)
+    epath.Path(local).copy(_epath(remote), overwrite=True)
 
 
 def cache_root() -> str:
@@ -215,7 +243,8 @@ def write_bytes(path: str, data: bytes) -> None:
   """Writes a whole file, locally or at a URL, atomically (an object store
   creates an object whole; a local file is renamed into place)."""
   if is_remote(path):
-    _epath(path).write_bytes(data)
+    with _writing(path):
+      _epath(path).write_bytes(data)
     return
   staging = staging_name(path)
   try:

@@ -109,3 +109,19 @@ def test_objects_another_client_wrote_after_a_listing_are_seen(gcs):
   store.write("manifest.ocdbt", b"x").result()
   assert (step / "state").exists()
   assert sorted(p.name for p in step.iterdir()) == ["_CHECKPOINT_METADATA", "state"]
+
+
+def test_a_write_into_a_bucket_that_is_not_there_says_so(gcs, tmp_path):
+  """No client creates a bucket (gcsfs and tensorstore both answer 404), and
+  bertjax does not either: the error names the bucket and how to make one."""
+  says = (r"cannot write gs://bertjax-no-such-bucket/run/x: the bucket "
+          r"gs://bertjax-no-such-bucket does not exist, or this account cannot see it; create "
+          r"it in the region of your TPUs or GPUs \(gcloud storage buckets create "
+          r"gs://bertjax-no-such-bucket --location=REGION\) or correct the path")
+  with pytest.raises(FileNotFoundError, match=says):
+    files.write_bytes("gs://bertjax-no-such-bucket/run/x", b"data")
+  local = tmp_path / "x"
+  local.write_bytes(b"data")
+  with pytest.raises(FileNotFoundError, match=says):
+    files.upload(str(local), "gs://bertjax-no-such-bucket/run/x")
+  assert not os.path.exists(os.path.join(gcs.root, "storage", "bertjax-no-such-bucket"))
