@@ -15,11 +15,11 @@
 # A configuration that fails prints {"config": ..., "error": ...} (a timeout
 # says so). The whole script keeps to BUDGET_S (default 450 s) from its start:
 # each step may take the least of its own limit (RUN_TIMEOUT_S, default 150 s,
-# for a benchmark run) and what is left, and a run with under MIN_RUN_S
-# (default 30 s) left prints "skipped".
+# for a benchmark run) and what is left, and a run that would have less than
+# MIN_RUN_S (default 30 s) prints "skipped".
 # SIZES ("preset batch@128 batch@512", ';'-separated), LENGTHS ("128 512") and
-# VOCAB_SIZE change the runs (tests/test_benchmarks.py runs the script so on a
-# CPU, with a tiny model).
+# VOCAB_SIZE change the runs (tests/benchmarks/test_gpu_script.py runs the
+# script so on a CPU, with a tiny model).
 # MFU counts real tokens only (bertjax.flops.model_flops); docs/benchmarks.md
 # holds the table.
 set -uo pipefail
@@ -42,6 +42,10 @@ json_tail() { # the last $2 lines of the log $1, as a JSON string
   tail -n "$2" "$1" | python -c 'import json, sys; print(json.dumps(sys.stdin.read()[-1500:]))'
 }
 
+outcome() { # what exit status $1 of a step limited to $2 seconds means
+  if (($1 == 124)); then echo "timed out after $2 s"; else echo "failed (exit status $1)"; fi
+}
+
 python - <<'EOF'
 import json, jax
 device = jax.devices()[0]
@@ -50,16 +54,25 @@ print(json.dumps({"environment": {"jax": jax.__version__, "platform": device.pla
                                   "devices": jax.device_count()}}))
 EOF
 
-if ! timeout "$(limit 120)" python benchmarks/attention_numerics.py 2>"$work/numerics.log"; then
-  echo "{\"error\": \"the attention numerics failed or timed out\", \"log\": $(json_tail "$work/numerics.log" 5)}"
+seconds=$(limit 120)
+timeout "$seconds" python benchmarks/attention_numerics.py 2>"$work/numerics.log"
+status=$?
+if ((status != 0)); then
+  echo "{\"error\": \"the attention numerics $(outcome "$status" "$seconds")\", \"log\": $(json_tail "$work/numerics.log" 5)}"
 fi
 
-if ! timeout "$(limit 120)" python -m bertjax.tools.train_vocab --input=demo:stdlib \
-  --output="$work/vocab.txt" --vocab_size="$vocab_size" >"$work/prepare.log" 2>&1 ||
-  ! timeout "$(limit 120)" python -m bertjax.tools.prepare_pretraining_data --input=demo:stdlib \
-    --vocab="$work/vocab.txt" --output_dir="$work/data" --num_shards=4 \
-    >>"$work/prepare.log" 2>&1; then
-  echo "{\"error\": \"preparing the demo data failed or timed out\", \"log\": $(json_tail "$work/prepare.log" 3)}"
+seconds=$(limit 120)
+timeout "$seconds" python -m bertjax.tools.train_vocab --input=demo:stdlib \
+  --output="$work/vocab.txt" --vocab_size="$vocab_size" >"$work/prepare.log" 2>&1
+status=$?
+if ((status == 0)); then
+  seconds=$(limit 120)
+  timeout "$seconds" python -m bertjax.tools.prepare_pretraining_data --input=demo:stdlib \
+    --vocab="$work/vocab.txt" --output_dir="$work/data" --num_shards=4 >>"$work/prepare.log" 2>&1
+  status=$?
+fi
+if ((status != 0)); then
+  echo "{\"error\": \"preparing the demo data $(outcome "$status" "$seconds")\", \"log\": $(json_tail "$work/prepare.log" 3)}"
   exit 1
 fi
 
@@ -69,7 +82,7 @@ run() { # name size length batch attention attention_dropout sequences_per_row
   local seconds out status
   seconds=$(limit "${RUN_TIMEOUT_S:-150}")
   if ((seconds < ${MIN_RUN_S:-30})); then
-    echo "$config, \"skipped\": \"past the ${budget} s budget\"}"
+    echo "$config, \"skipped\": \"$seconds s left for it (under ${MIN_RUN_S:-30} s) of the ${budget} s budget\"}"
     return
   fi
   out=$(timeout "$seconds" python -m bertjax.benchmark --size="$size" --seq_len="$length" \
@@ -80,7 +93,7 @@ run() { # name size length batch attention attention_dropout sequences_per_row
   if ((status == 0)); then
     echo "$config, \"result\": $(echo "$out" | tail -n 1)}"
   elif ((status == 124)); then
-    echo "$config, \"error\": \"timed out after $seconds s\", \"log\": $(json_tail "$work/err.log" 3)}"
+    echo "$config, \"error\": \"$(outcome "$status" "$seconds")\", \"log\": $(json_tail "$work/err.log" 3)}"
   else
     echo "$config, \"error\": $(json_tail "$work/err.log" 5)}"
   fi

@@ -68,6 +68,11 @@ _NOT_DAMAGE = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "PERMISSION_DENIED", "UNAUTHE
 # only fail the same way.
 _STORAGE_TEXTS = (*_NOT_DAMAGE, "NOT_FOUND", "ABORTED", "DATA_LOSS", "FAILED_PRECONDITION",
                   "does not exist", "No such file")
+# tensorstore's catch-all codes (an HTTP status it does not map, a broken
+# connection) count when the text is a storage request's; elsewhere (XLA's
+# INTERNAL, a bad argument) they are bugs.
+_REQUEST_CODES = ("UNKNOWN", "INTERNAL", "INVALID_ARGUMENT")
+_REQUEST_MARKS = ("tensorstore", "HTTP", "http://", "https://", "gs://")
 _STORAGE_LIBRARIES = ("aiohttp", "gcsfs", "fsspec", "google", "requests", "urllib3")
 _BUGS = (TypeError, AttributeError, KeyError, IndexError, NameError, AssertionError,
          NotImplementedError)
@@ -80,9 +85,12 @@ def _storage_failure(error: BaseException) -> bool:
     seen.add(id(error))
     if isinstance(error, _BUGS):
       return False
+    text = str(error)
     if (isinstance(error, OSError)
         or type(error).__module__.split(".")[0] in _STORAGE_LIBRARIES
-        or any(text in str(error) for text in _STORAGE_TEXTS)):
+        or any(mark in text for mark in _STORAGE_TEXTS)
+        or (any(code in text for code in _REQUEST_CODES)
+            and any(mark in text for mark in _REQUEST_MARKS))):
       return True
     error = error.__cause__
   return False

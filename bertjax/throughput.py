@@ -98,7 +98,13 @@ _MARGIN = 2.0
 
 def loader_sequences_per_s(length: int) -> float:
   """What one loader process delivers (mlm_nsp, one core), by the fit above."""
-  return 1.0 / (_PER_SEQUENCE_S + _PER_TOKEN_S * length)
+  return loader_rows_per_s(length)
+
+
+def loader_rows_per_s(length: int, sequences_per_row: float = 1.0) -> float:
+  """Rows of `length` tokens one loader process delivers, by the same fit: a
+  packed row's sequences share its tokens, each adding its own per-sequence cost."""
+  return 1.0 / (sequences_per_row * _PER_SEQUENCE_S + _PER_TOKEN_S * length)
 
 
 def loader_workers(*, platform: str, length: int, flops_per_row: float, local_devices: int,
@@ -106,12 +112,12 @@ def loader_workers(*, platform: str, length: int, flops_per_row: float, local_de
   """The loader processes a host needs to feed its devices (`data.worker_count=-1`).
 
   On CPUs the pipeline runs in the training process (0). Accelerators consume
-  up to `local_devices * peak * 0.6 / flops_per_row` rows a second, each of
-  `sequences_per_row` sequences for the loader to make (packed rows: pass the
-  most a row holds, to size for full rows); the rule takes twice those
-  sequences over one process's rate (`loader_sequences_per_s`), at least 1 and
-  at most the host's cores less two (the trainer and the prefetch thread). An
-  accelerator without a peak in `bertjax.flops` gets 4.
+  up to `local_devices * peak * 0.6 / flops_per_row` rows a second; the rule
+  takes twice that over one process's rate of such rows (`loader_rows_per_s`,
+  rows of `sequences_per_row` sequences: for packed rows pass the most a row
+  holds, to size for the costliest rows), at least 1 and at most the host's
+  cores less two (the trainer and the prefetch thread). An accelerator without
+  a peak in `bertjax.flops` gets 4.
 
   Args:
     platform: "cpu", "gpu" or "tpu".
@@ -120,7 +126,7 @@ def loader_workers(*, platform: str, length: int, flops_per_row: float, local_de
     local_devices: Accelerators of this host.
     peak_tflops: One device's peak (`bertjax.flops.peak_tflops`), or None.
     cpus: The host's cores.
-    sequences_per_row: Sequences the loader makes for one row.
+    sequences_per_row: Sequences in one row.
 
   Returns:
     The number of loader processes.
@@ -130,5 +136,5 @@ def loader_workers(*, platform: str, length: int, flops_per_row: float, local_de
   if peak_tflops is None:
     return min(cpus - 2, 4)
   rows = local_devices * peak_tflops * 1e12 * _PLANNED_MFU / flops_per_row
-  sequences = rows * sequences_per_row
-  return max(1, min(cpus - 2, math.ceil(_MARGIN * sequences / loader_sequences_per_s(length))))
+  delivered = loader_rows_per_s(length, sequences_per_row)
+  return max(1, min(cpus - 2, math.ceil(_MARGIN * rows / delivered)))

@@ -75,6 +75,9 @@ def test_a_bug_in_a_save_is_raised_as_it_is(tmp_path):
     (RuntimeError("UNAVAILABLE: the server went away"), True),
     (ValueError("Expected a tree of arrays, got a list"), False),
     (RuntimeError("RESOURCE_EXHAUSTED"), True),
+    (ValueError("UNKNOWN: HTTP response code: 418 with body: teapot [tensorstore_spec=...]"),
+     True),
+    (RuntimeError("INTERNAL: during compilation of the step"), False),
     (TypeError("Object of type object is not JSON serializable"), False),
     (KeyError("NOT_FOUND"), False),  # a bug whatever its text
 ])

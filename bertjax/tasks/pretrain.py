@@ -162,6 +162,7 @@ class _Trainer:
       abstract = train.abstract_train_state(self.model, self.optimizer, config.seed)
       shardings = train.state_shardings(abstract, self.mesh, self.rules)
       state, restored_data = self._restore_or_init(abstract, shardings)
+      self._check_resumed_stream(state, restored_data)
       # Checked and restored: now the workdir's config.json may say what it holds.
       runs.save_config(config, self.workdir)
       self.train_step, self.eval_step = train.jit_steps(
@@ -228,6 +229,15 @@ class _Trainer:
         + "; ".join(message for _, message in damaged) + "); move them away or give another "
         "--workdir to start over")
 
+  def _check_resumed_stream(self, state, restored_data: dict[str, Any] | None) -> None:
+    """A data position that the run will resume must be in the stream these
+    settings make (a phase that starts afresh reads from its beginning)."""
+    if restored_data is None or restored_data["loader"] is None:
+      return
+    phase = self.phases[restored_data["phase"]]
+    if int(state.step) < phase.end:
+      check_stream(restored_data.get("stream"), stream_settings(self.config))
+
   def _set_aside_damaged(self, damaged: list[tuple[int, str]], resumed: int) -> None:
     aside = files.join(self.workdir, "checkpoints_damaged")
     error = None
@@ -261,7 +271,6 @@ class _Trainer:
           logging.warning("The checkpoint ends its run; the data of the steps added after it "
                           "starts from the beginning of phase %d", phase.index)
         else:
-          check_stream(restored_data.get("stream"), stream_settings(config))
           iterator.set_state(restored_data["loader"])
       return self._run_phase(phase, state, iterator, result)
     finally:

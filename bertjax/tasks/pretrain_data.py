@@ -48,12 +48,14 @@ def phases(config: ml_collections.ConfigDict) -> list[Phase]:
 
 
 def stream_settings(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  """The settings whose stream a loader position is a position in (the seed and
-  the windows of the shuffle and the packing), by their flag names; saved beside
-  the position."""
-  return {"seed": config.seed,
+  """The settings whose stream a loader position is a position in, by their
+  flag names (saved beside the position): the seed and objective, the
+  documents each host reads (the held-out share, the host sharding), static
+  instances or not, and the windows of the shuffle and the packing."""
+  return {"seed": config.seed, "objective": config.objective,
           **{f"data.{name}": config.data[name]
-             for name in ("shuffle_window", "max_sequences_per_row", "packing_window")}}
+             for name in ("eval_percent", "host_sharding", "static", "shuffle_window",
+                          "max_sequences_per_row", "packing_window")}}
 
 
 def check_stream(saved: dict[str, Any] | None, current: dict[str, Any]) -> None:
@@ -61,7 +63,10 @@ def check_stream(saved: dict[str, Any] | None, current: dict[str, Any]) -> None:
   would resume at another place, or fail in the loader)."""
   if saved is None:  # checkpoints from before the settings were saved
     return
-  changed = {name: value for name, value in saved.items() if current.get(name) != value}
+  packs = max(saved.get("data.max_sequences_per_row", 1),
+              current.get("data.max_sequences_per_row", 1)) > 1
+  changed = {name: value for name, value in saved.items() if current.get(name) != value
+             and (packs or name != "data.packing_window")}  # read only when packing
   if changed:
     was = ", ".join(f"--config.{name}={value}" for name, value in changed.items())
     now = ", ".join(f"{name}={current.get(name)}" for name in changed)

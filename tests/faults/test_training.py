@@ -215,15 +215,20 @@ def test_a_rerun_refuses_a_data_position_of_other_stream_settings(finished_run,
 
   workdir = _copy(finished_run, tmp_path)
   shutil.rmtree(os.path.join(workdir, "checkpoints", "30"))  # resume mid-run, at 20
+  before = open(os.path.join(workdir, "config.json")).read()
   for changes, flag in (({"data.shuffle_window": 7}, "--config.data.shuffle_window=1000"),
                         ({"data.max_sequences_per_row": 2},
                          "--config.data.max_sequences_per_row=1"),
+                        ({"data.eval_percent": 20.0}, "--config.data.eval_percent=10.0"),
                         ({"seed": 5}, "--config.seed=0")):
     with pytest.raises(ValueError, match=f"the checkpoint's data position is in the stream of "
                                          f"{flag}, not of this run's .*: resume with {flag}, "
                                          "or start a new --workdir"):
       pretrain.run(_demo_config(prepared_dir, **{"train.total_steps": 30, **changes}), workdir)
-  pretrain.run(_demo_config(prepared_dir, **{"train.total_steps": 30}), workdir)  # as saved
+    assert open(os.path.join(workdir, "config.json")).read() == before  # left as it was
+  # Unpacked rows never read the packing window: changing it changes nothing.
+  pretrain.run(_demo_config(prepared_dir, **{"train.total_steps": 30,
+                                             "data.packing_window": 17}), workdir)
 
 
 def test_fine_tuning_refuses_to_write_into_a_pretraining_run(finished_run, tmp_path):
