@@ -234,8 +234,8 @@ class _Trainer:
     settings make (a phase that starts afresh reads from its beginning)."""
     if restored_data is None or restored_data["loader"] is None:
       return
-    phase = self.phases[restored_data["phase"]]
-    if int(state.step) < phase.end:
+    resumed = [phase for phase in self.phases if phase.index == restored_data["phase"]]
+    if resumed and int(state.step) < resumed[0].end:
       check_stream(restored_data.get("stream"), stream_settings(self.config))
 
   def _set_aside_damaged(self, damaged: list[tuple[int, str]], resumed: int) -> None:
