@@ -454,15 +454,21 @@ def _fail_upload(monkeypatch, remote, at):
   monkeypatch.setattr(files, "upload", failing)
 
 
+def _dataset_and_another_corpus(tmp_path, vocab, target: str):
+  """A dataset of 12 documents in 2 shards built at `target` from a corpus
+  (returned), and another corpus of 5 documents to replace it with."""
+  good = write_corpus(tmp_path / "good.txt", num_documents=12)
+  builder.prepare(str(good), target, WordPieceTokenizer(vocab), num_shards=2,
+                  show_progress=False)
+  return good, write_corpus(tmp_path / "other.txt", num_documents=5, seed=3)
+
+
 def test_a_local_swap_failing_part_way_says_what_it_left(tmp_path, vocab, monkeypatch):
   """The same shard count, locally: the old dataset is withdrawn before its
   shards are replaced; a move failing after that says so, and --overwrite
   builds the new one again."""
   out = tmp_path / "out"
-  good = write_corpus(tmp_path / "good.txt", num_documents=12)
-  builder.prepare(str(good), str(out), WordPieceTokenizer(vocab), num_shards=2,
-                  show_progress=False)
-  other = write_corpus(tmp_path / "other.txt", num_documents=5, seed=3)
+  _, other = _dataset_and_another_corpus(tmp_path, vocab, str(out))
   replace = os.replace
 
   def failing(source, target, *args, **kwargs):
@@ -490,11 +496,8 @@ def test_overwrite_on_gcs_always_leaves_a_usable_dataset(tmp_path, vocab, gcs, m
   """Another shard count: the new shards have new names, so the old dataset
   stays whole until the new one's dataset_info.json replaces the old one."""
   remote = gcs.url_of("swap/other_count")
-  good = write_corpus(tmp_path / "good.txt", num_documents=12)
-  builder.prepare(str(good), remote, WordPieceTokenizer(vocab), num_shards=2,
-                  show_progress=False)
+  good, other = _dataset_and_another_corpus(tmp_path, vocab, remote)
   old = _dataset_on(remote)
-  other = write_corpus(tmp_path / "other.txt", num_documents=5, seed=3)
 
   def replace():
     return builder.prepare(str(other), remote, WordPieceTokenizer(vocab), num_shards=3,
@@ -528,11 +531,8 @@ def test_overwrite_on_gcs_never_mixes_shards_and_resumes(tmp_path, vocab, gcs, m
   old dataset is withdrawn first (never old and new shards under one mark), and
   a failed upload is finished by running the command again."""
   remote = gcs.url_of("swap/same_count")
-  good = write_corpus(tmp_path / "good.txt", num_documents=12)
-  builder.prepare(str(good), remote, WordPieceTokenizer(vocab), num_shards=2,
-                  show_progress=False)
+  good, other = _dataset_and_another_corpus(tmp_path, vocab, remote)
   old = _dataset_on(remote)
-  other = write_corpus(tmp_path / "other.txt", num_documents=5, seed=3)
 
   def replace(spec):
     return builder.prepare(str(spec), remote, WordPieceTokenizer(vocab), num_shards=2,
