@@ -74,7 +74,11 @@ setuptools.setup(
     license="Apache-2.0",
     # jax 0.10, flax 0.12, orbax and grain need 3.11.
     python_requires=">=3.11",
-    packages=setuptools.find_packages(include=["bertjax", "bertjax.*"]),
+    # configs/ is installed as `bertjax.configs`: the shipped configs and their
+    # shared blocks import from there, so they load from any directory, and a
+    # user's own config builds on them (docs/configs.md).
+    packages=setuptools.find_packages(include=["bertjax", "bertjax.*"]) + ["bertjax.configs"],
+    package_dir={"bertjax.configs": "configs"},
     install_requires=_CORE,
     extras_require=_EXTRAS,
 )

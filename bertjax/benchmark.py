@@ -27,12 +27,12 @@ import json
 import statistics
 import time
 
-from absl import app, flags
+from absl import flags
 import flax.linen as nn
 import jax
 import numpy as np
 
-from bertjax import flops, optim, sharding, train
+from bertjax import errors, flops, optim, paths, sharding, train, usage
 from bertjax.models import PRESETS, BertConfig
 from bertjax.models.attention import IMPLEMENTATIONS
 
@@ -59,8 +59,8 @@ _DROPOUT = flags.DEFINE_float("dropout", 0.1, "Hidden dropout.")
 _ATTENTION_DROPOUT = flags.DEFINE_float(
     "attention_dropout", None, "Attention dropout (default: --dropout with --attention xla "
     "or auto, which then runs XLA; else 0: the fused kernels have none).")
-_DATA_DIR = flags.DEFINE_string("data_dir", None, "A prepared pre-training directory: real "
-                                "batches through the input pipeline (default: random rows).")
+_DATA_DIR = paths.DEFINE_path("data_dir", None, "A prepared pre-training directory: real "
+                              "batches through the input pipeline (default: random rows).")
 _SEQUENCES_PER_ROW = flags.DEFINE_integer("sequences_per_row", 1, "With --data_dir: 1 pads "
                                           "each sequence to a row; more packs rows.")
 _BATCHES = flags.DEFINE_integer("batches", 4, "Distinct batches made and cycled.")
@@ -110,7 +110,7 @@ def run(config: BertConfig, seq_len: int, batch_size: int, max_predictions: int,
   """
   devices = jax.devices()
   if batch_size % len(devices):
-    raise ValueError(f"--batch={batch_size} is not divisible by the {len(devices)} devices")
+    raise errors.UsageError(f"--batch={batch_size} is not divisible by the {len(devices)} devices")
   mesh = sharding.make_mesh((-1, 1, 1))
   model = train.pretraining_model(config, "mlm_nsp")
   schedule = optim.learning_rate_schedule(1e-4, 0, max(steps + warmup, 1))
@@ -184,7 +184,7 @@ def main(argv):
                intermediate_size=_INTERMEDIATE.value or 4 * _HIDDEN.value)
   if _SIZE.value:
     if _SIZE.value not in PRESETS:
-      raise app.UsageError(f"--size={_SIZE.value}: one of {', '.join(sorted(PRESETS))}")
+      raise errors.UsageError(f"--size={_SIZE.value}: one of {', '.join(sorted(PRESETS))}")
     sizes = PRESETS[_SIZE.value]
   config = BertConfig(
       vocab_size=_VOCAB.value, max_position_embeddings=max(512, _SEQ_LEN.value), dtype=dtype,
@@ -202,4 +202,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  usage.run_main(main)

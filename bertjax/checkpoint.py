@@ -29,19 +29,21 @@ import orbax.checkpoint as ocp
 from absl import logging as absl_logging
 from etils import epath
 
+from bertjax import errors
+
 STATE, DATA, META = "state", "data", "meta"
 
 
-class CheckpointMismatchError(ValueError):
+class CheckpointMismatchError(errors.UsageError):
   """A checkpoint that does not fit the run restoring it (another model, optimizer
   or number of processes)."""
 
 
-class DamagedCheckpointError(ValueError):
+class DamagedCheckpointError(errors.CorruptFileError):
   """A finished step whose files cannot be read back."""
 
 
-class CheckpointSaveError(OSError):
+class CheckpointSaveError(errors.StorageError):
   """A save that failed (storage unreachable or full, rights withdrawn); the
   message names the step and the newest finished one, where a rerun resumes."""
 
@@ -458,7 +460,7 @@ def params_from_run(workdir: str) -> tuple[Any, int, Any]:
   try:
     steps = checkpointer.all_steps()
     if not steps:
-      raise FileNotFoundError(f"{workdir}/checkpoints: no finished checkpoint")
+      raise errors.MissingFileError(f"{workdir}/checkpoints: no finished checkpoint")
     damage = []
     for step in reversed(steps):
       try:

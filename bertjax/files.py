@@ -23,9 +23,10 @@ import socket
 import tempfile
 from typing import Any, Callable, Iterable, Iterator
 
+from bertjax import errors, paths
 
-def is_remote(path: str) -> bool:
-  return "://" in os.fspath(path)
+
+is_remote = paths.is_remote
 
 
 def join(path: str, *names: str) -> str:
@@ -114,8 +115,50 @@ def staging_name(path: str) -> str:
   list a directory skip it (its name starts with a dot and holds ".tmp").
   """
   directory, name = os.path.split(os.fspath(path))
-  host = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())[:64] or "host"
-  return os.path.join(directory, f".{name}.tmp-{host}-{os.getpid()}-{secrets.token_hex(4)}")
+  return os.path.join(directory, f".{name}.tmp-{_host()}-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+_STAGING = re.compile(
+    r"^\.(?P<name>.+)\.tmp-(?P<host>[A-Za-z0-9_-]+)-(?P<pid>\d+)-[0-9a-f]{8}")
+
+
+def remove_stale_staging(directory: str) -> list[str]:
+  """Removes the staging files and directories (`staging_name`) in a local
+  `directory` left by processes of this host that no longer run (killed, or
+  stopped with their workers); returns their names. Other hosts' staging
+  files, and those of live processes, are left alone."""
+  if is_remote(directory) or not os.path.isdir(directory):
+    return []
+  host = _host()
+  removed = []
+  for name in os.listdir(directory):
+    match = _STAGING.match(name)
+    if not match or match["host"] != host or _process_runs(int(match["pid"])):
+      continue
+    path = os.path.join(directory, name)
+    if os.path.isdir(path) and not os.path.islink(path):
+      shutil.rmtree(path, ignore_errors=True)
+    else:
+      try:
+        os.remove(path)
+      except FileNotFoundError:
+        pass
+    removed.append(name)
+  return removed
+
+
+def _process_runs(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # another user's process
+    return True
+  return True
+
+
+def _host() -> str:
+  return re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())[:64] or "host"
 
 
 def _bucket(url: str) -> str:
@@ -138,7 +181,7 @@ def _writing(url: str) -> Iterator[None]:
     except Exception:  # pylint: disable=broad-except  # cannot tell: the error as it was
       missing = False
     if missing:
-      raise FileNotFoundError(
+      raise errors.MissingFileError(
           f"cannot write {url}: the bucket {bucket} does not exist, or this account cannot "
           f"see it; create it in the region of your TPUs or GPUs (gcloud storage buckets "
           f"create {bucket} --location=REGION) or correct the path") from error
@@ -220,7 +263,7 @@ def local_copy(path: str, names: Iterable[str] | Callable[[str], bool] | None = 
     try:
       stat = entry.stat()
     except FileNotFoundError:
-      raise FileNotFoundError(f"{path}/{entry.name} not found") from None
+      raise errors.MissingFileError(f"{path}/{entry.name} not found") from None
     target = os.path.join(local, entry.name)
     if not (os.path.isfile(target) and os.path.getsize(target) == stat.length
             and int(os.path.getmtime(target)) == int(stat.mtime or -1)):
@@ -230,9 +273,10 @@ def local_copy(path: str, names: Iterable[str] | Callable[[str], bool] | None = 
     needed = sum(stat.length for *_, stat in todo)
     free = shutil.disk_usage(local).free
     if needed > free:
-      raise OSError(f"{path}: {needed / 2**30:.1f} GiB to copy into {local} but only "
-                    f"{free / 2**30:.1f} GiB free; set BERTJAX_CACHE_DIR to a larger disk, "
-                    "or mount the bucket with gcsfuse and give the local path")
+      raise errors.StorageFullError(
+          f"{path}: {needed / 2**30:.1f} GiB to copy into {local} but only "
+          f"{free / 2**30:.1f} GiB free; set BERTJAX_CACHE_DIR to a larger disk, "
+          "or mount the bucket with gcsfuse and give the local path")
   for entry, target, stat in todo:
     download(os.fspath(entry), target, stat.mtime)
   os.makedirs(local, exist_ok=True)
@@ -267,17 +311,17 @@ def read_json(path: str) -> dict[str, Any]:
     if is_remote(path):
       from etils import epath
       if not epath.Path(path).exists():
-        raise FileNotFoundError(path)
+        raise errors.MissingFileError(path)
       data = json.loads(epath.Path(path).read_text())
     else:
       with open(path, encoding="utf-8") as f:
         data = json.load(f)
   except FileNotFoundError:
-    raise FileNotFoundError(f"{path} not found") from None
+    raise errors.MissingFileError(f"{path} not found") from None
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise ValueError(f"{path}: not valid JSON ({e})") from None
+    raise errors.UsageError(f"{path}: not valid JSON ({e})") from None
   if not isinstance(data, dict):
-    raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    raise errors.UsageError(f"{path}: expected a JSON object, got {type(data).__name__}")
   return data
 
 
@@ -306,8 +350,8 @@ def atomic_directory(out_dir: str, overwrite: bool = False,
     return
   out_dir = os.path.abspath(out_dir)
   if os.path.exists(out_dir) and not overwrite:
-    raise FileExistsError(f"{out_dir} already exists; choose a new directory or "
-                          "pass overwrite=True")
+    raise errors.OutputExistsError(f"{out_dir} already exists; choose a new directory or "
+                                   "pass overwrite=True")
   parent = os.path.dirname(out_dir)
   os.makedirs(parent, exist_ok=True)
   staging = tempfile.mkdtemp(prefix=os.path.basename(staging_name(out_dir)) + "-", dir=parent)
@@ -337,8 +381,8 @@ def atomic_directory(out_dir: str, overwrite: bool = False,
 def _remote_directory(out_dir: str, overwrite: bool, marker: str | None) -> Iterator[str]:
   target = _epath(out_dir)
   if target.exists() and not overwrite:
-    raise FileExistsError(f"{out_dir} already exists; choose a new directory or "
-                          "pass overwrite=True")
+    raise errors.OutputExistsError(f"{out_dir} already exists; choose a new directory or "
+                                   "pass overwrite=True")
   with tempfile.TemporaryDirectory(prefix="bertjax-upload-") as staging:
     yield staging
     if target.exists():

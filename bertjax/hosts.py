@@ -11,10 +11,12 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from bertjax import errors
+
 _MESSAGE_BYTES = 1024  # of the first failure's message, shared with the other hosts
 
 
-class OtherHostError(ValueError):
+class OtherHostError(errors.Error, ValueError):
   """Raised on the hosts that did not fail, naming the one that did and why."""
 
 

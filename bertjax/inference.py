@@ -8,6 +8,7 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
+from bertjax import errors
 from bertjax.models import BertConfig, BertEncoder
 from bertjax.pretrained import Pretrained
 
@@ -50,13 +51,13 @@ def encode(bundle: Pretrained, texts: str | Sequence[str],
     [num_layers + 1, N, T, H]: the embedding output, then each layer's).
   """
   if bundle.tokenizer is None:
-    raise ValueError("This pretrained model has no tokenizer; encode needs one")
+    raise errors.UsageError("This pretrained model has no tokenizer; encode needs one")
   texts = [texts] if isinstance(texts, str) else list(texts)
   if isinstance(text_pairs, str):
     text_pairs = [text_pairs]
   if text_pairs is not None and bundle.config.type_vocab_size < 2:
-    raise ValueError(f"This model has type_vocab_size={bundle.config.type_vocab_size}: "
-                     "it has no token type for a second segment")
+    raise errors.UsageError(f"This model has type_vocab_size={bundle.config.type_vocab_size}: "
+                            "it has no token type for a second segment")
   config = bundle.config.replace(return_hidden_states=output_hidden_states)
   max_length = min(max_length, config.max_position_embeddings)
   inputs = bundle.tokenizer.encode_batch(texts, text_pairs, max_length=max_length,

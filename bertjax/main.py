@@ -25,17 +25,17 @@ checkpoint in its workdir (docs/checkpoints.md).
 import glob
 import os
 
-from absl import app, flags, logging
+from absl import flags, logging
 import jax
 from ml_collections import config_flags
 
-from bertjax import metrics, tasks, usage
+from bertjax import paths, tasks, usage
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (get_config(arg)); "
                                           "`path.py:arg` passes an argument.",
                                           lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, metrics and the resolved "
-                               "config go here.")
+_WORKDIR = paths.DEFINE_path("workdir", None, "Checkpoints, metrics and the resolved config "
+                             "go here (local or gs://; one run at a time).")
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None,
                                    "host:port of process 0 (not needed on TPU pods).")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the job.")
@@ -54,9 +54,7 @@ def _on_cloud_tpu() -> bool:
 
 
 def main(argv):
-  if len(argv) > 1:
-    usage.fail(f"unexpected arguments {argv[1:]}: settings go in --config.<field>=<value>")
-  metrics.quiet_checkpoint_logs()  # orbax's INFO lines only with --verbosity=1
+  del argv  # settings go in --config.<field>=<value>
   if _COORDINATOR.value or _NUM_PROCESSES.value:
     jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   elif _DISTRIBUTED.value or _on_cloud_tpu():
@@ -64,10 +62,9 @@ def main(argv):
   logging.info("Process %d of %d, %d local / %d global devices", jax.process_index(),
                jax.process_count(), jax.local_device_count(), jax.device_count())
 
-  config = _CONFIG.value
-  # A usage error (a setting to change, a missing file) ends as one line.
-  usage.run(lambda: tasks.task_module(config.task).run(config, _WORKDIR.value))
+  tasks.run(_CONFIG.value, _WORKDIR.value)
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=usage.parse_flags)
+  usage.run_main(main, interrupted="finished checkpoints and data are kept: rerun the same "
+                 "command to resume")

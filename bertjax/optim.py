@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from bertjax import errors
+
 OPTIMIZERS = ("adamw", "lamb")
 
 
@@ -42,8 +44,8 @@ def decay_mask(params: Any) -> Any:
 def learning_rate_schedule(peak: float, warmup_steps: int, total_steps: int) -> optax.Schedule:
   """Linear warmup to `peak`, then linear decay to 0 at `total_steps`."""
   if total_steps < 1 or warmup_steps < 0 or warmup_steps > total_steps:
-    raise ValueError(f"need 0 <= warmup_steps ({warmup_steps}) <= total_steps "
-                     f"({total_steps}) and total_steps >= 1")
+    raise errors.UsageError(f"need 0 <= warmup_steps ({warmup_steps}) <= total_steps "
+                            f"({total_steps}) and total_steps >= 1")
 
   def schedule(step):
     step = jnp.asarray(step, jnp.float32)
@@ -97,7 +99,7 @@ def create_optimizer(name: str, learning_rate: optax.ScalarOrSchedule, *,
       code has none (`scale_by_adam`).
   """
   if name not in OPTIMIZERS:
-    raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
+    raise errors.UsageError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
   chain = [optax.clip_by_global_norm(max_grad_norm)] if max_grad_norm else []
   adam = scale_by_adam(b1, b2, eps, bias_correction=bias_correction)
   if name == "adamw":

@@ -17,14 +17,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import re
 from typing import Any
 
 import flax.linen as nn
 import jax
 import numpy as np
 
-from bertjax import checkpoint, files
+from bertjax import checkpoint, errors, files, paths
 from bertjax.data.tokenizers import Tokenizer, tokenizer_from_settings
 from bertjax.files import atomic_directory, read_json, write_json
 from bertjax.interop import google_tf, hf, mapping
@@ -107,9 +106,9 @@ def load_pretrained(path: str, *, task: str | None = None, labels: list[str] | N
   path = os.fspath(path)
   fixed = sorted(set(config_overrides) - set(COMPUTATION_FIELDS))
   if fixed:
-    raise ValueError(f"load_pretrained cannot override {fixed}: the checkpoint fixes the "
-                     f"architecture; overridable: {', '.join(COMPUTATION_FIELDS)}")
-  path = resolve_location(path)
+    raise errors.UsageError(f"load_pretrained cannot override {fixed}: the checkpoint fixes the "
+                            f"architecture; overridable: {', '.join(COMPUTATION_FIELDS)}")
+  path = resolve_location(paths.resolve_model(path))
   exists = lambda name: files.isfile(files.join(path, name))
   if exists(BERTJAX_FILE):
     bundle = _load_bertjax(path, do_lower_case)
@@ -126,15 +125,15 @@ def load_pretrained(path: str, *, task: str | None = None, labels: list[str] | N
       local = files.local_copy(path, _reference_files(path))
     bundle = _load_reference(local, google_tf.CONFIG_FILE, do_lower_case)
   elif not files.exists(path):
-    raise FileNotFoundError(f"{path} does not exist")
+    raise errors.MissingFileError(f"{path} does not exist")
   else:
-    raise ValueError(
+    raise errors.UsageError(
         f"{path}: not a model directory; expected {BERTJAX_FILE} (bertjax), "
         f"{hf.CONFIG_FILE} (Hugging Face) or {google_tf.CONFIG_FILE} (Google TF)")
 
   if labels is not None and (task or bundle.task) not in LABELLED_TASKS:
-    raise ValueError(f"labels are for {' or '.join(LABELLED_TASKS)}, not the "
-                     f"{task or bundle.task} task")
+    raise errors.UsageError(f"labels are for {' or '.join(LABELLED_TASKS)}, not the "
+                            f"{task or bundle.task} task")
   if (task is not None and task != bundle.task) or labels is not None:
     bundle = _retarget(bundle, task or bundle.task, labels, seed, path)
   _check_vocabulary(bundle, path)
@@ -160,32 +159,24 @@ def _reference_files(directory: str):
                            or (has_safetensors and name == hf.PICKLE_FILE))
 
 
-def is_hub_id(path: str) -> bool:
-  """Whether `path` reads as a Hugging Face Hub model id (`org/name`) rather
-  than a path: two parts, no URL, and nothing at that path locally."""
-  return (not files.is_remote(path) and not os.path.isabs(path)
-          and re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", path) is not None
-          and not os.path.exists(path))
-
-
 def resolve_location(path: str) -> str:
   """A Hugging Face Hub id becomes its local snapshot (through `huggingface_hub`:
   its cache, a download unless `HF_HUB_OFFLINE=1`); anything else is returned
   as it is."""
-  if not is_hub_id(path):
+  if not paths.is_hub_id(path):
     return path
   try:
     import huggingface_hub
   except ImportError:
-    raise ValueError(f"{path}: reading a Hugging Face Hub id needs huggingface_hub "
-                     "(pip install huggingface_hub), or give a local path") from None
+    raise errors.UsageError(f"{path}: reading a Hugging Face Hub id needs huggingface_hub "
+                            "(pip install huggingface_hub), or give a local path") from None
   patterns = ["*.json", "*.txt", "*.model", "*.safetensors"]
   try:
     local = huggingface_hub.snapshot_download(path, allow_patterns=patterns)
     if not any(name.endswith(".safetensors") for name in os.listdir(local)):
       local = huggingface_hub.snapshot_download(path, allow_patterns=patterns + ["*.bin"])
   except Exception as e:  # offline without a cached copy, an unknown id, no network
-    raise FileNotFoundError(
+    raise errors.MissingFileError(
         f"{path}: not a local path, and no Hugging Face Hub snapshot of it could be had "
         f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); check the "
         "path, or the id and your network (HF_HUB_OFFLINE=1 reads only the cache)") from None
@@ -217,8 +208,8 @@ def _load_reference(path: str, config_file: str, do_lower_case: bool | None) -> 
     if labels is None:
       labels = [f"LABEL_{i}" for i in range(width)]
     elif len(labels) != width:
-      raise ValueError(f"{config_path}: {len(labels)} labels, but classifier.weight in "
-                       f"{source} has {width} rows")
+      raise errors.UsageError(f"{config_path}: {len(labels)} labels, but classifier.weight in "
+                              f"{source} has {width} rows")
   hf.resolve_tied_decoder(tensors, source)
   params, report = mapping.params_from_reference(
       tensors, config, task, len(labels) if labels else 2, source)
@@ -236,13 +227,13 @@ def _retarget(bundle: Pretrained, task: str, labels: list[str] | None, seed: int
   over only into the same task with the same number of labels.
   """
   if task not in TASK_MODELS:
-    raise ValueError(f"Unknown task {task!r}; known tasks: {', '.join(TASK_MODELS)}")
+    raise errors.UsageError(f"Unknown task {task!r}; known tasks: {', '.join(TASK_MODELS)}")
   labels = labels if labels is not None else bundle.labels
   if task not in LABELLED_TASKS:
     labels = None
   if bundle.config.span_bilstm:
-    raise ValueError(f"{path}: a question-answering model with a span BiLSTM loads only as "
-                     f"question_answering, not {task}")
+    raise errors.UsageError(f"{path}: a question-answering model with a span BiLSTM loads only as "
+                            f"question_answering, not {task}")
   reference = mapping.params_to_reference(to_layout(bundle.params, False))
   same_head = task == bundle.task and (labels is None or bundle.labels is None
                                        or len(labels) == len(bundle.labels))
@@ -262,7 +253,7 @@ def add_span_bilstm(bundle: Pretrained, seed: int = 0) -> Pretrained:
   its encoder and span layer (the paper's Table 5 "+ BiLSTM"; the other weights
   stay). A bundle that has one is returned as it is."""
   if bundle.task != "question_answering":
-    raise ValueError(f"a span BiLSTM is for question answering, not {bundle.task}")
+    raise errors.UsageError(f"a span BiLSTM is for question answering, not {bundle.task}")
   if bundle.config.span_bilstm:
     return bundle
   config = bundle.config.replace(span_bilstm=True)
@@ -281,7 +272,7 @@ def add_span_bilstm(bundle: Pretrained, seed: int = 0) -> Pretrained:
 def _check_vocabulary(bundle: Pretrained, path: str) -> None:
   tokenizer = bundle.tokenizer
   if tokenizer is not None and tokenizer.vocab_size > bundle.config.vocab_size:
-    raise ValueError(
+    raise errors.UsageError(
         f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model's "
         f"vocab_size is {bundle.config.vocab_size}; ids beyond it would index past the "
         "embedding table (wrong vocabulary file?)")
@@ -325,16 +316,16 @@ def _load_bertjax(path: str, do_lower_case: bool | None) -> Pretrained:
   meta = read_json(meta_path)
   for key in ("format_version", "config", "task"):
     if key not in meta:
-      raise ValueError(f"{meta_path}: required key {key!r} is missing")
+      raise errors.UsageError(f"{meta_path}: required key {key!r} is missing")
   if meta["format_version"] != FORMAT_VERSION:
-    raise ValueError(f"{meta_path}: format_version {meta['format_version']} is not "
-                     f"supported (this bertjax reads version {FORMAT_VERSION})")
+    raise errors.UsageError(f"{meta_path}: format_version {meta['format_version']} is not "
+                            f"supported (this bertjax reads version {FORMAT_VERSION})")
   if not isinstance(meta["config"], dict):
-    raise ValueError(f"{meta_path}: 'config' must be an object")
+    raise errors.UsageError(f"{meta_path}: 'config' must be an object")
   try:
     config = BertConfig.from_dict(meta["config"], meta_path).replace(scan_layers=False)
   except (TypeError, ValueError) as e:
-    raise ValueError(f"{meta_path}: {e}") from None
+    raise errors.UsageError(f"{meta_path}: {e}") from None
   task, labels = meta["task"], meta.get("labels")
   model = build_model(config, task, len(labels) if labels else 2, meta.get("has_pooler"))
   target = nn.meta.unbox(abstract_params(model))
@@ -356,7 +347,7 @@ def _load_training_run(path: str, do_lower_case: bool | None) -> Pretrained:
   config_path = files.join(path, "config.json")
   values = read_json(config_path)
   if values.get("task") != "pretrain" or "model" not in values:
-    raise ValueError(f"{config_path}: not the config of a pre-training run")
+    raise errors.UsageError(f"{config_path}: not the config of a pre-training run")
   run_config, step, params = checkpoint.params_from_run(path)
   config = BertConfig.from_run_config(run_config)
   if run_config.objective == "ltr":
@@ -384,10 +375,10 @@ def export_hf(bundle: Pretrained, out_dir: str, overwrite: bool = False) -> None
   directory is written under a temporary name and renamed when complete.
   """
   if bundle.config.span_bilstm:
-    raise ValueError("export_hf: transformers' BertForQuestionAnswering has no BiLSTM "
-                     "(span_bilstm); keep the bertjax format")
+    raise errors.UsageError("export_hf: transformers' BertForQuestionAnswering has no BiLSTM "
+                            "(span_bilstm); keep the bertjax format")
   if bundle.config.causal and bundle.task not in OPTIONAL_POOLER_TASKS:
-    raise ValueError(
+    raise errors.UsageError(
         f"export_hf: a left-to-right (causal) {bundle.task} model pools its last token; "
         f"transformers' {hf.TASK_TO_CLASS[bundle.task]} pools [CLS] and would compute "
         "something else. Export the encoder (task='encoder') or keep the bertjax format")
@@ -421,6 +412,6 @@ def _checked_looped_params(bundle: Pretrained) -> Params:
     problems = sorted(
         f"{k}: {shapes.get(k, 'missing')} (model needs {expected_shapes.get(k, 'nothing')})"
         for k in set(shapes) | set(expected_shapes) if shapes.get(k) != expected_shapes.get(k))
-    raise ValueError(f"The parameters do not fit the {bundle.task} model of this config: "
-                     + "; ".join(problems[:10]))
+    raise errors.UsageError(f"The parameters do not fit the {bundle.task} model of this config: "
+                            + "; ".join(problems[:10]))
   return looped

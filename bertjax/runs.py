@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 import jax
 
-from bertjax import files, metrics
+from bertjax import errors, files, metrics
 
 CONFIG_FILE = "config.json"
 
@@ -44,23 +44,23 @@ def check_workdir(config: Any, workdir: str) -> None:
   """
   init = config.get("init_checkpoint") if hasattr(config, "get") else None
   if init and _same_place(init, workdir):
-    raise ValueError(f"--workdir={workdir} is config.init_checkpoint: the run would write "
-                     "over the model it starts from; give another --workdir")
+    raise errors.UsageError(f"--workdir={workdir} is config.init_checkpoint: the run would write "
+                            "over the model it starts from; give another --workdir")
   path = files.join(workdir, CONFIG_FILE)
   if not files.isfile(path):
     return
   try:
     saved = json.loads(files.read_text(path))
   except (ValueError, UnicodeDecodeError) as e:
-    raise ValueError(f"{path} is not a run's config ({e}); give another --workdir, or "
-                     "delete the file if the directory is yours to reuse") from None
+    raise errors.UsageError(f"{path} is not a run's config ({e}); give another --workdir, or "
+                            "delete the file if the directory is yours to reuse") from None
   if not isinstance(saved, dict) or "task" not in saved:
-    raise ValueError(f"{path} is not a bertjax run's config (a model directory?); give "
-                     "another --workdir")
+    raise errors.UsageError(f"{path} is not a bertjax run's config (a model directory?); give "
+                            "another --workdir")
   ours, theirs = _kind(config.to_dict()), _kind(saved)
   if ours != theirs:
-    raise ValueError(f"--workdir={workdir} holds a {theirs!r} run ({path}); this is a "
-                     f"{ours!r} run: give another --workdir")
+    raise errors.UsageError(f"--workdir={workdir} holds a {theirs!r} run ({path}); this is a "
+                            f"{ours!r} run: give another --workdir")
 
 
 def save_config(config: Any, workdir: str) -> None:

@@ -13,6 +13,8 @@ import flax.linen as nn
 import jax
 import numpy as np
 
+from bertjax import errors
+
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
 
@@ -25,21 +27,21 @@ def mesh_shape(sizes: Sequence[int], num_devices: int) -> tuple[int, ...]:
   """
   sizes = [int(s) for s in sizes]
   if len(sizes) != len(MESH_AXES):
-    raise ValueError(f"mesh needs {len(MESH_AXES)} sizes for {MESH_AXES}, got {sizes}")
+    raise errors.UsageError(f"mesh needs {len(MESH_AXES)} sizes for {MESH_AXES}, got {sizes}")
   if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
-    raise ValueError(f"mesh sizes {dict(zip(MESH_AXES, sizes))}: each must be positive, "
-                     "and at most one may be -1 (the rest of the devices)")
+    raise errors.UsageError(f"mesh sizes {dict(zip(MESH_AXES, sizes))}: each must be positive, "
+                            "and at most one may be -1 (the rest of the devices)")
   known = int(np.prod([s for s in sizes if s != -1]))
   if -1 in sizes:
     if num_devices % known:
-      raise ValueError(f"mesh sizes {dict(zip(MESH_AXES, sizes))} do not divide the "
-                       f"{num_devices} devices; choose sizes whose product divides "
-                       f"{num_devices}")
+      raise errors.UsageError(f"mesh sizes {dict(zip(MESH_AXES, sizes))} do not divide the "
+                              f"{num_devices} devices; choose sizes whose product divides "
+                              f"{num_devices}")
     sizes[sizes.index(-1)] = num_devices // known
   elif known != num_devices:
-    raise ValueError(f"mesh sizes {dict(zip(MESH_AXES, sizes))} cover {known} devices, but "
-                     f"there are {num_devices}; make their product {num_devices} or set one "
-                     "to -1")
+    raise errors.UsageError(f"mesh sizes {dict(zip(MESH_AXES, sizes))} cover {known} devices, but "
+                            f"there are {num_devices}; make their product {num_devices} or set one "
+                            "to -1")
   return tuple(sizes)
 
 
@@ -62,8 +64,8 @@ def make_mesh(sizes: Sequence[int], devices: Sequence[Any] | None = None) -> jax
   from jax.experimental import mesh_utils
 
   if shape[0] % slices:
-    raise ValueError(f"mesh.data={shape[0]} does not divide over the {slices} slices: set "
-                     f"--config.mesh.data to a multiple of {slices} (or -1)")
+    raise errors.UsageError(f"mesh.data={shape[0]} does not divide over the {slices} slices: set "
+                            f"--config.mesh.data to a multiple of {slices} (or -1)")
   within_slice = (shape[0] // slices, shape[1], shape[2])
   grid = mesh_utils.create_hybrid_device_mesh(within_slice, (slices, 1, 1), devices)
   return jax.sharding.Mesh(np.asarray(grid), MESH_AXES, axis_types=axis_types)

@@ -18,6 +18,8 @@ import math
 import re
 from typing import Any, Sequence
 
+from bertjax import errors
+
 
 GiB = 2**30
 
@@ -145,9 +147,10 @@ def parse(accelerator_type: str) -> Slice:
         chips, remainder = divmod(units, generation.cores_per_unit)
         if not remainder and chips in generation.shapes:
           return Slice(accelerator_type, generation, generation.shapes[chips])
-  raise ValueError(f"unknown --topology={accelerator_type!r}: set a gcloud accelerator type "
-                   f"({_known_ranges()}, in the sizes gcloud lists) or a libtpu grid such as "
-                   "v4:2x2x4")
+  raise errors.UsageError(
+      f"unknown --topology={accelerator_type!r}: set a gcloud accelerator type "
+      f"({_known_ranges()}, in the sizes gcloud lists) or a libtpu grid such as "
+      "v4:2x2x4")
 
 
 def devices(tpu_slice: Slice, num_slices: int = 1) -> list[Any]:

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bertjax import flops
+from bertjax import errors, flops
 from bertjax.models import BertConfig, BertForMaskedLM, BertForPreTraining, init_params
 
 Array = jax.Array
@@ -63,7 +63,7 @@ def pretraining_model(config: BertConfig, objective: str) -> nn.Module:
     return BertForMaskedLM(config)
   if objective == "ltr":
     return BertForMaskedLM(config.replace(causal=True))
-  raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+  raise errors.UsageError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
 
 
 # Batch fields the models take; packed rows (`bertjax.data.packing`) bring

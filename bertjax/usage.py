@@ -1,14 +1,18 @@
-"""How the command lines report a usage error: one line that says what to change.
+"""How every command line behaves: flags, one-line errors, Ctrl-C.
 
-A usage error is a mistake in what was asked (an unknown `--config.*` field, a
-value the config refuses, a missing file) rather than a bug; a failure of the
-machine's surroundings that bertjax words itself (a checkpoint save the
-storage refused, `bertjax.checkpoint.CheckpointSaveError`) is reported the
-same way. bertjax raises
-those itself, with a message naming the key, file or value and what to do; the
-command line prints that message alone and exits with status 2. Any other
-exception keeps its traceback, and `--verbosity=1` shows the traceback of a
-usage error too.
+Each command's module ends with `usage.run_main(main)`, which
+
+- parses the flags (`parse_flags`): a flag mistake, an unknown `--config.*`
+  field included, is one line; a config is loaded and its path fields are
+  resolved (`bertjax.paths`) before `main` sees it;
+- says an error bertjax words for the user (`bertjax.errors`: a setting to
+  change, a file missing or damaged, a full disk, a workdir another run holds)
+  as one line, `error: ...`, and exits with status 2. Whether an error is one
+  is decided by what it is, not by where it was raised: anything else is a
+  bug and keeps its traceback; `--verbosity=1` shows every traceback;
+- ends on Ctrl-C with status 130 and one line saying what was kept: every
+  staging file is removed on the way out (each writer does so on any
+  exception), and finished work stays for a rerun to continue from.
 """
 
 from __future__ import annotations
@@ -16,20 +20,15 @@ from __future__ import annotations
 import os
 import re
 import sys
-import traceback
-from typing import Callable, NoReturn, TypeVar
+from typing import Any, Callable, NoReturn, TypeVar
 
-from absl import flags, logging
+from absl import app, flags, logging
+
+from bertjax import errors, paths
 
 T = TypeVar("T")
 EXIT_CODE = 2
-
-_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Where bertjax raises its own, worded errors: the package and the configs.
-_OWN_CODE = tuple(os.path.join(_PACKAGE_ROOT, name) + os.sep for name in ("bertjax", "configs"))
-# What a worded error is raised as (a bug in bertjax's own code would more
-# likely be a TypeError, AttributeError, IndexError or KeyError).
-_USAGE_TYPES = (ValueError, OSError, FloatingPointError)
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT
 
 
 def fail(message: str) -> NoReturn:
@@ -39,27 +38,17 @@ def fail(message: str) -> NoReturn:
 
 
 def is_usage_error(error: BaseException) -> bool:
-  """Whether `error` is one bertjax raised on purpose, worded for the user.
-
-  Judged by its type and by where it was raised: the innermost frame of its
-  traceback must be bertjax's code or a config file (a `ValueError` from deep
-  inside JAX is a bug to report, with its traceback).
-  """
-  if not isinstance(error, _USAGE_TYPES):
-    return False
-  frames = traceback.extract_tb(error.__traceback__)
-  if not frames:
-    return True
-  return os.path.abspath(frames[-1].filename).startswith(_OWN_CODE)
+  """Whether `error` is said in one line (`bertjax.errors.one_line`)."""
+  return errors.one_line(error) is not None
 
 
-def run(fn: Callable[[], T]) -> T:
-  """`fn()`, with a usage error turned into one line and exit status 2.
+def run(fn: Callable[[], T], interrupted: str = "nothing was left half-written") -> T:
+  """`fn()`, with a worded error turned into one line and exit status 2.
 
-  Ctrl-C that reaches here (a second one, which aborts) exits at once with
-  status 130 and no traceback: background threads (a checkpoint save being
-  abandoned) are not waited for. With `--verbosity=1` or more, everything
-  keeps its traceback.
+  Ctrl-C that reaches here exits at once with status 130 and the line
+  `interrupted (Ctrl-C): <interrupted>`; background threads (a checkpoint save
+  being abandoned) are not waited for. With `--verbosity=1` or more,
+  everything keeps its traceback.
   """
   verbose = logging.get_verbosity() >= logging.DEBUG
   try:
@@ -67,48 +56,88 @@ def run(fn: Callable[[], T]) -> T:
   except KeyboardInterrupt:
     if verbose:
       raise
-    print("error: interrupted", file=sys.stderr, flush=True)
+    print(f"error: interrupted (Ctrl-C): {interrupted}", file=sys.stderr, flush=True)
     sys.stdout.flush()
-    os._exit(130)  # pylint: disable=protected-access
+    os._exit(INTERRUPTED_EXIT_CODE)  # pylint: disable=protected-access
   except Exception as e:  # pylint: disable=broad-except
-    if verbose or not is_usage_error(e):
+    line = errors.one_line(e)
+    if verbose or line is None:
       raise
-    fail(f"{e} (--verbosity=1 shows where)")
+    fail(f"{line} (--verbosity=1 shows where)")
+
+
+def run_main(main: Callable[[list[str]], Any], *,
+             interrupted: str = "nothing was left half-written") -> None:
+  """Runs a command's `main(argv)` as every bertjax command runs (see above).
+
+  Args:
+    main: Takes the arguments left after the flags; `argv[1:]` must be empty.
+    interrupted: What a Ctrl-C leaves, said after "interrupted (Ctrl-C): ".
+  """
+
+  def checked(argv: list[str]) -> Any:
+    from bertjax import metrics
+
+    metrics.quiet_checkpoint_logs()  # orbax's INFO lines only with --verbosity=1
+    if len(argv) > 1:
+      fail(f"unexpected arguments {argv[1:]}: every setting is a --flag (--help lists "
+           "them)")
+    return run(lambda: main(argv), interrupted)
+
+  try:
+    app.run(checked, flags_parser=parse_flags)
+  except KeyboardInterrupt:  # while the flags or the config loaded
+    print("error: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+    sys.exit(INTERRUPTED_EXIT_CODE)
 
 
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing (pass as `app.run(main, flags_parser=usage.parse_flags)`),
-  with a flag mistake, an unknown `--config.*` field included, as one line."""
+  with a flag mistake, an unknown `--config.*` field included, as one line, and
+  a config's path fields resolved (`bertjax.paths.resolve_config`)."""
   try:
     remaining = flags.FLAGS(argv)
     if "config" in flags.FLAGS and flags.FLAGS["config"].present:
       # config_flags keeps a config file it cannot load as an error raised on
       # first use: use it here, where it is a flag mistake.
-      getattr(flags.FLAGS["config"].value, "task", None)
+      config = flags.FLAGS["config"].value
+      getattr(config, "task", None)
+      paths.resolve_config(config)
     return remaining
-  except (flags.Error, AttributeError, KeyError, TypeError, ValueError, OSError) as e:
-    # config_flags raises AttributeError or KeyError for an unknown --config.*
-    # field, with ml_collections' "did you mean" in the message.
-    message = str(e.args[0]) if e.args else str(e)
-    if isinstance(e, OSError):
-      lines = [line.strip() for line in message.splitlines() if line.strip()]
-      message = f"--config: {lines[-1]}"
-    elif isinstance(e, (AttributeError, KeyError)):
-      name = (re.findall(r"'([^'\\]+)", message) or ["?"])[0]
-      suggestion = re.search(r'Did you mean "([^"]+)"', message)
-      given = [arg.split("=")[0] for arg in argv[1:] if arg.startswith("--config.")
-               and name in arg.split("=")[0].split(".")]
-      message = (f"{given[0] if given else '--config'}: the config has no field {name!r}"
-                 + (f" (did you mean {suggestion.group(1)!r}?)" if suggestion else "")
-                 + "; docs/configs.md lists the fields")
-    else:
-      if len(message) > 1 and message[0] == message[-1] == "'":
-        message = message[1:-1]
-      # config_flags folds a config file's own traceback into its message: keep
-      # the flag's part and the error line ("ValueError: ...").
-      lines = [line.strip() for line in message.replace("\\n", "\n").splitlines()
-               if line.strip()]
-      if len(lines) > 1:
-        errors = [line for line in lines if re.match(r"^[A-Za-z_.]*(Error|Exception): ", line)]
-        message = f"{lines[0]} {errors[-1] if errors else lines[-1]}"
-    fail(message)
+  except errors.Error as e:  # a config's own check (an unknown size, argument)
+    fail(f"--config: {e}")
+  except (flags.Error, AttributeError, KeyError, TypeError, ValueError, OSError,
+          ImportError) as e:
+    fail(_flag_error(e, argv))
+
+
+def _flag_error(e: BaseException, argv: list[str]) -> str:
+  """The line of a flag mistake (config_flags words several of them as
+  tracebacks or as errors of the config file's own)."""
+  # config_flags raises AttributeError or KeyError for an unknown --config.*
+  # field, with ml_collections' "did you mean" in the message.
+  message = str(e.args[0]) if e.args else str(e)
+  if isinstance(e, OSError):
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    return f"--config: {lines[-1] if lines else e}"
+  if isinstance(e, ImportError):
+    return (f"--config: the config file's import failed ({type(e).__name__}: {e}); the "
+            "shipped configs import from bertjax.configs (docs/configs.md)")
+  if isinstance(e, (AttributeError, KeyError)):
+    name = (re.findall(r"'([^'\\]+)", message) or ["?"])[0]
+    suggestion = re.search(r'Did you mean "([^"]+)"', message)
+    given = [arg.split("=")[0] for arg in argv[1:] if arg.startswith("--config.")
+             and name in arg.split("=")[0].split(".")]
+    return (f"{given[0] if given else '--config'}: the config has no field {name!r}"
+            + (f" (did you mean {suggestion.group(1)!r}?)" if suggestion else "")
+            + "; docs/configs.md lists the fields")
+  if len(message) > 1 and message[0] == message[-1] == "'":
+    message = message[1:-1]
+  # config_flags folds a config file's own traceback into its message: keep
+  # the flag's part and the error line ("ValueError: ...").
+  lines = [line.strip() for line in message.replace("\\n", "\n").splitlines()
+           if line.strip()]
+  if len(lines) > 1:
+    found = [line for line in lines if re.match(r"^[A-Za-z_.]*(Error|Exception): ", line)]
+    message = f"{lines[0]} {found[-1] if found else lines[-1]}"
+  return message

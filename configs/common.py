@@ -8,6 +8,7 @@ a mesh axis already used by another dimension of the same array is skipped.
 
 import ml_collections
 
+from bertjax import errors
 from bertjax.models.config import PRESETS
 
 LOGICAL_AXIS_RULES = (
@@ -32,7 +33,7 @@ def model_config(size: str, **overrides) -> ml_collections.ConfigDict:
   bert_mini, bert_small, bert_medium), table6_L*_H*_A* (the paper's Table 6).
   """
   if size not in PRESETS:
-    raise ValueError(f"Unknown model size {size!r}; known: {', '.join(sorted(PRESETS))}")
+    raise errors.UsageError(f"Unknown model size {size!r}; known: {', '.join(sorted(PRESETS))}")
   # "gelu_tanh": the original modeling.py's gelu (what Google's checkpoints ran).
   # Attention dropout 0 (the paper: 0.1) lets "auto" run the fused attention
   # kernels, which have none. On the demo with hidden dropout 0.1 it ended at
@@ -62,8 +63,8 @@ def parse_arg(arg: str | None) -> dict[str, str]:
 def choose(arg: str | None, choices, config_file: str, what: str) -> str:
   """The config argument, which must be one of `choices` (a clear error otherwise)."""
   if arg not in choices:
-    raise ValueError(f"{config_file} needs {what} as its argument, one of "
-                     f"{', '.join(choices)} (--config={config_file}:{next(iter(choices))})")
+    raise errors.UsageError(f"{config_file} needs {what} as its argument, one of "
+                            f"{', '.join(choices)} (--config={config_file}:{next(iter(choices))})")
   return arg
 
 
@@ -164,14 +165,14 @@ def apply_options(config: ml_collections.ConfigDict, options: dict[str, str]) ->
   known = {"no_nsp", "no_nsp_packed", "ltr", "lamb", "size", "static", "packed"}
   unknown = sorted(set(options) - known)
   if unknown:
-    raise ValueError(f"unknown config arguments {unknown}; known: {sorted(known)}")
+    raise errors.UsageError(f"unknown config arguments {unknown}; known: {sorted(known)}")
   ablations = sorted({"no_nsp", "no_nsp_packed", "ltr"} & set(options))
   if len(ablations) > 1:
-    raise ValueError(f"choose one of the ablations {ablations}")
+    raise errors.UsageError(f"choose one of the ablations {ablations}")
   if "size" in options:
     if options["size"] not in PRESETS:
-      raise ValueError(f"Unknown model size {options['size']!r}; known: "
-                       f"{', '.join(sorted(PRESETS))}")
+      raise errors.UsageError(f"Unknown model size {options['size']!r}; known: "
+                              f"{', '.join(sorted(PRESETS))}")
     config.model.update(PRESETS[options["size"]])  # layers and widths only
   if "no_nsp" in options:
     config.objective = "mlm_pairs"

@@ -12,7 +12,7 @@ docs/benchmarks.md. `--config=configs/demo.py:no_nsp` and `:ltr` run the
 ablations; `--config.train.total_steps=N` shortens the run.
 """
 
-from configs import common
+from bertjax.configs import common
 
 
 def get_config(arg: str | None = None):

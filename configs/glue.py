@@ -12,7 +12,7 @@ directory, a Hugging Face or a Google TF BERT directory.
 """
 
 from bertjax.data.glue import TASKS
-from configs import common
+from bertjax.configs import common
 
 
 def get_config(arg: str | None = None):

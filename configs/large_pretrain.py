@@ -12,7 +12,7 @@ warmup steps and linear decay (Adam without bias correction, as the original),
 weight decay 0.01, dropout 0.1, GELU (the original's tanh form).
 """
 
-from configs import common
+from bertjax.configs import common
 
 
 def get_config(arg: str | None = None):

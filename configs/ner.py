@@ -10,7 +10,7 @@ Appendix A.3 search space applies (batch 16 or 32, learning rate 5e-5 to 2e-5,
 2-4 epochs); the defaults are batch 32, 3 epochs, 5e-5.
 """
 
-from configs import common
+from bertjax.configs import common
 
 
 def get_config(arg: str | None = None):

@@ -13,7 +13,7 @@ defaults (Adam 1e-3 decaying linearly, batch 32 sentences, 5 epochs, dropout
 """
 
 from bertjax.tasks.features import VARIANTS
-from configs import common
+from bertjax.configs import common
 
 
 def get_config(arg: str | None = None):

@@ -16,7 +16,7 @@ model brings its threshold).
 
 from ml_collections import config_dict
 
-from configs import common
+from bertjax.configs import common
 
 VERSIONS = ("v1.1", "v2.0")
 

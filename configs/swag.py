@@ -6,7 +6,7 @@ r"""Fine-tuning on SWAG: the paper's section 4.4 (3 epochs, learning rate 2e-5, 
 `data.dir` holds SWAG's `train.csv`, `val.csv` and optionally `test.csv`.
 """
 
-from configs import common
+from bertjax.configs import common
 
 
 def get_config(arg: str | None = None):

@@ -10,7 +10,7 @@ import pytest
 
 from bertjax import checkpoint, optim, sharding, train
 from bertjax.models import BertConfig
-from configs.common import LOGICAL_AXIS_RULES
+from bertjax.configs.common import LOGICAL_AXIS_RULES
 
 CONFIG = BertConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=2,
                     intermediate_size=48, max_position_embeddings=32, scan_layers=True)

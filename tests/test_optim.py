@@ -140,7 +140,7 @@ def test_bias_correction_sizes_the_first_steps():
 
 
 def test_the_papers_configs_use_the_original_optimizer():
-  from configs import base_pretrain, glue, large_pretrain, squad
+  from bertjax.configs import base_pretrain, glue, large_pretrain, squad
 
   assert not base_pretrain.get_config().optimizer.bias_correction
   assert not large_pretrain.get_config().optimizer.bias_correction

@@ -9,7 +9,7 @@ import pytest
 
 from bertjax import optim, sharding, train
 from bertjax.models import BertConfig
-from configs.common import LOGICAL_AXIS_RULES
+from bertjax.configs.common import LOGICAL_AXIS_RULES
 
 CONFIG = BertConfig(vocab_size=120, hidden_size=32, num_layers=2, num_heads=4,
                     intermediate_size=48, max_position_embeddings=32, scan_layers=True)
@@ -187,7 +187,7 @@ def test_summarize_eval():
 def test_no_nsp_objectives_train_the_masked_lm_alone():
   """"No NSP" in both readings: no next-sentence head and no NSP loss; the
   loss is the masked LM's mean over the predictions."""
-  from configs import base_pretrain
+  from bertjax.configs import base_pretrain
   from bertjax.models import BertForMaskedLM
 
   assert base_pretrain.get_config("no_nsp").objective == "mlm_pairs"  # the paper's reading

@@ -20,19 +20,22 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import hashlib
 import json
 import multiprocessing
 import os
 import queue
 import shutil
+import signal
 import tempfile
+import traceback
 from typing import Any, Callable
 
 from absl import logging
 import numpy as np
 
-from bertjax import files
+from bertjax import errors, files
 from bertjax.data import corpus, shards
 from bertjax.data.progress import Progress
 
@@ -42,7 +45,7 @@ _SENTENCE_BATCH = 4096  # sentences per call of the Rust tokenizer
 _STALE = ("documents-", "instances")  # a dataset's shards, every length's instances
 
 
-class NoDocumentsError(ValueError):
+class NoDocumentsError(errors.UsageError):
   """The input holds no usable document; no shard was marked finished.
 
   Attributes:
@@ -160,15 +163,25 @@ def _publish_files(local_dir: str, remote: str | None, names: list[str]) -> None
     files.upload(os.path.join(local_dir, name), files.join(remote, name))
 
 
-def _worker_init():
+def _worker_init(progress) -> None:
+  """Sets up a worker process: one core, progress reports to the parent, and
+  signals left to the parent (Ctrl-C goes to the whole process group)."""
+  global _PROGRESS
+  _PROGRESS = progress
   # One core per worker: the Rust tokenizer would otherwise spread over all.
   os.environ["RAYON_NUM_THREADS"] = "1"
   os.environ["TOKENIZERS_PARALLELISM"] = "false"
+  # The parent handles Ctrl-C: it stops the pool (SIGTERM) and removes the
+  # staging files the workers leave (`_run`).
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+_PROGRESS = None  # a worker's queue to the parent
 
 
 def _in_worker(args):
-  function, task, progress = args
-  return function(task, progress)
+  function, task = args
+  return function(task, _PROGRESS)
 
 
 def plan(spec: str, num_shards: int, stats: corpus.CorpusStats, tfds_data_dir: str | None,
@@ -181,7 +194,7 @@ def plan(spec: str, num_shards: int, stats: corpus.CorpusStats, tfds_data_dir: s
   """
   if spec.startswith("demo:"):
     if spec != "demo:stdlib":
-      raise ValueError(f"{spec}: the only demo corpus is demo:stdlib")
+      raise errors.UsageError(f"{spec}: the only demo corpus is demo:stdlib")
     return [{"kind": "demo"} for _ in range(num_shards)]
   if spec.startswith("tfds:"):
     name, split = corpus.parse_tfds_spec(spec)
@@ -238,14 +251,14 @@ def _prepare_in(spec: str, output_dir: str, tokenizer, publish_to: str | None, *
   """`prepare` into a local `output_dir`, uploading to `publish_to` (if given)
   the settings, and each shard once finished."""
   if not 0 <= host_index < num_hosts:
-    raise ValueError(f"host_index={host_index} is not in [0, num_hosts={num_hosts})")
+    raise errors.UsageError(f"host_index={host_index} is not in [0, num_hosts={num_hosts})")
   if num_shards < 1:
-    raise ValueError(f"num_shards must be positive, got {num_shards}")
+    raise errors.UsageError(f"num_shards must be positive, got {num_shards}")
   if min_sentences < 1:
-    raise ValueError(f"min_sentences must be >= 1, got {min_sentences}")
+    raise errors.UsageError(f"min_sentences must be >= 1, got {min_sentences}")
   if overwrite and num_hosts > 1:
-    raise ValueError("overwrite with several hosts would race (one host deleting what "
-                     "another writes); empty the output directory first")
+    raise errors.UsageError("overwrite with several hosts would race (one host deleting what "
+                            "another writes); empty the output directory first")
   info_path = os.path.join(output_dir, shards.INFO_FILE)
   existing = shards.read_info(output_dir) if os.path.isfile(info_path) else None
   kept = f"the dataset in {publish_to or output_dir} is kept" if existing else None
@@ -268,8 +281,8 @@ def _prepare_in(spec: str, output_dir: str, tokenizer, publish_to: str | None, *
     if existing is not None and {k: v for k, v in existing.items() if k not in (
         "format", "format_version")} != json.loads(json.dumps(info)):
       if not overwrite:
-        raise ValueError(f"{output_dir} holds a different dataset ({info_path}); pass "
-                         "--overwrite to replace it, or choose another --output_dir")
+        raise errors.UsageError(f"{output_dir} holds a different dataset ({info_path}); pass "
+                                "--overwrite to replace it, or choose another --output_dir")
       return _replace(build, scratch, info, output_dir, publish_to, kept)
 
     created = existing is None and num_hosts == 1  # this run starts the dataset
@@ -398,9 +411,9 @@ def _swap_in(directory: str, names: list[str], info: dict[str, Any],
     else:
       left = ("the old dataset there is whole" if old_info is not None else "nothing there "
               "is marked finished") + "; rerun with --overwrite to try again"
-    raise OSError(f"{directory}: {'the upload of ' if remote else 'moving in '}the new "
-                  f"dataset failed part-way ({type(error).__name__}: {error}); {left}"
-                  ) from error
+    raise errors.StorageError(f"{directory}: {'the upload of ' if remote else 'moving in '}the new "
+                              f"dataset failed part-way ({type(error).__name__}: {error}); {left}"
+                              ) from error
   stale = [name for name in sorted(present) if name.startswith(_STALE) and name not in names]
   try:
     for name in stale:
@@ -435,7 +448,7 @@ def _build_shards(spec: str, directory: str, publish_to: str | None, *,
   work = [_work(task["source"]) for task in tasks]
   with Progress("building", show_progress, None if None in work else sum(work),
                 "bytes" if sources[0]["kind"] == "files" else "documents") as bar:
-    results = _run(tasks, num_workers, bar)
+    results = _run(tasks, num_workers, bar, directory)
 
   stats = file_stats if host_index == 0 else corpus.CorpusStats()
   for index in finished:
@@ -466,25 +479,49 @@ def _digest(directory: str) -> str:
   return digest.hexdigest()
 
 
-def _run(tasks: list[dict[str, Any]], num_workers: int, bar: Progress,
+def _run(tasks: list[dict[str, Any]], num_workers: int, bar: Progress, directory: str,
          function=None) -> list[Any]:
-  """Runs `function(task, progress)` (default: `build_shard`) over the tasks;
-  returns their results. A task reports progress as (work done, {name: count})."""
+  """Runs `function(task, progress)` (default: `build_shard`) over the tasks,
+  which write into `directory`; returns their results. A task reports progress
+  as (work done, {name: count}).
+
+  On an error or Ctrl-C the workers are stopped and the staging files they
+  leave in `directory` removed; finished shards stay.
+  """
   function = function or build_shard
   sink = _ListQueue(bar)
+  if not tasks:
+    return []
   if num_workers <= 1:
     return [function(task, sink) for task in tasks]
   context = multiprocessing.get_context("spawn")
-  with context.Manager() as manager:
-    queue_ = manager.Queue()
-    with context.Pool(num_workers, initializer=_worker_init) as pool:
-      pending = pool.map_async(_in_worker, [(function, t, queue_) for t in tasks])
-      while not pending.ready() or not queue_.empty():
-        try:
-          sink.put(queue_.get(timeout=0.2))
-        except queue.Empty:
-          pass
-      return pending.get()  # re-raises a worker's error
+  progress = context.Queue()
+  pool = context.Pool(min(num_workers, len(tasks)), initializer=_worker_init,
+                      initargs=(progress,))
+  pending = None
+  try:
+    pending = pool.map_async(_in_worker, [(function, task) for task in tasks])
+    while not pending.ready() or not progress.empty():
+      try:
+        sink.put(progress.get(timeout=0.2))
+      except queue.Empty:
+        pass
+    return pending.get()  # re-raises a worker's error
+  except BaseException as error:
+    pool.terminate()
+    files.remove_stale_staging(directory)  # the workers are stopped: theirs are stale
+    traceback.clear_frames(error.__traceback__)  # the frames below hold the pool and queue
+    raise
+  finally:
+    # The pool and queue are released here, with their semaphores: an exit
+    # that a Ctrl-C cuts short (`bertjax.usage`) would leave those for the
+    # resource tracker to report.
+    pool.terminate()
+    pool.join()
+    progress.close()
+    del pool, progress, pending
+    multiprocessing.active_children()  # forgets the stopped workers
+    gc.collect()  # the pool's reference cycles
 
 
 class _ListQueue:
@@ -551,7 +588,7 @@ def prepare_static(data_dir: str, *, objective: str, max_seq_length: int, maskin
   import dataclasses
 
   if dupe_factor < 1:
-    raise ValueError(f"dupe_factor must be >= 1, got {dupe_factor}")
+    raise errors.UsageError(f"dupe_factor must be >= 1, got {dupe_factor}")
   publish_to = None
   if files.is_remote(data_dir):  # built from a local copy, each shard uploaded when done
     shards.complete_shards(data_dir)
@@ -571,8 +608,8 @@ def prepare_static(data_dir: str, *, objective: str, max_seq_length: int, maskin
                if k not in ("format", "format_version")}
     if written != json.loads(json.dumps(settings)):
       if num_hosts > 1:
-        raise ValueError(f"{existing} describes other static instances; with several hosts, "
-                         f"delete them ({kind}-* and this file) first")
+        raise errors.UsageError(f"{existing} describes other static instances; with several hosts, "
+                                f"delete them ({kind}-* and this file) first")
       # On gs:// the old settings file goes first, then the old instances: a
       # reader never pairs the new settings with old shards.
       for directory in (publish_to, data_dir) if publish_to else (data_dir,):
@@ -591,7 +628,7 @@ def prepare_static(data_dir: str, *, objective: str, max_seq_length: int, maskin
       tasks.append({"shard": index, "num_shards": num_shards, "data_dir": data_dir,
                     "publish_to": publish_to, **settings})
   with Progress(f"masking {kind}", show_progress, unit="instances") as bar:
-    _run(tasks, num_workers, bar, build_static_shard)
+    _run(tasks, num_workers, bar, data_dir, build_static_shard)
   total = 0
   for index in range(host_index, num_shards, num_hosts):
     path = shards.stats_path(os.path.join(data_dir, shards.shard_name(index, num_shards,

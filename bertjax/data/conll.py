@@ -21,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from bertjax import files
+from bertjax import errors, files
 from bertjax.data import tfds_io
 from bertjax.data.skips import SkipReport
 
@@ -78,13 +78,13 @@ def read_conll(path: str, report: SkipReport | None = None) -> list[Sentence]:
           tags.append(columns[-1])
       flush()
   except FileNotFoundError:
-    raise FileNotFoundError(f"{path} not found") from None
+    raise errors.MissingFileError(f"{path} not found") from None
   except UnicodeDecodeError as e:
-    raise ValueError(f"{path}: not UTF-8 text ({e})") from None
+    raise errors.UsageError(f"{path}: not UTF-8 text ({e})") from None
   if own_report:
     report.log(path, sum(len(s.words) for s in sentences), "words")
   if not sentences:
-    raise ValueError(f"{path}: no sentences")
+    raise errors.UsageError(f"{path}: no sentences")
   return sentences
 
 
@@ -102,7 +102,7 @@ def read_tfds(name: str, split: str, data_dir: str | None = None) -> list[Senten
     if words:
       sentences.append(Sentence(words, [names[int(t)] for t in record["ner"]], position, 0))
   if not sentences:
-    raise ValueError(f"TFDS {name}:{split} has no sentences")
+    raise errors.UsageError(f"TFDS {name}:{split} has no sentences")
   logger.warning("TFDS %s has no document boundaries: its sentences get no document "
                   "context (the paper's NER figures used it; the CoNLL files have it)", name)
   return sentences
@@ -120,8 +120,8 @@ def check_tags(sentences: Sequence[Sentence], labels: Sequence[str], path: str) 
   for sentence in sentences:
     for offset, tag in enumerate(sentence.tags or []):
       if tag not in known:
-        raise ValueError(f"{path}:{sentence.line + offset}: tag {tag!r} is not one of the "
-                         f"model's labels {list(labels)}")
+        raise errors.UsageError(f"{path}:{sentence.line + offset}: tag {tag!r} is not one of the "
+                                f"model's labels {list(labels)}")
 
 
 @dataclasses.dataclass
@@ -137,7 +137,7 @@ def featurize(sentences: Sequence[Sentence], tokenizer, labels: Sequence[str],
               max_seq_length: int, document_context: bool = True) -> Features:
   """BERT's NER features (see the module docstring)."""
   if max_seq_length < 3:
-    raise ValueError(f"max_seq_length={max_seq_length} leaves no room for a word")
+    raise errors.UsageError(f"max_seq_length={max_seq_length} leaves no room for a word")
   label_ids = {label: i for i, label in enumerate(labels)}
   word_pieces = [tokenizer.encode_pieces(s.words) if s.words else [] for s in sentences]
   # A word that becomes no piece (a lone control character) still gets a

@@ -32,6 +32,7 @@ import os
 import sysconfig
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
+from bertjax import errors
 from bertjax.data import textfiles
 from bertjax.data.sentences import split_sentences
 
@@ -188,15 +189,16 @@ def expand_inputs(spec: str) -> list[str]:
     elif wildcard:
       matches = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
     elif os.path.isdir(pattern):
-      raise IsADirectoryError(f"{pattern} is a directory; name its files with a glob "
-                              f"such as {os.path.join(pattern, '*.txt')}")
+      raise errors.InputIsDirectoryError(f"{pattern} is a directory; name its files with a glob "
+                                         f"such as {os.path.join(pattern, '*.txt')}")
     else:
       matches = [pattern] if os.path.isfile(pattern) else []
     if not matches:
-      raise FileNotFoundError(f"{pattern}: {'glob matches no files' if wildcard else 'no such file'}")
+      raise errors.MissingFileError(
+          f"{pattern}: {'glob matches no files' if wildcard else 'no such file'}")
     paths.extend(matches)
   if not paths:
-    raise FileNotFoundError(f"{spec!r} names no input files")
+    raise errors.MissingFileError(f"{spec!r} names no input files")
   return sorted(set(paths))
 
 
@@ -206,7 +208,7 @@ def _remote_matches(pattern: str, wildcard: bool) -> list[str]:
   if not wildcard:
     path = epath.Path(pattern)
     if path.is_dir():
-      raise IsADirectoryError(f"{pattern} is a directory; name its files with a glob")
+      raise errors.InputIsDirectoryError(f"{pattern} is a directory; name its files with a glob")
     return [pattern] if path.exists() else []
   first = min(pattern.index(c) for c in "*?[" if c in pattern)
   root = pattern[:pattern.rindex("/", 0, first)]
@@ -217,7 +219,7 @@ def parse_tfds_spec(spec: str) -> tuple[str, str]:
   """`tfds:NAME[:SPLIT]` -> (name, split), split defaulting to "train"."""
   _, name, *split = spec.split(":")
   if not name or len(split) > 1:
-    raise ValueError(f"{spec}: expected tfds:NAME[:SPLIT], e.g. tfds:wikipedia/20230601.en")
+    raise errors.UsageError(f"{spec}: expected tfds:NAME[:SPLIT], e.g. tfds:wikipedia/20230601.en")
   return name, split[0] if split else "train"
 
 
@@ -344,12 +346,12 @@ def read_range(file_range: FileRange, file_format: str, stats: CorpusStats,
       call; over the whole range, they add up to its length.
   """
   if file_format not in FILE_FORMATS:
-    raise ValueError(f"file format must be one of {FILE_FORMATS}, got {file_format!r}")
+    raise errors.UsageError(f"file format must be one of {FILE_FORMATS}, got {file_format!r}")
   size = _size(file_range.path)
   if size != file_range.size:
-    raise ValueError(f"{file_range.path} changed while being read ({file_range.size} bytes "
-                     f"when the work was planned, {size} now); build from files that are "
-                     "complete")
+    raise errors.UsageError(f"{file_range.path} changed while being read ({file_range.size} bytes "
+                            f"when the work was planned, {size} now); build from files that are "
+                            "complete")
   length = file_range.end - file_range.start
   reported = 0
   with textfiles.open_binary(file_range.path) as raw:

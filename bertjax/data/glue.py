@@ -19,7 +19,7 @@ import os
 import sys
 from typing import Any, Sequence
 
-from bertjax import files
+from bertjax import errors, files
 from bertjax.data import tfds_io
 from bertjax.data.skips import SkipReport
 
@@ -126,7 +126,7 @@ _TFDS_MNLI_SPLITS = {"dev": "validation_matched", "test": "test_matched"}
 
 def task_spec(name: str) -> TaskSpec:
   if name not in TASKS:
-    raise ValueError(f"unknown GLUE task {name!r}; known: {', '.join(TASKS)}")
+    raise errors.UsageError(f"unknown GLUE task {name!r}; known: {', '.join(TASKS)}")
   return TASKS[name]
 
 
@@ -152,10 +152,10 @@ def _read_tsv(path: str) -> list[list[str]]:
     with files.open_text(path, newline="") as f:
       return list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
   except FileNotFoundError:
-    raise FileNotFoundError(f"{path} not found (a GLUE task directory as written by "
-                            "download_glue_data.py?)") from None
+    raise errors.MissingFileError(f"{path} not found (a GLUE task directory as written by "
+                                  "download_glue_data.py?)") from None
   except UnicodeDecodeError as e:
-    raise ValueError(f"{path}: not UTF-8 text ({e})") from None
+    raise errors.UsageError(f"{path}: not UTF-8 text ({e})") from None
 
 
 def _row_index(row: Sequence[str], line: int, has_index_column: bool) -> int:
@@ -179,7 +179,7 @@ def read_tsv(spec: TaskSpec, task_dir: str, split: str,
     report: Collects skipped rows (a fresh one is logged otherwise).
   """
   if split not in spec.files:
-    raise ValueError(f"{spec.name} has no split {split!r}; it has {', '.join(spec.files)}")
+    raise errors.UsageError(f"{spec.name} has no split {split!r}; it has {', '.join(spec.files)}")
   path = os.path.join(task_dir, spec.files[split])
   rows = _read_tsv(path)
   own_report = report is None
@@ -200,8 +200,8 @@ def read_tsv(spec: TaskSpec, task_dir: str, split: str,
     blank = not row or (len(row) == 1 and not row[0].strip())
     if not labelled and (blank or len(row) < needed):
       # The GLUE server wants a prediction for every test row.
-      raise ValueError(f"{where}: a test row with {len(row)} of the {needed} columns; the "
-                       "submission needs every row, so fix the file")
+      raise errors.UsageError(f"{where}: a test row with {len(row)} of the {needed} columns; the "
+                              "submission needs every row, so fix the file")
     if blank:
       report.skip(where, "empty line")
       continue
@@ -236,7 +236,7 @@ def read_tsv(spec: TaskSpec, task_dir: str, split: str,
   if own_report:
     report.log(path, len(examples))
   if not examples:
-    raise ValueError(f"{path}: no usable rows")
+    raise errors.UsageError(f"{path}: no usable rows")
   return examples
 
 
@@ -256,7 +256,7 @@ def read_tfds(spec: TaskSpec, split: str, data_dir: str | None = None,
   splits = {**_TFDS_SPLITS, **(_TFDS_MNLI_SPLITS if spec.name == "mnli" else {})}
   tfds_split = "test" if split == "ax" else splits.get(split)
   if tfds_split is None:
-    raise ValueError(f"{spec.name} has no split {split!r} in TFDS")
+    raise errors.UsageError(f"{spec.name} has no split {split!r} in TFDS")
   source = tfds_io.open_source(name, tfds_split, data_dir)
   return examples_from_tfds(spec, split, source)
 

@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterator
 import grain
 import numpy as np
 
+from bertjax import errors
 from bertjax.data import instances, masking, packing, shards
 from bertjax.data.windows import WindowShuffle
 from bertjax.data.tokenizers import tokenizer_from_settings
@@ -100,24 +101,24 @@ class LoaderConfig:
 
   def __post_init__(self):
     if self.objective not in instances.OBJECTIVES:
-      raise ValueError(f"objective must be one of {instances.OBJECTIVES}, got "
-                       f"{self.objective!r}")
+      raise errors.UsageError(f"objective must be one of {instances.OBJECTIVES}, got "
+                              f"{self.objective!r}")
     if self.max_seq_length < 8:
-      raise ValueError(f"max_seq_length={self.max_seq_length} is too short")
+      raise errors.UsageError(f"max_seq_length={self.max_seq_length} is too short")
     if self.batch_size < 1:
-      raise ValueError(f"batch_size must be positive, got {self.batch_size}")
+      raise errors.UsageError(f"batch_size must be positive, got {self.batch_size}")
     if self.objective != "ltr":
       self.masking.check_length(self.max_seq_length)
     elif self.static:
-      raise ValueError("static masking is for the masked-LM objectives, not 'ltr'")
+      raise errors.UsageError("static masking is for the masked-LM objectives, not 'ltr'")
     if self.split not in ("all", "train", "eval"):
-      raise ValueError(f"split must be 'all', 'train' or 'eval', got {self.split!r}")
+      raise errors.UsageError(f"split must be 'all', 'train' or 'eval', got {self.split!r}")
     if self.host_sharding not in ("documents", "rows"):
-      raise ValueError(f"host_sharding must be 'documents' or 'rows', got "
-                       f"{self.host_sharding!r}")
+      raise errors.UsageError(f"host_sharding must be 'documents' or 'rows', got "
+                              f"{self.host_sharding!r}")
     if self.max_sequences_per_row < 1 or self.packing_window < 1:
-      raise ValueError(f"max_sequences_per_row={self.max_sequences_per_row} and "
-                       f"packing_window={self.packing_window} must be >= 1")
+      raise errors.UsageError(f"max_sequences_per_row={self.max_sequences_per_row} and "
+                              f"packing_window={self.packing_window} must be >= 1")
 
 
 class DocumentSource:
@@ -135,8 +136,8 @@ class DocumentSource:
     try:
       ids, offsets = shards.decode_document(self._records[index])
     except (ValueError, struct.error) as e:
-      raise ValueError(f"{self.data_dir}: document {index} is corrupt ({e}); rebuild its "
-                       "shard") from None
+      raise errors.UsageError(f"{self.data_dir}: document {index} is corrupt ({e}); rebuild its "
+                              "shard") from None
     return [ids[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
 
 
@@ -243,9 +244,9 @@ def document_stream(source: DocumentSource, config: LoaderConfig, process_index:
   chosen = split_documents(num_documents, config.split, config.eval_percent)
   per_process = len(chosen[process_index::process_count])
   if per_process == 0:
-    raise ValueError(f"{config.data_dir}: {len(chosen)} documents ({config.split} split) "
-                     f"leave process {process_index} of {process_count} none; use fewer "
-                     "processes or more data")
+    raise errors.UsageError(f"{config.data_dir}: {len(chosen)} documents ({config.split} split) "
+                            f"leave process {process_index} of {process_count} none; use fewer "
+                            "processes or more data")
 
   def reference(position: int, index: int) -> instances.DocumentRef:
     epoch = position // per_process
@@ -261,7 +262,7 @@ def make_dataset(config: LoaderConfig, process_index: int = 0,
   """The pipeline of one process; iterate it, or `iter()` it for a checkpointable
   iterator (`get_state()` / `set_state()`)."""
   if not 0 <= process_index < process_count:
-    raise ValueError(f"process_index={process_index} not in [0, {process_count})")
+    raise errors.UsageError(f"process_index={process_index} not in [0, {process_count})")
   if config.host_sharding == "rows" and process_count > 1:
     # The whole pipeline at the global batch size; this process keeps its rows.
     whole = dataclasses.replace(config, batch_size=config.batch_size * process_count,
@@ -401,16 +402,16 @@ def _static_dataset(config: LoaderConfig, process_index: int,
   written = read_json(os.path.join(config.data_dir,
                                    shards.static_info_file(config.max_seq_length)))
   if config.split == "eval":
-    raise ValueError("static instances are of the training split; evaluate with dynamic "
-                     "masking (static=False)")
+    raise errors.UsageError("static instances are of the training split; evaluate with dynamic "
+                            "masking (static=False)")
   wanted = {"objective": config.objective, "max_seq_length": config.max_seq_length,
             "masking": dataclasses.asdict(config.masking)}
   if config.split == "train":  # the held-out documents must be those left out
     wanted["eval_percent"] = config.eval_percent
   got = {key: written.get(key) for key in wanted}
   if got != wanted:
-    raise ValueError(f"{config.data_dir}: the static instances were written for {got}, "
-                     f"not {wanted}; rebuild them or use dynamic masking (static=False)")
+    raise errors.UsageError(f"{config.data_dir}: the static instances were written for {got}, "
+                            f"not {wanted}; rebuild them or use dynamic masking (static=False)")
   tokenizer = tokenizer_from_settings(config.data_dir,
                                       shards.read_info(config.data_dir)["tokenizer"])
   stream = (grain.MapDataset.range(len(records))[process_index::process_count]

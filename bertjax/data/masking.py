@@ -19,6 +19,8 @@ import dataclasses
 
 import numpy as np
 
+from bertjax import errors
+
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -43,18 +45,18 @@ class MaskingConfig:
 
   def __post_init__(self):
     if not 0 < self.masked_lm_prob < 1:
-      raise ValueError(f"masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
+      raise errors.UsageError(f"masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
     if self.max_predictions < 1:
-      raise ValueError(f"max_predictions must be >= 1, got {self.max_predictions}")
+      raise errors.UsageError(f"max_predictions must be >= 1, got {self.max_predictions}")
     if self.mask_rate < 0 or self.random_rate < 0 or self.mask_rate + self.random_rate > 1:
-      raise ValueError(f"mask_rate={self.mask_rate} and random_rate={self.random_rate} must "
-                       "be non-negative and sum to at most 1")
+      raise errors.UsageError(f"mask_rate={self.mask_rate} and random_rate={self.random_rate} must "
+                              "be non-negative and sum to at most 1")
 
   def check_length(self, max_seq_length: int) -> None:
     """Fails if `max_predictions` cannot hold the masked share of a full sequence."""
     needed = int(np.round(max_seq_length * self.masked_lm_prob))
     if needed > self.max_predictions:
-      raise ValueError(
+      raise errors.UsageError(
           f"max_predictions={self.max_predictions} is too small for masked_lm_prob="
           f"{self.masked_lm_prob} at max_seq_length={max_seq_length} ({needed} "
           f"predictions); set max_predictions >= {needed}")
@@ -94,7 +96,7 @@ class Masker:
   def __init__(self, config: MaskingConfig, vocab_size: int, mask_id: int,
                special_ids: list[int], continuation: np.ndarray | None = None, seed: int = 0):
     if config.whole_word and continuation is None:
-      raise ValueError("whole-word masking needs the continuation table of the vocabulary")
+      raise errors.UsageError("whole-word masking needs the continuation table of the vocabulary")
     self.config = config
     self.mask_id = mask_id
     self.is_special = np.zeros(vocab_size, bool)

@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 import grain
 import numpy as np
 
+from bertjax import errors
 from bertjax.data import windows
 
 Batch = dict[str, np.ndarray]  # a batch of named arrays, [batch, ...] each
@@ -80,8 +81,9 @@ def pack(lengths: Sequence[int], predictions: Sequence[int], max_length: int,
   for i in order:
     length, wanted = int(lengths[i]), int(predictions[i])
     if length > max_length or wanted > max_predictions:
-      raise ValueError(f"a sequence of {length} tokens and {wanted} predictions does not fit "
-                       f"a row of {max_length} tokens and {max_predictions} predictions")
+      raise errors.UsageError(
+          f"a sequence of {length} tokens and {wanted} predictions does not fit "
+          f"a row of {max_length} tokens and {max_predictions} predictions")
     place = bisect.bisect_left(open_rows, (length, -1))
     while place < len(open_rows) and predictions_left[open_rows[place][1]] < wanted:
       place += 1

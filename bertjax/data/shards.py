@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from bertjax import files
+from bertjax import errors, files
 from bertjax.data.corpus import CorpusStats
 
 INFO_FILE = "dataset_info.json"
@@ -114,8 +114,8 @@ def decode_document(record: bytes) -> tuple[np.ndarray, np.ndarray]:
   offsets = np.zeros(count + 1, np.int64)
   np.cumsum(lengths, out=offsets[1:])
   if offsets[-1] != len(ids):
-    raise ValueError(f"corrupt document record: {offsets[-1]} tokens announced, "
-                     f"{len(ids)} present")
+    raise errors.UsageError(f"corrupt document record: {offsets[-1]} tokens announced, "
+                            f"{len(ids)} present")
   return ids, offsets
 
 
@@ -159,13 +159,14 @@ def read_info(directory: str) -> dict[str, Any]:
   """The `dataset_info.json` of a prepared directory, checked."""
   path = os.path.join(directory, INFO_FILE)
   if not files.exists(path):
-    raise FileNotFoundError(f"{directory}: no {INFO_FILE}; not a prepared pre-training "
-                            "directory (make one with bertjax.tools.prepare_pretraining_data)")
+    raise errors.MissingFileError(
+        f"{directory}: no {INFO_FILE}; not a prepared pre-training "
+        "directory (make one with bertjax.tools.prepare_pretraining_data)")
   info = files.read_json(path)
   if info.get("format") != FORMAT or info.get("format_version") != FORMAT_VERSION:
-    raise ValueError(f"{path}: format {info.get('format')!r} version "
-                     f"{info.get('format_version')!r} is not {FORMAT!r} version "
-                     f"{FORMAT_VERSION}")
+    raise errors.UsageError(f"{path}: format {info.get('format')!r} version "
+                            f"{info.get('format_version')!r} is not {FORMAT!r} version "
+                            f"{FORMAT_VERSION}")
   return info
 
 
@@ -181,7 +182,7 @@ def complete_shards(directory: str, kind: str = "documents") -> list[str]:
     if not files.exists(path):
       older = (" (its instances_info.json is from an older bertjax: rebuild)"
                if files.exists(os.path.join(directory, OLD_STATIC_INFO_FILE)) else "")
-      raise FileNotFoundError(
+      raise errors.MissingFileError(
           f"{directory}: no statically masked instances of length {kind[len('instances'):]} "
           f"({kind}_info.json){older}; build them with prepare_pretraining_data "
           "--static_dupe_factor, or let the run build them (data.static)")
@@ -190,8 +191,8 @@ def complete_shards(directory: str, kind: str = "documents") -> list[str]:
   paths = [os.path.join(directory, shard_name(i, count, kind)) for i in range(count)]
   missing = [os.path.basename(p) for p in paths if not files.exists(stats_path(p))]
   if missing:
-    raise ValueError(f"{directory}: {len(missing)} of {count} shards are missing or "
-                     f"unfinished (e.g. {missing[0]}); rerun the builder to finish them")
+    raise errors.UsageError(f"{directory}: {len(missing)} of {count} shards are missing or "
+                            f"unfinished (e.g. {missing[0]}); rerun the builder to finish them")
   return paths
 
 

@@ -19,6 +19,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from bertjax import errors
 from bertjax.data import tfds_io
 from bertjax.data.skips import SkipReport
 from bertjax.data.tokenizers import Tokenizer
@@ -176,8 +177,8 @@ def iter_paragraphs(data: Any, path: str) -> Iterator[tuple[str, list[Question]]
   """
   articles = data.get("data") if isinstance(data, dict) else None
   if not isinstance(articles, list):
-    raise ValueError(f'{path}: no top-level "data" list of articles; give a SQuAD v1.1 or '
-                     "v2.0 JSON file")
+    raise errors.UsageError(f'{path}: no top-level "data" list of articles; give a SQuAD v1.1 or '
+                            "v2.0 JSON file")
   for a, article in enumerate(articles):
     title = article.get("title") if isinstance(article, dict) else None
     article_note = f"article {title!r}" if isinstance(title, str) else ""
@@ -196,9 +197,9 @@ def iter_paragraphs(data: Any, path: str) -> Iterator[tuple[str, list[Question]]
           _field(answer, "text", str, path, f"{qwhere}.answers[{i}]", note)
         is_impossible = qa.get("is_impossible", False)
         if not isinstance(is_impossible, bool):
-          raise ValueError(f"{_place(path, qwhere, note)}: 'is_impossible' is "
-                           f"{_shown(is_impossible)}, not true or false; write it as a JSON "
-                           "boolean")
+          raise errors.UsageError(f"{_place(path, qwhere, note)}: 'is_impossible' is "
+                                  f"{_shown(is_impossible)}, not true or false; write it as a JSON "
+                                  "boolean")
         questions.append(Question(qwhere, note, str(qas_id), text, answers, is_impossible))
       yield context, questions
 
@@ -248,15 +249,16 @@ def _field(record: Any, key: str, kind: type | tuple[type, ...], path: str, wher
   """`record[key]`, which must be of type `kind`."""
   place = _place(path, where, note)
   if not isinstance(record, dict):
-    raise ValueError(f"{place}: expected an object with {key!r}, got {_shown(record)}; "
-                     "fix or remove the record")
+    raise errors.UsageError(f"{place}: expected an object with {key!r}, got {_shown(record)}; "
+                            "fix or remove the record")
   if key not in record:
-    raise ValueError(f"{place}: missing {key!r}")
+    raise errors.UsageError(f"{place}: missing {key!r}")
   value = record[key]
   kinds = kind if isinstance(kind, tuple) else (kind,)
   if isinstance(value, bool) or not isinstance(value, kinds):
-    raise ValueError(f"{place}: {key!r} is {_shown(value)}, not "
-                     f"{' or '.join(_JSON_TYPES[k] for k in kinds)}; fix or remove the record")
+    raise errors.UsageError(
+        f"{place}: {key!r} is {_shown(value)}, not "
+        f"{' or '.join(_JSON_TYPES[k] for k in kinds)}; fix or remove the record")
   return value
 
 
@@ -292,10 +294,10 @@ def convert_examples_to_features(examples: Sequence[Example], tokenizer: Tokeniz
                                  is_training: bool) -> list[Feature]:
   """Every window of every example (see the module docstring)."""
   if max_seq_length - max_query_length - 3 < 1:
-    raise ValueError(f"max_seq_length={max_seq_length} leaves no room for the passage "
-                     f"after max_query_length={max_query_length}")
+    raise errors.UsageError(f"max_seq_length={max_seq_length} leaves no room for the passage "
+                            f"after max_query_length={max_query_length}")
   if doc_stride < 1:
-    raise ValueError(f"doc_stride must be positive, got {doc_stride}")
+    raise errors.UsageError(f"doc_stride must be positive, got {doc_stride}")
   features = []
   passage_cache: dict[int, tuple[list[int], list[int], list[int]]] = {}
   for example_index, example in enumerate(examples):

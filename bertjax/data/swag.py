@@ -15,7 +15,7 @@ import sys
 
 import numpy as np
 
-from bertjax import files
+from bertjax import errors, files
 from bertjax.data.skips import SkipReport
 
 NUM_CHOICES = 4
@@ -41,7 +41,7 @@ def read_csv(path: str, report: SkipReport | None = None) -> list[Example]:
       reader = csv.DictReader(f)
       missing = [c for c in ["sent1", "sent2", *_ENDINGS] if c not in (reader.fieldnames or [])]
       if missing:
-        raise ValueError(f"{path}: not a SWAG file, the header lacks {missing}")
+        raise errors.UsageError(f"{path}: not a SWAG file, the header lacks {missing}")
       labelled = "label" in reader.fieldnames
       examples = []
       for row_number, row in enumerate(reader):
@@ -59,13 +59,13 @@ def read_csv(path: str, report: SkipReport | None = None) -> list[Example]:
         examples.append(Example(row_number, row["sent1"], row["sent2"],
                                 tuple(row[c] for c in _ENDINGS), label))
   except FileNotFoundError:
-    raise FileNotFoundError(f"{path} not found") from None
+    raise errors.MissingFileError(f"{path} not found") from None
   except UnicodeDecodeError as e:
-    raise ValueError(f"{path}: not UTF-8 text ({e})") from None
+    raise errors.UsageError(f"{path}: not UTF-8 text ({e})") from None
   if own_report:
     report.log(path, len(examples))
   if not examples:
-    raise ValueError(f"{path}: no usable rows")
+    raise errors.UsageError(f"{path}: no usable rows")
   return examples
 
 

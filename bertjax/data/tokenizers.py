@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from bertjax import files
+from bertjax import errors, files
 
 SPECIAL_TOKEN_ROLES = ("unk", "cls", "sep", "pad", "mask")
 
@@ -150,13 +150,13 @@ class Tokenizer(abc.ABC):
     if pairs is not None:
       pairs = list(pairs)
       if len(pairs) != len(texts):
-        raise ValueError(f"{len(texts)} texts but {len(pairs)} text pairs")
+        raise errors.UsageError(f"{len(texts)} texts but {len(pairs)} text pairs")
     if padding not in ("longest", "max_length"):
-      raise ValueError(f"padding must be 'longest' or 'max_length', got {padding!r}")
+      raise errors.UsageError(f"padding must be 'longest' or 'max_length', got {padding!r}")
     num_special = 2 if pairs is None else 3
     if max_length < num_special:
-      raise ValueError(f"max_length={max_length} leaves no room for the "
-                       f"{num_special} special tokens")
+      raise errors.UsageError(f"max_length={max_length} leaves no room for the "
+                              f"{num_special} special tokens")
     first = self.encode_pieces(texts)
     second = self.encode_pieces(pairs) if pairs is not None else [[]] * len(texts)
 
@@ -166,8 +166,9 @@ class Tokenizer(abc.ABC):
       budget = max_length - (3 if is_pair else 2)
       if len(a) + len(b) > budget:
         if not truncation:
-          raise ValueError(f"Row {index} has {len(a) + len(b) + max_length - budget} "
-                           f"tokens, more than max_length={max_length}; pass truncation=True")
+          raise errors.UsageError(
+              f"Row {index} has {len(a) + len(b) + max_length - budget} "
+              f"tokens, more than max_length={max_length}; pass truncation=True")
         keep_a, keep_b = truncate_pair(len(a), len(b), budget)
         a, b = a[:keep_a], b[:keep_b]
       ids = [self.cls_id, *a, self.sep_id]
@@ -198,15 +199,15 @@ def read_vocab(path: str) -> list[str]:
     with open(path, encoding="utf-8") as f:
       tokens = f.read().split("\n")
   except FileNotFoundError:
-    raise FileNotFoundError(f"Vocabulary file not found: {path}") from None
+    raise errors.MissingFileError(f"Vocabulary file not found: {path}") from None
   except UnicodeDecodeError as e:
     with open(path, "rb") as f:
       line = f.read()[:e.start].count(b"\n") + 1
-    raise ValueError(f"{path}, line {line}: not valid UTF-8 ({e.reason})") from None
+    raise errors.UsageError(f"{path}, line {line}: not valid UTF-8 ({e.reason})") from None
   if tokens and tokens[-1] == "":
     tokens.pop()  # The newline that ends the last line.
   if not tokens:
-    raise ValueError(f"{path}: the vocabulary is empty")
+    raise errors.UsageError(f"{path}: the vocabulary is empty")
   return tokens
 
 
@@ -242,7 +243,7 @@ class WordPieceTokenizer(Tokenizer):
     missing = [t for t in special_tokens.values() if t not in self._ids]
     if missing:
       prefix = f"{vocab}: " if isinstance(vocab, str) else ""
-      raise ValueError(f"{prefix}special tokens {missing} are not in the vocabulary")
+      raise errors.UsageError(f"{prefix}special tokens {missing} are not in the vocabulary")
     self.do_lower_case = do_lower_case
     self.strip_accents = strip_accents
     self.tokenize_chinese_chars = tokenize_chinese_chars
@@ -318,13 +319,13 @@ class SentencePieceTokenizer(Tokenizer):
     import sentencepiece
 
     if not os.path.isfile(model_file):
-      raise FileNotFoundError(f"SentencePiece model not found: {model_file}")
+      raise errors.MissingFileError(f"SentencePiece model not found: {model_file}")
     self.model_file = model_file
     self.processor = sentencepiece.SentencePieceProcessor()
     try:
       self.processor.Load(model_file)
     except (OSError, RuntimeError) as e:
-      raise ValueError(f"{model_file}: not a valid SentencePiece model ({e})") from None
+      raise errors.UsageError(f"{model_file}: not a valid SentencePiece model ({e})") from None
     self.do_lower_case = do_lower_case
     sp = self.processor
     if special_tokens is None:
@@ -335,7 +336,7 @@ class SentencePieceTokenizer(Tokenizer):
           "pad": sp.id_to_piece(pad_id) if pad_id >= 0 else "[PAD]"}
     missing = [t for t in special_tokens.values() if self._piece_id(t) is None]
     if missing:
-      raise ValueError(
+      raise errors.UsageError(
           f"{model_file}: special tokens {missing} are not pieces of this model; train "
           "it with them as user_defined_symbols")
     self._special_pattern = re.compile(
@@ -412,18 +413,18 @@ def tokenizer_from_settings(directory: str, settings: dict[str, Any],
   builders = {"wordpiece": (WordPieceTokenizer, "vocab_file"),
               "sentencepiece": (SentencePieceTokenizer, "model_file")}
   if kind not in builders:
-    raise ValueError(f"{source}: unknown tokenizer type {kind!r}; known: "
-                     f"{', '.join(builders)}")
+    raise errors.UsageError(f"{source}: unknown tokenizer type {kind!r}; known: "
+                            f"{', '.join(builders)}")
   builder, file_key = builders[kind]
   if kind == "wordpiece":
     # Saved before the setting existed, when special tokens in the text were read
     # as such (and the word limit, saved, was 100).
     settings.setdefault("special_tokens_in_text", True)
   if file_key not in settings:
-    raise ValueError(f"{source}: tokenizer setting {file_key!r} is missing")
+    raise errors.UsageError(f"{source}: tokenizer setting {file_key!r} is missing")
   if files.is_remote(directory):  # the tokenizer libraries read local files
     directory = files.local_copy(directory, [settings[file_key]])
   try:
     return builder(os.path.join(directory, settings.pop(file_key)), **settings)
   except TypeError as e:
-    raise ValueError(f"{source}: bad tokenizer settings ({e})") from None
+    raise errors.UsageError(f"{source}: bad tokenizer settings ({e})") from None

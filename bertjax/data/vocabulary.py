@@ -16,7 +16,7 @@ import os
 import tempfile
 from typing import Callable, Iterable, Iterator
 
-from bertjax import files
+from bertjax import errors, files
 from bertjax.data import corpus
 from bertjax.data.progress import Progress
 
@@ -26,7 +26,7 @@ SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 _MIN_LEARNED_TOKENS = 20
 
 
-class UnusableTextError(ValueError):
+class UnusableTextError(errors.UsageError):
   """The corpus gave no vocabulary worth writing; nothing was written."""
 
 
@@ -90,7 +90,7 @@ def train(spec: str, output: str, *, model: str = "wordpiece", vocab_size: int =
   """
   trainers = {"wordpiece": (train_wordpiece, 2), "sentencepiece": (train_sentencepiece, 1)}
   if model not in trainers:
-    raise ValueError(f"model must be one of {sorted(trainers)}, got {model!r}")
+    raise errors.UsageError(f"model must be one of {sorted(trainers)}, got {model!r}")
   trainer, passes = trainers[model]  # each checks `output` before reading anything
   accounts: list[corpus.CorpusStats] = []
 
@@ -106,8 +106,8 @@ def train(spec: str, output: str, *, model: str = "wordpiece", vocab_size: int =
 
 def _check_output(output: str, overwrite: bool) -> None:
   if not overwrite and files.exists(output):
-    raise FileExistsError(f"{output} already exists; pass --overwrite to replace it, or "
-                          "choose another --output")
+    raise errors.OutputExistsError(f"{output} already exists; pass --overwrite to replace it, or "
+                                   "choose another --output")
 
 
 def _check_size(tokens: int, vocab_size: int, source: str, output: str) -> None:
@@ -192,7 +192,7 @@ def train_sentencepiece(texts: Callable[[], Iterable[str]], output: str, vocab_s
   import sentencepiece
 
   if not output.endswith(".model"):
-    raise ValueError(f"--output={output}: a SentencePiece model file must end in .model")
+    raise errors.UsageError(f"--output={output}: a SentencePiece model file must end in .model")
   _check_output(output, overwrite)
   texts = (t.lower() for t in texts()) if do_lower_case else iter(texts())
   first = next(texts, None)

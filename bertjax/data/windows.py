@@ -15,6 +15,8 @@ from typing import Any, Callable
 import grain
 import numpy as np
 
+from bertjax import errors
+
 
 class WindowStage(grain.IterDataset):
   """Applies `transform(window, window_index) -> outputs` to consecutive windows."""
@@ -23,7 +25,7 @@ class WindowStage(grain.IterDataset):
                transform: Callable[[list[Any], int], list[Any]]):
     super().__init__(parent)
     if window_size < 1:
-      raise ValueError(f"window_size must be >= 1, got {window_size}")
+      raise errors.UsageError(f"window_size must be >= 1, got {window_size}")
     self.window_size, self.transform = window_size, transform
 
   def __iter__(self) -> grain.DatasetIterator:

@@ -12,6 +12,8 @@ from typing import Callable
 
 import numpy as np
 
+from bertjax import errors
+
 
 def accuracy(labels: np.ndarray, predictions: np.ndarray) -> float:
   return float(np.mean(np.asarray(labels) == np.asarray(predictions)))
@@ -85,5 +87,5 @@ GLUE_METRICS: dict[str, dict[str, MetricFn]] = {
 def glue_metrics(task: str, labels: np.ndarray, predictions: np.ndarray) -> dict[str, float]:
   """Every metric of a GLUE task, in percent as the GLUE leaderboard shows them."""
   if task not in GLUE_METRICS:
-    raise ValueError(f"unknown GLUE task {task!r}; known: {', '.join(GLUE_METRICS)}")
+    raise errors.UsageError(f"unknown GLUE task {task!r}; known: {', '.join(GLUE_METRICS)}")
   return {name: 100.0 * fn(labels, predictions) for name, fn in GLUE_METRICS[task].items()}

@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable, Sequence
 
+from bertjax import errors
+
 Entity = tuple[str, int, int]  # (type, first token, last token) within a sentence list
 
 
@@ -88,7 +90,8 @@ def evaluate(gold_sentences: Iterable[Sequence[str]],
   for index, (gold, predicted) in enumerate(zip(gold_sentences, predicted_sentences,
                                                 strict=True)):
     if len(gold) != len(predicted):
-      raise ValueError(f"sentence {index}: {len(gold)} gold tags, {len(predicted)} predicted")
+      raise errors.UsageError(
+          f"sentence {index}: {len(gold)} gold tags, {len(predicted)} predicted")
     gold_entities.update((index, *e) for e in entities(gold))
     predicted_entities.update((index, *e) for e in entities(predicted))
   correct = gold_entities & predicted_entities

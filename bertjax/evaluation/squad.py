@@ -25,6 +25,8 @@ import string
 import sys
 from typing import Any, Mapping, Sequence, TextIO
 
+from bertjax import errors
+
 _PUNCTUATION = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
 
@@ -89,8 +91,8 @@ def evaluate_v1(dataset: Dataset, predictions: Mapping[str, str],
     prediction = predictions[question["id"]]
     golds = [answer["text"] for answer in question["answers"]]
     if not golds:
-      raise ValueError(f"question {question['id']} has no gold answer: SQuAD v2.0 data is "
-                       "scored with the v2.0 rules")
+      raise errors.UsageError(f"question {question['id']} has no gold answer: SQuAD v2.0 data is "
+                              "scored with the v2.0 rules")
     exact += max(exact_match(gold, prediction) for gold in golds)
     f1 += max(token_f1(gold, prediction, empty_matches_empty=False) for gold in golds)
   return {"exact_match": 100.0 * exact / total, "f1": 100.0 * f1 / total}
@@ -179,12 +181,12 @@ def evaluate_v2(dataset: Dataset, predictions: Mapping[str, str],
   exact_raw, f1_raw = raw_scores(dataset, predictions, log)
   missing = len(answerable) - len(exact_raw)
   if missing:  # the official script fails on these too (a KeyError)
-    raise ValueError(f"{missing} of {len(answerable)} questions have no prediction; v2.0 "
-                     "scoring needs one for every question (\"\" for no answer)")
+    raise errors.UsageError(f"{missing} of {len(answerable)} questions have no prediction; v2.0 "
+                            "scoring needs one for every question (\"\" for no answer)")
   unscored = [qid for qid in exact_raw if qid not in no_answer_probs]
   if unscored:
-    raise ValueError(f"{len(unscored)} questions have no no-answer probability, e.g. "
-                     f"{unscored[0]!r}")
+    raise errors.UsageError(f"{len(unscored)} questions have no no-answer probability, e.g. "
+                            f"{unscored[0]!r}")
   exact = apply_no_answer_threshold(exact_raw, no_answer_probs, answerable, threshold)
   f1 = apply_no_answer_threshold(f1_raw, no_answer_probs, answerable, threshold)
   result = _summary(exact, f1)

@@ -15,6 +15,7 @@ import re
 
 import numpy as np
 
+from bertjax import errors
 from bertjax.interop import hf
 from bertjax.models.config import BertConfig
 
@@ -46,8 +47,8 @@ def config_from_dict(values: dict, source: str) -> BertConfig:
   """
   activation = values.get("hidden_act", "gelu")
   if activation not in _ACTIVATIONS:
-    raise ValueError(f"{source}: hidden_act={activation!r} is not supported; supported: "
-                     f"{sorted(_ACTIVATIONS)}")
+    raise errors.UsageError(f"{source}: hidden_act={activation!r} is not supported; supported: "
+                            f"{sorted(_ACTIVATIONS)}")
   config = hf.config_from_dict({**values, "hidden_act": "gelu"}, source)
   return dataclasses.replace(config, hidden_act=_ACTIVATIONS[activation])
 
@@ -73,11 +74,11 @@ def find_checkpoint(directory: str) -> str:
   prefixes = sorted(p[:-len(".index")] for p in glob.glob(os.path.join(directory,
                                                                        "*.ckpt*.index")))
   if not prefixes:
-    raise FileNotFoundError(f"{directory}: no TensorFlow checkpoint (*.ckpt*.index)")
+    raise errors.MissingFileError(f"{directory}: no TensorFlow checkpoint (*.ckpt*.index)")
   if len(prefixes) > 1:
-    raise ValueError(f"{directory}: several checkpoints and no 'checkpoint' file saying "
-                     f"which is latest: {[os.path.basename(p) for p in prefixes]}; pass "
-                     "the prefix of the one to load (e.g. .../model.ckpt-10000)")
+    raise errors.UsageError(f"{directory}: several checkpoints and no 'checkpoint' file saying "
+                            f"which is latest: {[os.path.basename(p) for p in prefixes]}; pass "
+                            "the prefix of the one to load (e.g. .../model.ckpt-10000)")
   return prefixes[0]
 
 
@@ -110,16 +111,17 @@ def read_checkpoint(prefix: str) -> dict[str, np.ndarray]:
   try:
     import tensorflow as tf
   except ImportError:
-    raise ImportError(f"{prefix} is a TensorFlow checkpoint; install the [tf] extra "
-                      "(pip install 'bertjax[tf]') to read it") from None
+    raise errors.MissingDependencyError(
+        f"{prefix} is a TensorFlow checkpoint; install the [tf] extra "
+        "(pip install 'bertjax[tf]') to read it") from None
   try:
     reader = tf.train.load_checkpoint(prefix)
   except Exception as e:  # TF raises several types for unreadable checkpoints.
-    raise ValueError(f"{prefix}: cannot read the TensorFlow checkpoint ({e})") from None
+    raise errors.UsageError(f"{prefix}: cannot read the TensorFlow checkpoint ({e})") from None
   variables = sorted(reader.get_variable_to_shape_map())
   if any(marker in v for v in variables for marker in _TF2_MARKERS):
-    raise ValueError(f"{prefix}: a TF2 object-based checkpoint (e.g. TF Model Garden); "
-                     "bertjax reads the original TF1 BERT checkpoints (bert_model.ckpt)")
+    raise errors.UsageError(f"{prefix}: a TF2 object-based checkpoint (e.g. TF Model Garden); "
+                            "bertjax reads the original TF1 BERT checkpoints (bert_model.ckpt)")
   tensors, skipped = {}, 0
   for variable in variables:
     if variable.rsplit("/", 1)[-1] not in _MODEL_LEAVES:
@@ -129,7 +131,7 @@ def read_checkpoint(prefix: str) -> dict[str, np.ndarray]:
     try:
       value = np.asarray(reader.get_tensor(variable), np.float32)
     except Exception as e:  # A truncated data file fails here, per tensor.
-      raise ValueError(f"{prefix}: cannot read variable {variable} ({e})") from None
+      raise errors.UsageError(f"{prefix}: cannot read variable {variable} ({e})") from None
     tensors[name] = value.T if transpose else value
   if skipped:
     logger.info("%s: skipped %d training-state variables (optimizer slots, step)",

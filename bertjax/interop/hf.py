@@ -18,6 +18,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from bertjax import errors
 from bertjax.files import read_json
 from bertjax.models import BertConfig
 
@@ -81,42 +82,42 @@ def config_from_dict(values: dict[str, Any], source: str) -> BertConfig:
   model_type = values.get("model_type", "bert")
   architectures = values.get("architectures") or []
   if model_type != "bert" or any(a not in CLASS_TO_TASK for a in architectures):
-    raise ValueError(
+    raise errors.UsageError(
         f"{source}: unsupported architecture (model_type={model_type!r}, "
         f"architectures={architectures}); bertjax reads BERT checkpoints "
         f"({', '.join(sorted(CLASS_TO_TASK))})")
   if values.get("position_embedding_type", "absolute") != "absolute":
-    raise ValueError(f"{source}: position_embedding_type="
-                     f"{values['position_embedding_type']!r} is not supported (only "
-                     "'absolute', the paper's learned positions)")
+    raise errors.UsageError(f"{source}: position_embedding_type="
+                            f"{values['position_embedding_type']!r} is not supported (only "
+                            "'absolute', the paper's learned positions)")
   if values.get("add_cross_attention"):
-    raise ValueError(f"{source}: add_cross_attention=true (an encoder-decoder BERT) is "
-                     "not supported")
+    raise errors.UsageError(f"{source}: add_cross_attention=true (an encoder-decoder BERT) is "
+                            "not supported")
   fields = {}
   for key, (field, kind, required) in _CONFIG_KEYS.items():
     if key not in values or (values[key] is None and not required):
       if required:
-        raise ValueError(f"{source}: required key {key!r} is missing")
+        raise errors.UsageError(f"{source}: required key {key!r} is missing")
       continue
     value = values[key]
     if kind is int and (not isinstance(value, int) or isinstance(value, bool)):
-      raise ValueError(f"{source}: key {key!r} must be an integer, got {value!r}")
+      raise errors.UsageError(f"{source}: key {key!r} must be an integer, got {value!r}")
     if kind is float and (not isinstance(value, (int, float)) or isinstance(value, bool)):
-      raise ValueError(f"{source}: key {key!r} must be a number, got {value!r}")
+      raise errors.UsageError(f"{source}: key {key!r} must be a number, got {value!r}")
     if kind is str and not isinstance(value, str):
-      raise ValueError(f"{source}: key {key!r} must be a string, got {value!r}")
+      raise errors.UsageError(f"{source}: key {key!r} must be a string, got {value!r}")
     fields[field] = float(value) if kind is float else value
   if "hidden_act" in fields:
     if fields["hidden_act"] not in _ACTIVATIONS:
-      raise ValueError(f"{source}: hidden_act={fields['hidden_act']!r} is not supported; "
-                       f"supported: {sorted(_ACTIVATIONS)}")
+      raise errors.UsageError(f"{source}: hidden_act={fields['hidden_act']!r} is not supported; "
+                              f"supported: {sorted(_ACTIVATIONS)}")
     fields["hidden_act"] = _ACTIVATIONS[fields["hidden_act"]]
   if values.get("is_decoder"):
     fields["causal"] = True
   try:
     return BertConfig(**fields)
   except ValueError as e:
-    raise ValueError(f"{source}: {e}") from None
+    raise errors.UsageError(f"{source}: {e}") from None
 
 
 def config_to_dict(config: BertConfig, task: str, labels: list[str] | None) -> dict[str, Any]:
@@ -163,17 +164,17 @@ def read_safetensors(path: str) -> dict[str, np.ndarray]:
   with open(path, "rb") as f:
     prefix = f.read(8)
     if len(prefix) < 8:
-      raise ValueError(f"{path}: truncated safetensors file ({size} bytes, no header)")
+      raise errors.UsageError(f"{path}: truncated safetensors file ({size} bytes, no header)")
     (header_size,) = struct.unpack("<Q", prefix)
     if header_size > size - 8:
-      raise ValueError(f"{path}: truncated safetensors file (header of {header_size} "
-                       f"bytes, file of {size})")
+      raise errors.UsageError(f"{path}: truncated safetensors file (header of {header_size} "
+                              f"bytes, file of {size})")
     try:
       header = json.loads(f.read(header_size))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-      raise ValueError(f"{path}: malformed safetensors header ({e})") from None
+      raise errors.UsageError(f"{path}: malformed safetensors header ({e})") from None
   if not isinstance(header, dict):
-    raise ValueError(f"{path}: malformed safetensors header (not a JSON object)")
+    raise errors.UsageError(f"{path}: malformed safetensors header (not a JSON object)")
   header.pop("__metadata__", None)
   data_start = 8 + header_size
   buffer = np.memmap(path, dtype=np.uint8, mode="r")
@@ -196,27 +197,30 @@ def _tensor_entry(path: str, name: str, info: Any, data_start: int,
   the data of a tensor lies within the file's data, after the header, and holds
   exactly its shape's elements."""
   if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
-    raise ValueError(f"{path}: tensor {name} has a malformed header entry {info!r} (it needs "
-                     "dtype, shape and data_offsets)")
+    raise errors.UsageError(
+        f"{path}: tensor {name} has a malformed header entry {info!r} (it needs "
+        "dtype, shape and data_offsets)")
   if not isinstance(info["dtype"], str) or info["dtype"] not in _SAFETENSORS_DTYPES:
-    raise ValueError(f"{path}: tensor {name} has dtype {info['dtype']!r}, which bertjax does "
-                     f"not read ({', '.join(_SAFETENSORS_DTYPES)}); convert it to F32")
+    raise errors.UsageError(
+        f"{path}: tensor {name} has dtype {info['dtype']!r}, which bertjax does "
+        f"not read ({', '.join(_SAFETENSORS_DTYPES)}); convert it to F32")
   dtype = np.dtype(_SAFETENSORS_DTYPES[info["dtype"]])
   shape, offsets = info["shape"], info["data_offsets"]
   if not isinstance(shape, list) or not all(_is_count(n) for n in shape):
-    raise ValueError(f"{path}: tensor {name} has shape {shape!r}, not a list of sizes of at "
-                     "least 0; the file is corrupt, download or export it again")
+    raise errors.UsageError(f"{path}: tensor {name} has shape {shape!r}, not a list of sizes of at "
+                            "least 0; the file is corrupt, download or export it again")
   if (not isinstance(offsets, list) or len(offsets) != 2 or not all(map(_is_count, offsets))
       or offsets[0] > offsets[1]):
-    raise ValueError(f"{path}: tensor {name} has data_offsets {offsets!r}, not [begin, end] "
-                     "with 0 <= begin <= end; the file is corrupt, download or export it again")
+    raise errors.UsageError(
+        f"{path}: tensor {name} has data_offsets {offsets!r}, not [begin, end] "
+        "with 0 <= begin <= end; the file is corrupt, download or export it again")
   begin, end = offsets
   if data_start + end > size:
-    raise ValueError(f"{path}: truncated safetensors file: tensor {name} needs bytes "
-                     f"up to {data_start + end}, the file has {size}")
+    raise errors.UsageError(f"{path}: truncated safetensors file: tensor {name} needs bytes "
+                            f"up to {data_start + end}, the file has {size}")
   if end - begin != math.prod(shape) * dtype.itemsize:
-    raise ValueError(f"{path}: tensor {name} of shape {tuple(shape)} and dtype "
-                     f"{info['dtype']} does not match its {end - begin} bytes")
+    raise errors.UsageError(f"{path}: tensor {name} of shape {tuple(shape)} and dtype "
+                            f"{info['dtype']} does not match its {end - begin} bytes")
   return dtype, tuple(shape), begin, end
 
 
@@ -235,23 +239,23 @@ def read_weights(directory: str) -> tuple[dict[str, np.ndarray], str]:
   if os.path.isfile(index):
     weight_map = read_json(index).get("weight_map")
     if not isinstance(weight_map, dict):
-      raise ValueError(f"{index}: no 'weight_map' object")
+      raise errors.UsageError(f"{index}: no 'weight_map' object")
     tensors = {}
     shards = {_shard_file(index, tensor, shard) for tensor, shard in weight_map.items()}
     for shard in sorted(shards):
       shard_path = os.path.join(directory, shard)
       if not os.path.isfile(shard_path):
-        raise FileNotFoundError(f"{index}: shard {shard} is missing")
+        raise errors.MissingFileError(f"{index}: shard {shard} is missing")
       tensors.update(read_safetensors(shard_path))
     missing = sorted(set(weight_map) - set(tensors))
     if missing:
-      raise ValueError(f"{index}: tensors listed but absent from the shards: {missing}")
+      raise errors.UsageError(f"{index}: tensors listed but absent from the shards: {missing}")
     return tensors, index
   pickle = os.path.join(directory, PICKLE_FILE)
   if os.path.isfile(pickle):
     return _read_pickle(pickle), pickle
-  raise FileNotFoundError(f"{directory}: no {SAFETENSORS_FILE}, {SAFETENSORS_INDEX_FILE} "
-                          f"or {PICKLE_FILE}")
+  raise errors.MissingFileError(f"{directory}: no {SAFETENSORS_FILE}, {SAFETENSORS_INDEX_FILE} "
+                                f"or {PICKLE_FILE}")
 
 
 def _shard_file(index: str, tensor: str, shard: Any) -> str:
@@ -259,12 +263,13 @@ def _shard_file(index: str, tensor: str, shard: Any) -> str:
   directory: a relative name without `..` (an index could otherwise make the
   loader read any file)."""
   if not isinstance(shard, str) or not shard:
-    raise ValueError(f"{index}: tensor {tensor} is mapped to {shard!r}, not a shard file name")
+    raise errors.UsageError(
+        f"{index}: tensor {tensor} is mapped to {shard!r}, not a shard file name")
   parts = shard.replace("\\", "/").split("/")  # a Windows-written name too
   if os.path.isabs(shard) or not parts[0] or ".." in parts:
-    raise ValueError(f"{index}: shard {shard!r} (of tensor {tensor}) is outside the model "
-                     "directory; an index names its shards relative to its own directory, "
-                     "without '..'")
+    raise errors.UsageError(f"{index}: shard {shard!r} (of tensor {tensor}) is outside the model "
+                            "directory; an index names its shards relative to its own directory, "
+                            "without '..'")
   return shard
 
 
@@ -272,20 +277,21 @@ def _read_pickle(path: str) -> dict[str, np.ndarray]:
   try:
     import torch
   except ImportError:
-    raise ImportError(f"{path} is a PyTorch pickle; install torch to read it, or convert "
-                      "it to model.safetensors") from None
+    raise errors.MissingDependencyError(
+        f"{path} is a PyTorch pickle; install torch to read it, or convert "
+        "it to model.safetensors") from None
   logger.warning("%s: reading a PyTorch pickle with torch.load(weights_only=True); "
                  "prefer model.safetensors", path)
   try:
     state = torch.load(path, map_location="cpu", weights_only=True)
   except Exception as e:  # torch raises several types for unreadable pickles.
-    raise ValueError(f"{path}: cannot read the PyTorch pickle with weights_only=True "
-                     f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
-                     ) from None
+    raise errors.UsageError(f"{path}: cannot read the PyTorch pickle with weights_only=True "
+                            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+                            ) from None
   if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor)
                                             for v in state.values()):
-    raise ValueError(f"{path}: expected a flat state dict of tensors (a model's "
-                     "state_dict()), got something else")
+    raise errors.UsageError(f"{path}: expected a flat state dict of tensors (a model's "
+                            "state_dict()), got something else")
   return {name: tensor.float().numpy() for name, tensor in state.items()}
 
 
@@ -336,16 +342,16 @@ def resolve_tied_decoder(tensors: dict[str, np.ndarray], source: str) -> None:
   decoder = tensors.get("cls.predictions.decoder.weight")
   if decoder is not None and embeddings is not None and not np.array_equal(decoder,
                                                                            embeddings):
-    raise ValueError(f"{source}: cls.predictions.decoder.weight differs from the word "
-                     "embeddings; bertjax ties them, as BERT does")
+    raise errors.UsageError(f"{source}: cls.predictions.decoder.weight differs from the word "
+                            "embeddings; bertjax ties them, as BERT does")
   bias, decoder_bias = (tensors.get("cls.predictions.bias"),
                         tensors.get("cls.predictions.decoder.bias"))
   if bias is None and decoder_bias is not None:
     tensors["cls.predictions.bias"] = decoder_bias
   elif bias is not None and decoder_bias is not None and not np.array_equal(bias,
                                                                             decoder_bias):
-    raise ValueError(f"{source}: cls.predictions.decoder.bias differs from "
-                     "cls.predictions.bias; they are one tensor in BERT")
+    raise errors.UsageError(f"{source}: cls.predictions.decoder.bias differs from "
+                            "cls.predictions.bias; they are one tensor in BERT")
 
 
 def labels_from_config(values: dict[str, Any], source: str) -> list[str] | None:
@@ -355,10 +361,10 @@ def labels_from_config(values: dict[str, Any], source: str) -> list[str] | None:
     try:
       ids = sorted(int(i) for i in id2label)
     except ValueError:
-      raise ValueError(f"{source}: id2label keys must be integers, got "
-                       f"{list(id2label)}") from None
+      raise errors.UsageError(f"{source}: id2label keys must be integers, got "
+                              f"{list(id2label)}") from None
     if ids != list(range(len(ids))):
-      raise ValueError(f"{source}: id2label ids must be 0..n-1, got {ids}")
+      raise errors.UsageError(f"{source}: id2label ids must be 0..n-1, got {ids}")
     return [str(id2label[str(i)]) for i in ids]
   if "num_labels" in values:
     return [f"LABEL_{i}" for i in range(int(values["num_labels"]))]
@@ -425,7 +431,7 @@ def load_tokenizer(directory: str, do_lower_case: bool | None = None):
     tokens, source = read_vocab(vocab_file), vocab_file
   elif model:
     if model.get("type") != "WordPiece" or not isinstance(model.get("vocab"), dict):
-      raise ValueError(f"{tokenizer_json_file}: not a WordPiece tokenizer")
+      raise errors.UsageError(f"{tokenizer_json_file}: not a WordPiece tokenizer")
     tokens = [""] * (max(model["vocab"].values()) + 1)
     for token, index in model["vocab"].items():
       tokens[index] = token
@@ -465,7 +471,7 @@ def load_tokenizer(directory: str, do_lower_case: bool | None = None):
         special_tokens=special_tokens,
         special_tokens_in_text=hugging_face and not settings.get("split_special_tokens", False))
   except ValueError as e:
-    raise ValueError(f"{source}: {e}") from None
+    raise errors.UsageError(f"{source}: {e}") from None
 
 
 def write_directory(directory: str, config: BertConfig, reference_tensors: dict[str, np.ndarray],

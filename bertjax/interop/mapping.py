@@ -18,6 +18,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 
+from bertjax import errors
 from bertjax.models import BertConfig, build_model, init_params
 from bertjax.models.bert import abstract_params
 
@@ -152,7 +153,7 @@ def params_from_reference(tensors: Mapping[str, np.ndarray], config: BertConfig,
     if path == _WORD_EMBEDDINGS and value.shape == (config.vocab_size, *needed[1:]):
       value = np.pad(value, ((0, needed[0] - value.shape[0]), (0, 0)))  # padding rows: 0
     if value.shape != needed:
-      raise ValueError(
+      raise errors.UsageError(
           f"{source}: weight {name} has shape {tuple(value.shape)}, but the config "
           f"needs {needed} for {'/'.join(path)}")
     report.loaded.append(name)
@@ -162,8 +163,8 @@ def params_from_reference(tensors: Mapping[str, np.ndarray], config: BertConfig,
   fresh = None
   for path, name in missing:
     if rng is None or (path[0] == "bert" and path[1] != "pooler"):
-      raise ValueError(f"{source}: weight {name} (for {'/'.join(path)}) is missing from "
-                       "the checkpoint")
+      raise errors.UsageError(f"{source}: weight {name} (for {'/'.join(path)}) is missing from "
+                              "the checkpoint")
     if fresh is None:
       fresh = nn.meta.unbox(init_params(model, rng))
     value = fresh
@@ -175,7 +176,7 @@ def params_from_reference(tensors: Mapping[str, np.ndarray], config: BertConfig,
   stray = [name for name in report.unused
            if name.startswith(("bert.embeddings.", "bert.encoder."))]
   if stray:
-    raise ValueError(
+    raise errors.UsageError(
         f"{source}: encoder weights the config has no place for: {', '.join(stray[:5])}"
         f"{' ...' if len(stray) > 5 else ''} (config: num_layers={config.num_layers}); "
         "the config and the weights describe different models")

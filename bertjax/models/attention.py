@@ -37,6 +37,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from bertjax import errors
+
 Array = jax.Array
 
 FUSED = ("dot_product", "cudnn", "splash")
@@ -127,7 +129,7 @@ def choose(implementation: str, *, length: int, head_dim: int, dtype: str, dropo
   if dropout:
     if implementation == "auto":
       return "xla"
-    raise ValueError(
+    raise errors.UsageError(
         f"BertConfig.attention_impl={implementation!r} has no attention dropout: set "
         "attention_dropout_prob=0.0, or attention_impl='xla' (or 'auto') for the paper's "
         "attention dropout")
@@ -141,18 +143,18 @@ def choose(implementation: str, *, length: int, head_dim: int, dtype: str, dropo
     return "xla"
   if implementation == "cudnn":
     if dtype == "float32":
-      raise ValueError("attention_impl='cudnn' needs dtype 'bfloat16' or 'float16'; use "
-                       "'dot_product' or 'auto' for float32")
+      raise errors.UsageError("attention_impl='cudnn' needs dtype 'bfloat16' or 'float16'; use "
+                              "'dot_product' or 'auto' for float32")
     if target != "gpu":
-      raise ValueError(f"attention_impl='cudnn' runs on NVIDIA GPUs, not {target}; use "
-                       "'auto'")
+      raise errors.UsageError(f"attention_impl='cudnn' runs on NVIDIA GPUs, not {target}; use "
+                              "'auto'")
     if packed and not _gpu_runs_packed_cudnn():
-      raise ValueError("attention_impl='cudnn' runs packed rows (data.max_sequences_per_row "
-                       "> 1) on Hopper GPUs and newer only; use 'auto' (XLA attention here) "
-                       "or unpacked rows")
+      raise errors.UsageError("attention_impl='cudnn' runs packed rows (data.max_sequences_per_row "
+                              "> 1) on Hopper GPUs and newer only; use 'auto' (XLA attention here) "
+                              "or unpacked rows")
   if implementation == "splash" and target != "tpu" and target != "cpu":
-    raise ValueError(f"attention_impl='splash' runs on TPUs (interpreted on CPUs), not "
-                     f"{target}; use 'auto'")
+    raise errors.UsageError(f"attention_impl='splash' runs on TPUs (interpreted on CPUs), not "
+                            f"{target}; use 'auto'")
   return implementation
 
 
@@ -179,7 +181,7 @@ def fused(implementation: str, query: Array, key: Array, value: Array, segments:
   elif implementation == "splash":
     out = _splash(query, key, value, segments, causal)
   else:
-    raise ValueError(f"unknown fused attention {implementation!r}; one of {FUSED}")
+    raise errors.UsageError(f"unknown fused attention {implementation!r}; one of {FUSED}")
   return jnp.where(segments.real_queries()[:, :, None, None], out, 0).astype(query.dtype)
 
 
@@ -258,8 +260,8 @@ def _splash(query: Array, key: Array, value: Array, segments: Segments, causal: 
     return attend(query, key, value, segments.queries, segments.keys)
   qkv_spec = nn.logical_to_mesh_axes(("batch", "length", "heads", "kv"))
   if qkv_spec[1] is not None or qkv_spec[3] is not None:
-    raise ValueError("attention_impl='splash' shards rows and heads only; map the logical "
-                     "axes 'length' and 'kv' to None in logical_axis_rules")
+    raise errors.UsageError("attention_impl='splash' shards rows and heads only; map the logical "
+                            "axes 'length' and 'kv' to None in logical_axis_rules")
   ids_spec = jax.P(qkv_spec[0], None)
   return jax.shard_map(attend, in_specs=(qkv_spec, qkv_spec, qkv_spec, ids_spec, ids_spec),
                        out_specs=qkv_spec, check_vma=False)(

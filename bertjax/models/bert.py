@@ -12,6 +12,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bertjax import errors
 from bertjax.models.config import BertConfig
 from bertjax.models.encoder import BertEncoder
 from bertjax.models.heads import MaskedLMHead, OutputLayer, gather_positions
@@ -242,17 +243,17 @@ def build_model(config: BertConfig, task: str = "encoder", num_labels: int = 2,
       the reference class's default). Tasks that need it always have one.
   """
   if task not in TASK_MODELS:
-    raise ValueError(f"Unknown task {task!r}; known tasks: {', '.join(TASK_MODELS)}")
+    raise errors.UsageError(f"Unknown task {task!r}; known tasks: {', '.join(TASK_MODELS)}")
   kwargs = {}
   if task in LABELLED_TASKS:
     if num_labels < 1:
-      raise ValueError(f"num_labels must be >= 1 for {task}, got {num_labels}")
+      raise errors.UsageError(f"num_labels must be >= 1 for {task}, got {num_labels}")
     kwargs["num_labels"] = num_labels
   if add_pooler is not None:
     if task in OPTIONAL_POOLER_TASKS:
       kwargs["add_pooler"] = add_pooler
     elif not add_pooler:
-      raise ValueError(f"The {task} model needs the pooler")
+      raise errors.UsageError(f"The {task} model needs the pooler")
   return TASK_MODELS[task](config, **kwargs)
 
 

@@ -7,6 +7,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bertjax import errors
+
 Array = jax.Array
 
 # How the stored layers become one vector per word (Table 7's rows):
@@ -31,7 +33,7 @@ class LayerCombination(nn.Module):
       scale = self.param("scale", nn.initializers.ones, ())
       weights = jax.nn.softmax(logits)  # [layers]
       return scale * jnp.einsum("...lh,l->...h", layers, weights)
-    raise ValueError(f"combination must be one of {COMBINATIONS}, got {self.combination!r}")
+    raise errors.UsageError(f"combination must be one of {COMBINATIONS}, got {self.combination!r}")
 
 
 class BiLSTMTagger(nn.Module):

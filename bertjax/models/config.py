@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from bertjax import errors
 from bertjax.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
@@ -124,26 +125,26 @@ class BertConfig:
                  "intermediate_size", "max_position_embeddings", "type_vocab_size"):
       value = getattr(self, name)
       if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"BertConfig.{name} must be a positive integer, got {value!r}")
+        raise errors.UsageError(f"BertConfig.{name} must be a positive integer, got {value!r}")
     if self.hidden_size % self.num_heads:
-      raise ValueError(
+      raise errors.UsageError(
           f"BertConfig.hidden_size={self.hidden_size} is not divisible by "
           f"num_heads={self.num_heads}; choose num_heads dividing hidden_size "
           f"(the paper uses hidden_size / 64).")
     if self.span_bilstm and self.hidden_size % 2:
-      raise ValueError(f"BertConfig.span_bilstm needs an even hidden_size (two directions "
-                       f"of hidden_size / 2), got {self.hidden_size}")
+      raise errors.UsageError(f"BertConfig.span_bilstm needs an even hidden_size (two directions "
+                              f"of hidden_size / 2), got {self.hidden_size}")
     for name in ("hidden_dropout_prob", "attention_dropout_prob"):
       value = getattr(self, name)
       if not 0.0 <= value < 1.0:
-        raise ValueError(f"BertConfig.{name} must be in [0, 1), got {value!r}")
+        raise errors.UsageError(f"BertConfig.{name} must be in [0, 1), got {value!r}")
     _check_choice("hidden_act", self.hidden_act, ACTIVATIONS)
     _check_choice("dtype", self.dtype, DTYPES)
     _check_choice("remat_policy", self.remat_policy, REMAT_POLICIES)
     _check_choice("attention_impl", self.attention_impl, ATTENTION_IMPLEMENTATIONS)
     if self.attention_impl == "cudnn" and self.dtype == "float32":
-      raise ValueError("BertConfig.attention_impl='cudnn' needs dtype 'bfloat16' or "
-                       "'float16'; use attention_impl='dot_product' for float32")
+      raise errors.UsageError("BertConfig.attention_impl='cudnn' needs dtype 'bfloat16' or "
+                              "'float16'; use attention_impl='dot_product' for float32")
 
   def replace(self, **changes: Any) -> BertConfig:
     return dataclasses.replace(self, **changes)
@@ -157,8 +158,8 @@ class BertConfig:
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:
-      raise ValueError(f"{source}: unknown BertConfig keys {unknown}; known keys are "
-                       f"{sorted(known)}")
+      raise errors.UsageError(f"{source}: unknown BertConfig keys {unknown}; known keys are "
+                              f"{sorted(known)}")
     return cls(**values)
 
   @classmethod
@@ -171,14 +172,14 @@ class BertConfig:
   def from_preset(cls, name: str, **overrides: Any) -> BertConfig:
     """A named model size (see `PRESETS`), with optional field overrides."""
     if name not in PRESETS:
-      raise ValueError(f"Unknown model preset {name!r}; known presets: "
-                       f"{', '.join(sorted(PRESETS))}")
+      raise errors.UsageError(f"Unknown model preset {name!r}; known presets: "
+                              f"{', '.join(sorted(PRESETS))}")
     return cls(**{**PRESETS[name], **overrides})
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
   if value not in choices:
-    raise ValueError(f"BertConfig.{name}={value!r} is not one of {choices}")
+    raise errors.UsageError(f"BertConfig.{name}={value!r} is not one of {choices}")
 
 
 def _size(layers: int, hidden: int, heads: int | None = None) -> dict[str, int]:

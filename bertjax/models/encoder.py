@@ -13,6 +13,7 @@ import flax.linen as nn
 import flax.struct
 import jax.numpy as jnp
 
+from bertjax import errors
 from bertjax.models.config import BertConfig
 from bertjax.models.attention import Segments
 from bertjax.models.layers import Embeddings, TransformerLayer, dense
@@ -151,8 +152,8 @@ class BertEncoder(nn.Module):
     config = self.config
     batch, length = input_ids.shape
     if length > config.max_position_embeddings:
-      raise ValueError(f"Input length {length} exceeds max_position_embeddings="
-                       f"{config.max_position_embeddings} of the model")
+      raise errors.UsageError(f"Input length {length} exceeds max_position_embeddings="
+                              f"{config.max_position_embeddings} of the model")
     if segment_ids is not None:
       attention_mask = (segment_ids > 0).astype(jnp.int32)
     elif attention_mask is None:

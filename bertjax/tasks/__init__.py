@@ -1,5 +1,8 @@
 """What `python -m bertjax.main` runs, by `config.task`."""
 
+from __future__ import annotations
+
+from typing import Any
 
 # config.task -> the module of bertjax.tasks whose `run(config, workdir)` does it.
 TASKS = {"pretrain": "pretrain", "glue": "glue", "squad": "squad", "swag": "swag",
@@ -10,6 +13,37 @@ def task_module(name: str):
   """The module that runs `config.task == name`."""
   import importlib
 
+  from bertjax import errors
+
   if name not in TASKS:
-    raise ValueError(f"Unknown config.task {name!r}; known: {', '.join(TASKS)}")
+    raise errors.UsageError(f"Unknown config.task {name!r}; known: {', '.join(TASKS)}")
   return importlib.import_module(f"bertjax.tasks.{TASKS[name]}")
+
+
+def run(config: Any, workdir: str) -> Any:
+  """Runs `config.task` in `workdir`, which must be this run's alone.
+
+  The workdir is checked (not another task's run, not the checkpoint the run
+  starts from) and then locked (`bertjax.workdir_lock`, once per run: by
+  process 0, every process learning the outcome) before anything is written.
+
+  Returns:
+    What the task's `run` returns (its metrics).
+  """
+  import contextlib
+
+  import jax
+
+  from bertjax import hosts, runs, workdir_lock
+
+  module = task_module(config.task)
+  runs.check_workdir(config, workdir)
+  with contextlib.ExitStack() as stack:
+    error = None
+    if jax.process_index() == 0:
+      try:
+        stack.enter_context(workdir_lock.hold(workdir))
+      except Exception as e:  # every process stops with it
+        error = e
+    hosts.agree(error, f"locking the workdir {workdir}")
+    return module.run(config, workdir)

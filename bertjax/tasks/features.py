@@ -29,7 +29,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from bertjax import files, metrics, runs, sharding
+from bertjax import errors, files, metrics, runs, sharding
 from bertjax.data import conll as conll_data
 from bertjax.models import BertEncoder
 from bertjax.models.bilstm import BiLSTMTagger
@@ -51,13 +51,14 @@ VARIANTS: dict[str, tuple[tuple[int, ...] | str, str]] = {
 def layer_indices(variant: str, num_layers: int) -> list[int]:
   """The hidden_states rows (0..num_layers) a variant reads."""
   if variant not in VARIANTS:
-    raise ValueError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
+    raise errors.UsageError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
   layers = VARIANTS[variant][0]
   if layers == "all":
     return list(range(1, num_layers + 1))
   if variant != "embeddings" and max(-i for i in layers) > num_layers:
-    raise ValueError(f"variant {variant!r} needs {max(-i for i in layers)} layers; the model "
-                     f"has {num_layers}")
+    raise errors.UsageError(
+        f"variant {variant!r} needs {max(-i for i in layers)} layers; the model "
+        f"has {num_layers}")
   return [index % (num_layers + 1) for index in layers]
 
 
@@ -164,9 +165,8 @@ def _loss(params, batch, rng, model, deterministic):
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Extracts (or reuses) the frozen features, trains the BiLSTM, scores dev and test."""
   if jax.process_count() > 1:
-    raise ValueError("the feature-based approach runs in one process (it extracts and "
-                     "stores features on this host); start it without jax.distributed")
-  runs.check_workdir(config, workdir)  # before anything is written there
+    raise errors.UsageError("the feature-based approach runs in one process (it extracts and "
+                            "stores features on this host); start it without jax.distributed")
   path = lambda name: os.path.join(config.data.dir, name)
   train, other = ner.read_splits(config)
   splits = {"train": train, **other}
@@ -176,10 +176,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     if split in splits and all(s.tags for s in splits[split]):
       conll_data.check_tags(splits[split], labels, path(config.data[f"{split}_file"]))
   if not config.init_checkpoint:
-    raise ValueError("config.init_checkpoint is empty: give the BERT to extract features from")
+    raise errors.UsageError(
+        "config.init_checkpoint is empty: give the BERT to extract features from")
   bundle = load_pretrained(config.init_checkpoint, dtype=config.model.dtype)
   if bundle.tokenizer is None:
-    raise ValueError(f"{config.init_checkpoint}: no tokenizer beside the weights")
+    raise errors.UsageError(f"{config.init_checkpoint}: no tokenizer beside the weights")
   layers = layer_indices(config.variant, bundle.config.num_layers)
   runs.save_config(config, workdir)  # the settings are checked, the model loaded
   stored = {split: _stored_features(config, bundle, workdir, split, sentences, labels, layers)

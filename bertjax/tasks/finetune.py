@@ -30,7 +30,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from bertjax import metrics, optim, sharding, train
+from bertjax import errors, metrics, optim, sharding, train
 from bertjax.pretrained import Pretrained, load_pretrained
 
 Array = jax.Array
@@ -73,7 +73,7 @@ def loss_sums(kind: str, outputs: Mapping[str, Array], batch: Mapping[str, Array
     return {"loss": (token_losses * token_weights).sum(), "count": token_weights.sum(),
             "correct": ((logits.argmax(-1) == labels) * token_weights).sum()}
   else:
-    raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    raise errors.UsageError(f"kind must be one of {KINDS}, got {kind!r}")
   return {"loss": (losses * weights).sum(), "count": weights.sum(),
           "correct": (correct * weights).sum()}
 
@@ -126,20 +126,20 @@ def load_model(config: ml_collections.ConfigDict, task: str,
   checkpoint's position table must cover `config.max_seq_length`.
   """
   if not config.init_checkpoint:
-    raise ValueError("config.init_checkpoint is empty: give the pre-trained model to "
-                     "fine-tune (a pre-training workdir, a bertjax, Hugging Face or Google "
-                     "TF directory)")
+    raise errors.UsageError("config.init_checkpoint is empty: give the pre-trained model to "
+                            "fine-tune (a pre-training workdir, a bertjax, Hugging Face or Google "
+                            "TF directory)")
   dropout = {name: config.model[name] for name in ("hidden_dropout_prob",
                                                    "attention_dropout_prob")
              if config.model[name] >= 0}
   bundle = load_pretrained(config.init_checkpoint, task=task, labels=labels, seed=config.seed,
                            dtype=config.model.dtype, **dropout)
   if bundle.tokenizer is None:
-    raise ValueError(f"{config.init_checkpoint}: no tokenizer (vocab.txt) beside the "
-                     "weights; fine-tuning needs the one the model was pre-trained with")
+    raise errors.UsageError(f"{config.init_checkpoint}: no tokenizer (vocab.txt) beside the "
+                            "weights; fine-tuning needs the one the model was pre-trained with")
   if config.max_seq_length > bundle.config.max_position_embeddings:
-    raise ValueError(f"max_seq_length={config.max_seq_length} is above the checkpoint's "
-                     f"max_position_embeddings={bundle.config.max_position_embeddings}")
+    raise errors.UsageError(f"max_seq_length={config.max_seq_length} is above the checkpoint's "
+                            f"max_position_embeddings={bundle.config.max_position_embeddings}")
   return bundle
 
 
@@ -162,8 +162,8 @@ def run_steps(count: int, what: str, recipe: Recipe) -> int:
   """
   steps = num_train_steps(count, recipe.batch_size, recipe.epochs)
   if steps < 1:
-    raise ValueError(f"{count} {what} x train.epochs={recipe.epochs} make no batch of "
-                     f"train.batch_size={recipe.batch_size}")
+    raise errors.UsageError(f"{count} {what} x train.epochs={recipe.epochs} make no batch of "
+                            f"train.batch_size={recipe.batch_size}")
   return steps
 
 
@@ -243,7 +243,7 @@ class FineTuner:
   def __init__(self, bundle: Pretrained, kind: str, recipe: Recipe, total_steps: int,
                config: ml_collections.ConfigDict, writer: metrics.MetricWriter):
     if kind not in KINDS:
-      raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+      raise errors.UsageError(f"kind must be one of {KINDS}, got {kind!r}")
     self.kind, self.recipe, self.config, self.writer = kind, recipe, config, writer
     self.total_steps = max(total_steps, 1)
     self.mesh = sharding.make_mesh([config.mesh.data, config.mesh.fsdp, config.mesh.tensor])
@@ -251,8 +251,8 @@ class FineTuner:
     for name, size in (("train.batch_size", recipe.batch_size),
                        ("train.eval_batch_size", recipe.eval_batch_size)):
       if size % shards or size % jax.process_count():
-        raise ValueError(f"{name}={size} does not divide over the {shards} data shards "
-                         f"and {jax.process_count()} processes")
+        raise errors.UsageError(f"{name}={size} does not divide over the {shards} data shards "
+                                f"and {jax.process_count()} processes")
     self.rules = tuple(tuple(rule) for rule in config.logical_axis_rules)
     self.model = bundle.model()
     self.learning_rate_fn = optim.learning_rate_schedule(
@@ -334,7 +334,7 @@ class FineTuner:
   def _report(self, step: int, device_metrics, window, log_every: int):
     values = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
     if values["consecutive_skipped"] >= self.config.max_consecutive_skips:
-      raise FloatingPointError(
+      raise errors.TrainingStoppedError(
           f"{int(values['consecutive_skipped'])} consecutive steps had a non-finite loss or "
           f"gradients (up to step {step}); lower train.learning_rate or check the data")
     if step % log_every and step != self.total_steps:

@@ -22,7 +22,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from bertjax import files, metrics, runs
+from bertjax import errors, files, metrics, runs
 from bertjax.data import glue as glue_data
 from bertjax.evaluation import classification
 from bertjax.pretrained import Pretrained, save_pretrained
@@ -37,8 +37,8 @@ def read_split(config: ml_collections.ConfigDict, spec: glue_data.TaskSpec,
     task_dir = glue_data.split_directory(spec, config.data.dir, split)
     if task_dir is None:
       if split in ("train", "dev"):
-        raise FileNotFoundError(f"{os.path.join(config.data.dir, spec.files[split])} not "
-                                f"found: config.data.dir must hold the {spec.name} TSVs")
+        raise errors.MissingFileError(f"{os.path.join(config.data.dir, spec.files[split])} not "
+                                      f"found: config.data.dir must hold the {spec.name} TSVs")
       logging.warning("%s: no %s file in %s, so no %s predictions", spec.name,
                       spec.files[split], config.data.dir, split)
       return None
@@ -53,7 +53,7 @@ def read_split(config: ml_collections.ConfigDict, spec: glue_data.TaskSpec,
     except (FileNotFoundError, ValueError) as e:  # not prepared, or no such split
       logging.warning("%s: no %s predictions (%s)", spec.name, split, e)
       return None
-  raise ValueError(f"config.data.source must be 'tsv' or 'tfds', got {source!r}")
+  raise errors.UsageError(f"config.data.source must be 'tsv' or 'tfds', got {source!r}")
 
 
 def featurize(examples: Sequence[glue_data.Example], spec: glue_data.TaskSpec,
@@ -106,7 +106,6 @@ def write_predictions(path: str, examples: Sequence[glue_data.Example],
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Fine-tunes, evaluates and predicts one GLUE task; returns the final dev metrics."""
-  runs.check_workdir(config, workdir)  # before anything is written there
   spec = glue_data.task_spec(config.data.task)
   train_examples = read_split(config, spec, "train")
   eval_splits = {"dev": read_split(config, spec, "dev")}

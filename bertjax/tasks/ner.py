@@ -21,7 +21,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from bertjax import files, metrics, runs
+from bertjax import errors, files, metrics, runs
 from bertjax.data import conll as conll_data
 from bertjax.evaluation import conll as conll_eval
 from bertjax.pretrained import Pretrained, save_pretrained
@@ -59,7 +59,7 @@ def read_splits(config: ml_collections.ConfigDict
     read = lambda name: conll_data.read_conll(os.path.join(data.dir, name))
     present = lambda name: bool(name) and files.isfile(os.path.join(data.dir, name))
   else:
-    raise ValueError(f"config.data.source must be 'files' or 'tfds', got {data.source!r}")
+    raise errors.UsageError(f"config.data.source must be 'files' or 'tfds', got {data.source!r}")
   splits = {"dev": read(data.dev_file)}
   if present(data.test_file):
     splits["test"] = read(data.test_file)
@@ -68,7 +68,6 @@ def read_splits(config: ml_collections.ConfigDict
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Fine-tunes on the training file, scores dev every epoch and test at the end."""
-  runs.check_workdir(config, workdir)  # before anything is written there
   path = lambda name: os.path.join(config.data.dir, name)
   train, splits = read_splits(config)
   labels = conll_data.label_list(train)

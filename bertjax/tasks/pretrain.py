@@ -19,8 +19,8 @@ import flax.linen as nn
 import jax
 import ml_collections
 
-from bertjax import (checkpoint, files, flops, hosts, metrics, optim, runs, sharding, signals,
-                     throughput, train)
+from bertjax import (checkpoint, errors, files, flops, hosts, metrics, optim, runs, sharding,
+                     signals, throughput, train)
 from bertjax.data import loader
 from bertjax.models import BertConfig
 from bertjax.tasks.pretrain_data import (Phase, check_stream, check_vocabulary, loader_config,
@@ -43,61 +43,65 @@ def validate(config: ml_collections.ConfigDict, mesh_devices: int) -> tuple[int,
   data_shards = shape[0] * shape[1]
   processes = jax.process_count()
   if accumulation < 1 or batch % accumulation:
-    raise ValueError(f"train.batch_size={batch} is not divisible by "
-                     f"train.accumulation_steps={accumulation}")
+    raise errors.UsageError(f"train.batch_size={batch} is not divisible by "
+                            f"train.accumulation_steps={accumulation}")
   if (batch // accumulation) % data_shards:
-    raise ValueError(f"a micro-batch of {batch // accumulation} sequences (train.batch_size / "
-                     f"train.accumulation_steps) does not divide over the {data_shards} data "
-                     f"shards of the mesh (data x fsdp = {shape[0]} x {shape[1]}); make it a "
-                     "multiple")
+    raise errors.UsageError(
+        f"a micro-batch of {batch // accumulation} sequences (train.batch_size / "
+        f"train.accumulation_steps) does not divide over the {data_shards} data "
+        f"shards of the mesh (data x fsdp = {shape[0]} x {shape[1]}); make it a "
+        "multiple")
   if batch % processes or config.eval.batch_size % processes:
-    raise ValueError(f"train.batch_size={batch} and eval.batch_size="
-                     f"{config.eval.batch_size} must divide over the {processes} processes")
+    raise errors.UsageError(f"train.batch_size={batch} and eval.batch_size="
+                            f"{config.eval.batch_size} must divide over the {processes} processes")
   if config.eval.batch_size % data_shards:
-    raise ValueError(f"eval.batch_size={config.eval.batch_size} does not divide over the "
-                     f"{data_shards} data shards")
+    raise errors.UsageError(f"eval.batch_size={config.eval.batch_size} does not divide over the "
+                            f"{data_shards} data shards")
   for phase in phases(config):
     if phase.max_seq_length > bert.max_position_embeddings:
-      raise ValueError(f"sequence length {phase.max_seq_length} is above the model's "
-                       f"max_position_embeddings={bert.max_position_embeddings}; raise "
-                       "model.max_position_embeddings or shorten the sequences")
+      raise errors.UsageError(f"sequence length {phase.max_seq_length} is above the model's "
+                              f"max_position_embeddings={bert.max_position_embeddings}; raise "
+                              "model.max_position_embeddings or shorten the sequences")
     if config.objective != "ltr":
       masking_config(config, phase.max_predictions).check_length(phase.max_seq_length)
   if config.data.static and config.objective == "ltr":
-    raise ValueError("data.static masks the data once, for the masked-LM objectives; the ltr "
-                     "objective has nothing to mask: set --config.data.static=false")
+    raise errors.UsageError(
+        "data.static masks the data once, for the masked-LM objectives; the ltr "
+        "objective has nothing to mask: set --config.data.static=false")
   if config.data.static and config.data.static_dupe_factor < 1:
-    raise ValueError(f"data.static_dupe_factor must be >= 1, got "
-                     f"{config.data.static_dupe_factor}")
+    raise errors.UsageError(f"data.static_dupe_factor must be >= 1, got "
+                            f"{config.data.static_dupe_factor}")
   if config.train.total_steps < 1:
-    raise ValueError(f"train.total_steps must be positive, got {config.train.total_steps}")
+    raise errors.UsageError(f"train.total_steps must be positive, got {config.train.total_steps}")
   for name, value in (("checkpoint.every_steps", config.checkpoint.every_steps),
                       ("checkpoint.max_to_keep", config.checkpoint.max_to_keep),
                       ("log_every_steps", config.log_every_steps),
                       ("max_consecutive_skips", config.max_consecutive_skips)):
     if value is not None and value < 1:  # max_to_keep=None keeps every step
-      raise ValueError(f"{name} must be >= 1, got {value}")
+      raise errors.UsageError(f"{name} must be >= 1, got {value}")
   if config.data.worker_count < -1:
-    raise ValueError(f"data.worker_count={config.data.worker_count}: give the loader processes "
-                     "(0: in the training process), or -1 to size them for the devices")
+    raise errors.UsageError(
+        f"data.worker_count={config.data.worker_count}: give the loader processes "
+        "(0: in the training process), or -1 to size them for the devices")
   if config.data.max_sequences_per_row < 1:
-    raise ValueError(f"data.max_sequences_per_row={config.data.max_sequences_per_row} must be "
-                     ">= 1 (1: one sequence a row; more: packed rows)")
+    raise errors.UsageError(
+        f"data.max_sequences_per_row={config.data.max_sequences_per_row} must be "
+        ">= 1 (1: one sequence a row; more: packed rows)")
   eval_percent = config.data.eval_percent
   if not 0 <= eval_percent < 100:
-    raise ValueError(f"data.eval_percent={eval_percent} must be in [0, 100): the share of "
+    raise errors.UsageError(f"data.eval_percent={eval_percent} must be in [0, 100): the share of "
                      "documents held out for evaluation")
   if config.eval.every_steps > 0:
     if eval_percent == 0:
-      raise ValueError("data.eval_percent=0 holds no document out, but eval.every_steps="
-                       f"{config.eval.every_steps} evaluates: hold some out or set "
-                       "--config.eval.every_steps=0")
+      raise errors.UsageError("data.eval_percent=0 holds no document out, but eval.every_steps="
+                              f"{config.eval.every_steps} evaluates: hold some out or set "
+                              "--config.eval.every_steps=0")
     if config.eval.batches < 1:
-      raise ValueError(f"eval.batches must be >= 1 to evaluate, got {config.eval.batches} "
-                       "(--config.eval.every_steps=0 turns evaluation off)")
+      raise errors.UsageError(f"eval.batches must be >= 1 to evaluate, got {config.eval.batches} "
+                              "(--config.eval.every_steps=0 turns evaluation off)")
   if not 0 <= config.optimizer.warmup_steps <= config.train.total_steps:
-    raise ValueError(f"optimizer.warmup_steps={config.optimizer.warmup_steps} must be in "
-                     f"[0, train.total_steps={config.train.total_steps}]")
+    raise errors.UsageError(f"optimizer.warmup_steps={config.optimizer.warmup_steps} must be in "
+                            f"[0, train.total_steps={config.train.total_steps}]")
   return shape
 
 
@@ -111,7 +115,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     SystemExit(PREEMPTED_EXIT_CODE) after saving when preempted, and
     SystemExit(INTERRUPTED_EXIT_CODE) after saving on a first Ctrl-C.
   """
-  runs.check_workdir(config, workdir)
   return _Trainer(config, workdir).run()
 
 
@@ -390,7 +393,7 @@ class _Trainer:
     config = self.config
     values = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
     if values["consecutive_skipped"] >= config.max_consecutive_skips:
-      raise FloatingPointError(
+      raise errors.TrainingStoppedError(
           f"{int(values['consecutive_skipped'])} consecutive steps had a non-finite loss or "
           f"gradients (up to step {step}); lower optimizer.learning_rate, check the data, or "
           "raise max_consecutive_skips")

@@ -19,7 +19,7 @@ from absl import logging
 import jax
 import ml_collections
 
-from bertjax import files, hosts
+from bertjax import errors, files, hosts
 from bertjax.data import loader, shards
 from bertjax.data.masking import MaskingConfig
 
@@ -70,8 +70,9 @@ def check_stream(saved: dict[str, Any] | None, current: dict[str, Any]) -> None:
   if changed:
     was = ", ".join(f"--config.{name}={value}" for name, value in changed.items())
     now = ", ".join(f"{name}={current.get(name)}" for name in changed)
-    raise ValueError(f"the checkpoint's data position is in the stream of {was}, not of this "
-                     f"run's {now}: resume with {was}, or start a new --workdir")
+    raise errors.UsageError(
+        f"the checkpoint's data position is in the stream of {was}, not of this "
+        f"run's {now}: resume with {was}, or start a new --workdir")
 
 
 def masking_config(config: ml_collections.ConfigDict, max_predictions: int) -> MaskingConfig:
@@ -156,9 +157,9 @@ def _check_built_from(config: ml_collections.ConfigDict, workdir: str, data_dir:
                if (_source(str(built.get(key))) if key == "build_from" else built.get(key))
                != (_source(wanted[key]) if key == "build_from" else wanted[key])]
     if changed:
-      raise ValueError(f"{data_dir} and {files.join(workdir, 'vocab.txt')} were built with "
-                       f"other settings ({', '.join(changed)}); give another --workdir, or "
-                       "delete both to rebuild them here")
+      raise errors.UsageError(f"{data_dir} and {files.join(workdir, 'vocab.txt')} were built with "
+                              f"other settings ({', '.join(changed)}); give another --workdir, or "
+                              "delete both to rebuild them here")
   if jax.process_index() == 0 and not files.isfile(path):
     files.makedirs(workdir)
     files.write_json(path, wanted)
@@ -175,7 +176,7 @@ def check_splits(config: ml_collections.ConfigDict, data_dir: str) -> None:
     chosen = len(loader.split_documents(num_documents, split, config.data.eval_percent))
     if chosen < processes:
       advice = ("raise data.eval_percent" if split == "eval" else "lower data.eval_percent")
-      raise ValueError(
+      raise errors.UsageError(
           f"{data_dir}: data.eval_percent={config.data.eval_percent} of {num_documents} "
           f"documents leaves {chosen} in the {split} split, fewer than the {processes} "
           f"process(es) that read it; {advice}, or use more data"
@@ -239,6 +240,6 @@ def check_vocabulary(config: ml_collections.ConfigDict, data_dir: str) -> None:
   lookup, silently."""
   data_vocab = shards.read_info(data_dir)["vocab_size"]
   if data_vocab > config.model.vocab_size:
-    raise ValueError(f"{data_dir} was prepared with a {data_vocab}-token vocabulary, larger "
-                     f"than model.vocab_size={config.model.vocab_size}: set "
-                     f"--config.model.vocab_size={data_vocab}")
+    raise errors.UsageError(f"{data_dir} was prepared with a {data_vocab}-token vocabulary, larger "
+                            f"than model.vocab_size={config.model.vocab_size}: set "
+                            f"--config.model.vocab_size={data_vocab}")

@@ -31,7 +31,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from bertjax import files, metrics, runs
+from bertjax import errors, files, metrics, runs
 from bertjax.data import squad as squad_data
 from bertjax.evaluation import squad as squad_eval
 from bertjax.pretrained import Pretrained, add_span_bilstm, save_pretrained
@@ -193,7 +193,8 @@ def load_data(config: ml_collections.ConfigDict, name: str) -> dict[str, Any]:
   if config.data.source == "tfds":
     tfds_name = config.data.tfds_name or f"squad/{config.data.version}"
     return squad_data.from_tfds(tfds_name, name, config.data.dir or None)
-  raise ValueError(f"config.data.source must be 'json' or 'tfds', got {config.data.source!r}")
+  raise errors.UsageError(
+      f"config.data.source must be 'json' or 'tfds', got {config.data.source!r}")
 
 
 def _write_json(path: str, value: Any) -> None:
@@ -226,10 +227,9 @@ class _Predictor:
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Fine-tunes on `data.train_file` (if given), predicts and scores the dev
   file, predicts `data.test_file` (if given)."""
-  runs.check_workdir(config, workdir)  # before anything is written there
   if config.data.version not in ("v1.1", "v2.0"):
-    raise ValueError(f"config.data.version must be 'v1.1' or 'v2.0', got "
-                     f"{config.data.version!r}")
+    raise errors.UsageError(f"config.data.version must be 'v1.1' or 'v2.0', got "
+                            f"{config.data.version!r}")
   version_2 = config.data.version == "v2.0"
   bundle = finetune.load_model(config, "question_answering")
   if config.model.span_bilstm:

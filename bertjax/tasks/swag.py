@@ -34,7 +34,6 @@ def _write_predictions(path: str, examples, predictions: np.ndarray) -> None:
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Fine-tunes on SWAG's train.csv, scores val.csv every epoch, predicts test.csv."""
-  runs.check_workdir(config, workdir)  # before anything is written there
   path = lambda name: os.path.join(config.data.dir, name)
   train_examples = swag_data.read_csv(path("train.csv"))
   dev_examples = swag_data.read_csv(path("val.csv"))

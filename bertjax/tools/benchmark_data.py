@@ -34,10 +34,10 @@ import time
 from typing import TYPE_CHECKING
 
 import ml_collections
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
-from bertjax import flops, throughput
+from bertjax import errors, flops, paths, throughput, usage
 from bertjax.data import builder, corpus, loader, packing, vocabulary
 from bertjax.data.masking import MaskingConfig
 from bertjax.data.tokenizers import tokenizer_from_vocab_file
@@ -45,9 +45,9 @@ from bertjax.data.tokenizers import tokenizer_from_vocab_file
 if TYPE_CHECKING:
   from bertjax.tasks.pretrain_data import Phase
 
-_INPUT = flags.DEFINE_string("input", None, "Raw text (files/globs); default: the demo "
-                             "corpus written out.")
-_VOCAB = flags.DEFINE_string("vocab", None, "vocab.txt; default: trained on the input.")
+_INPUT = paths.DEFINE_path("input", None, "Raw text (files/globs); default: the demo corpus "
+                           "written out.", kind="inputs")
+_VOCAB = paths.DEFINE_path("vocab", None, "vocab.txt; default: trained on the input.")
 _REPEAT = flags.DEFINE_integer("repeat", 8, "Copies of the demo corpus in the raw text.")
 _LENGTHS = flags.DEFINE_list("lengths", ["128", "512"], "Sequence lengths for the loader "
                              "(without --config).")
@@ -92,8 +92,9 @@ def accelerator(name: str, devices_per_host: int) -> tuple[str, int, float]:
   for key, (bf16, _) in flops.PEAK_TFLOPS.items():
     if key.lower() == name.lower():
       return key, devices_per_host, bf16
-  raise ValueError(f"--accelerator={name}: give a gcloud TPU type (v4-32, v5litepod-16, ...) "
-                   f"or one of {', '.join(flops.PEAK_TFLOPS)}")
+  raise errors.UsageError(
+      f"--accelerator={name}: give a gcloud TPU type (v4-32, v5litepod-16, ...) "
+      f"or one of {', '.join(flops.PEAK_TFLOPS)}")
 
 
 def _loaders(config: ml_collections.ConfigDict | None) -> list[tuple[Phase | None, int]]:
@@ -203,4 +204,4 @@ def _consumption(config: ml_collections.ConfigDict, phase: Phase,
 
 
 if __name__ == "__main__":
-  app.run(main)
+  usage.run_main(main)

@@ -37,10 +37,10 @@ import sys
 import time
 from typing import Any
 
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 
-from bertjax import usage
+from bertjax import errors, usage
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Pre-training config file.",
                                           lock_config=True)
@@ -57,10 +57,6 @@ KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective
 _BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2, "f16": 2, "s32": 4,
           "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
 _OUT_OF_MEMORY = ("RESOURCE_EXHAUSTED", "Ran out of memory", "out of memory")
-
-
-class UsageError(ValueError):
-  """A setting to change, said in one line."""
 
 
 @dataclasses.dataclass
@@ -85,30 +81,31 @@ def make_target(config, accelerator_type: str, num_slices: int) -> Target:
   """The devices and mesh of a run of `config` on the slice(s).
 
   Raises:
-    UsageError: an unknown slice, or a config that does not fit its shape.
+    errors.UsageError: an unknown slice, or a config that does not fit its shape.
   """
   from bertjax import sharding, topology
   from bertjax.tasks import pretrain
 
   if config.get("task") != "pretrain":
-    raise UsageError(f"config.task is {config.get('task')!r}: give a pre-training config "
-                     "(configs/base_pretrain.py, configs/large_pretrain.py, configs/demo.py)")
+    raise errors.UsageError(
+        f"config.task is {config.get('task')!r}: give a pre-training config "
+        "(configs/base_pretrain.py, configs/large_pretrain.py, configs/demo.py)")
   if num_slices < 1:
-    raise UsageError(f"--num_slices={num_slices}: set it to 1 or more")
+    raise errors.UsageError(f"--num_slices={num_slices}: set it to 1 or more")
   try:
     tpu_slice = topology.parse(accelerator_type)
     devices = topology.devices(tpu_slice, num_slices)
     shape = pretrain.validate(config, len(devices))
     mesh = sharding.make_mesh(shape, devices)
   except ValueError as e:
-    raise UsageError(str(e)) from None
+    raise errors.UsageError(str(e)) from None
   hosts = tpu_slice.hosts * num_slices
   for name, batch in (("train.batch_size", config.train.batch_size),
                       ("eval.batch_size", config.eval.batch_size)):
     if batch % hosts:  # each host loads its share (pretrain.validate checks one host here)
-      raise UsageError(f"{name}={batch} does not divide over the {hosts} hosts of "
-                       f"{accelerator_type}" + (f" x {num_slices}" if num_slices > 1 else "")
-                       + f"; make it a multiple of {hosts}")
+      raise errors.UsageError(f"{name}={batch} does not divide over the {hosts} hosts of "
+                              f"{accelerator_type}" + (f" x {num_slices}" if num_slices > 1 else "")
+                              + f"; make it a multiple of {hosts}")
   return Target(tpu_slice, num_slices, devices, mesh)
 
 
@@ -470,7 +467,7 @@ def run(config, accelerator_type: str, num_slices: int = 1, find_max_batch: bool
   """Compiles every step of `config` for the slice(s); the report (JSON-ready).
 
   Raises:
-    UsageError: a setting to change.
+    errors.UsageError: a setting to change.
   """
   target = make_target(config, accelerator_type, num_slices)
   compiler = Compiler(config, target)
@@ -592,21 +589,17 @@ def summary_line(key: str, result: dict[str, Any], report: dict[str, Any]) -> st
 def main(argv):
   import jax
 
-  if len(argv) > 1:
-    usage.fail(f"unexpected arguments {argv[1:]}")
+  del argv
   # The chips are libtpu's description of the slice: never claim a local TPU
   # (a run may be using it) or wait for one, and let other processes load
   # libtpu meanwhile (it takes a lock for the chips otherwise).
   jax.config.update("jax_platforms", "cpu")
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-  try:
-    report = run(_CONFIG.value, _TOPOLOGY.value, _NUM_SLICES.value, _FIND_MAX_BATCH.value,
-                 _EVAL.value)
-  except UsageError as e:
-    usage.fail(str(e))
+  report = run(_CONFIG.value, _TOPOLOGY.value, _NUM_SLICES.value, _FIND_MAX_BATCH.value,
+               _EVAL.value)
   print(json.dumps(report), flush=True)
   sys.exit(0 if report["fits"] else 1)
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=usage.parse_flags)
+  usage.run_main(main)

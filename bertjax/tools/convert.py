@@ -12,15 +12,14 @@ and renamed when complete: a failed conversion leaves nothing behind.
 
 from __future__ import annotations
 
-import sys
+from absl import flags
 
-from absl import app, flags
+from bertjax import files, paths, pretrained, usage
 
-from bertjax import files, pretrained
-
-_INPUT = flags.DEFINE_string("input", None, "Model directory (or TF checkpoint prefix).",
-                             required=True)
-_OUTPUT = flags.DEFINE_string("output", None, "Directory to write.", required=True)
+_INPUT = paths.DEFINE_path("input", None, "Model directory (or TF checkpoint prefix), a "
+                           "pre-training workdir or a Hugging Face Hub id.", kind="model",
+                           required=True)
+_OUTPUT = paths.DEFINE_path("output", None, "Directory to write.", required=True)
 _TO = flags.DEFINE_enum("to", None, ["hf", "bertjax"],
                         "Output format (default: hf for a bertjax input, else bertjax).")
 _TASK = flags.DEFINE_string("task", None, "Load into this task model (see "
@@ -31,23 +30,19 @@ _OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace an existing --output
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  del argv
   source_is_bertjax = files.isfile(files.join(_INPUT.value, pretrained.BERTJAX_FILE))
   target = _TO.value or ("hf" if source_is_bertjax else "bertjax")
-  try:
-    bundle = pretrained.load_pretrained(_INPUT.value, task=_TASK.value,
-                                        do_lower_case=_DO_LOWER_CASE.value)
-    if target == "hf":
-      pretrained.export_hf(bundle, _OUTPUT.value, overwrite=_OVERWRITE.value)
-    else:
-      pretrained.save_pretrained(bundle, _OUTPUT.value, overwrite=_OVERWRITE.value)
-  except (ValueError, OSError, ImportError) as e:
-    sys.exit(f"convert: {e}")
+  bundle = pretrained.load_pretrained(_INPUT.value, task=_TASK.value,
+                                      do_lower_case=_DO_LOWER_CASE.value)
+  if target == "hf":
+    pretrained.export_hf(bundle, _OUTPUT.value, overwrite=_OVERWRITE.value)
+  else:
+    pretrained.save_pretrained(bundle, _OUTPUT.value, overwrite=_OVERWRITE.value)
   c = bundle.config
   print(f"Wrote {_OUTPUT.value} ({target} format): {bundle.task} model, "
         f"L={c.num_layers} H={c.hidden_size} A={c.num_heads}, vocab {c.vocab_size}")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  usage.run_main(main, interrupted="nothing was written")

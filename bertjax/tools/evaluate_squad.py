@@ -15,7 +15,7 @@ import argparse
 import json
 import sys
 
-from bertjax import files
+from bertjax import errors, files, paths, usage
 from bertjax.data import squad as squad_data
 from bertjax.evaluation import squad
 
@@ -24,20 +24,22 @@ def _load_json(path: str, what: str):
   try:
     return json.loads(files.read_text(path))
   except FileNotFoundError:
-    raise SystemExit(f"{what} {path} not found") from None
+    raise errors.MissingFileError(f"{what} {path} not found") from None
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise SystemExit(f"{what} {path} is not valid JSON: {e}") from None
+    raise errors.CorruptFileError(f"{what} {path} is not valid JSON: {e}") from None
 
 
 def _parse_args(argv: list[str]) -> argparse.Namespace:
   parser = argparse.ArgumentParser(
       prog="python -m bertjax.tools.evaluate_squad", description=__doc__,
       formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("data_file", metavar="data.json", help="Input data JSON file.")
-  parser.add_argument("pred_file", metavar="pred.json", help="Model predictions.")
-  parser.add_argument("--out-file", "-o", metavar="eval.json",
+  parser.add_argument("data_file", metavar="data.json", type=paths.resolve,
+                      help="Input data JSON file.")
+  parser.add_argument("pred_file", metavar="pred.json", type=paths.resolve,
+                      help="Model predictions.")
+  parser.add_argument("--out-file", "-o", metavar="eval.json", type=paths.resolve,
                       help="Write accuracy metrics to file (default is stdout).")
-  parser.add_argument("--na-prob-file", "-n", metavar="na_prob.json",
+  parser.add_argument("--na-prob-file", "-n", metavar="na_prob.json", type=paths.resolve,
                       help="Model estimates of probability of no answer.")
   parser.add_argument("--na-prob-thresh", "-t", type=float, default=1.0,
                       help='Predict "" if no-answer probability exceeds this (default = 1.0).')
@@ -47,20 +49,26 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
+  """Scores as the official scripts do; an error is one line and exit status 2."""
   args = _parse_args(sys.argv[1:] if argv is None else argv)
+  usage.run(lambda: _evaluate(args))
+
+
+def _evaluate(args: argparse.Namespace) -> None:
   data = _load_json(args.data_file, "Data file")
   try:
     for _ in squad_data.iter_paragraphs(data, args.data_file):
       pass  # every record the scorer reads has its fields, of their types
   except ValueError as e:
-    raise SystemExit(f"malformed SQuAD data: {e}") from None
+    raise errors.CorruptFileError(f"malformed SQuAD data: {e}") from None
   predictions = _load_json(args.pred_file, "Prediction file")
   if not isinstance(predictions, dict):
-    raise SystemExit(f"{args.pred_file}: predictions must be a JSON object id -> answer")
+    raise errors.UsageError(f"{args.pred_file}: predictions must be a JSON object id -> "
+                            "answer")
   not_text = [qid for qid, answer in predictions.items() if not isinstance(answer, str)]
   if not_text:
-    raise SystemExit(f"{args.pred_file}: the prediction of {not_text[0]!r} is not a string "
-                     f"({len(not_text)} such)")
+    raise errors.UsageError(f"{args.pred_file}: the prediction of {not_text[0]!r} is not a "
+                            f"string ({len(not_text)} such)")
   rules = args.rules
   if rules == "auto":
     rules = "v1.1" if str(data.get("version")) in ("1.1", "1.0") else "v2.0"
@@ -77,9 +85,10 @@ def main(argv: list[str] | None = None) -> None:
     result = squad.evaluate_v2(data["data"], predictions, no_answer_probs,
                                args.na_prob_thresh)
   except (KeyError, TypeError) as e:
-    raise SystemExit(f"{args.data_file}: malformed SQuAD data ({type(e).__name__}: {e})") from None
+    raise errors.CorruptFileError(f"{args.data_file}: malformed SQuAD data "
+                                  f"({type(e).__name__}: {e})") from None
   except ValueError as e:  # the data and predictions do not fit together
-    raise SystemExit(f"{args.data_file} with {args.pred_file}: {e}") from None
+    raise errors.UsageError(f"{args.data_file} with {args.pred_file}: {e}") from None
   if args.out_file:
     files.write_text(args.out_file, json.dumps(result))
   else:

@@ -30,21 +30,21 @@ shards.
 from __future__ import annotations
 
 import os
-import sys
 import time
 
-from absl import app, flags
+from absl import flags
 
+from bertjax import paths, usage
 from bertjax.data import builder, corpus
 from bertjax.data.masking import MaskingConfig
 from bertjax.data.tokenizers import tokenizer_from_vocab_file
 
-_INPUT = flags.DEFINE_string("input", None, "Files/globs (comma-separated), "
-                             "tfds:NAME[:SPLIT] or demo:stdlib.", required=True)
-_OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Where to write the shards.",
-                                  required=True)
-_VOCAB = flags.DEFINE_string("vocab", None, "WordPiece vocab.txt or SentencePiece .model "
-                             "(make one with bertjax.tools.train_vocab).", required=True)
+_INPUT = paths.DEFINE_path("input", None, "Files/globs (comma-separated), "
+                           "tfds:NAME[:SPLIT] or demo:stdlib.", kind="inputs", required=True)
+_OUTPUT_DIR = paths.DEFINE_path("output_dir", None, "Where to write the shards (local or "
+                                "gs://).", required=True)
+_VOCAB = paths.DEFINE_path("vocab", None, "WordPiece vocab.txt or SentencePiece .model "
+                           "(make one with bertjax.tools.train_vocab).", required=True)
 _DO_LOWER_CASE = flags.DEFINE_bool("do_lower_case", True, "Lower-case the text.")
 _FILE_FORMAT = flags.DEFINE_enum("file_format", "sentences", list(corpus.FILE_FORMATS),
                                  "sentences: one per line, blank line between documents; "
@@ -60,7 +60,7 @@ _MIN_SENTENCES = flags.DEFINE_integer(
     "random-next pairs only); 2 leaves those out.")
 _MAX_LINE_CHARS = flags.DEFINE_integer("max_line_chars", 100_000,
                                        "Longer lines are skipped and counted.")
-_TFDS_DATA_DIR = flags.DEFINE_string("tfds_data_dir", None, "data_dir for tfds: inputs.")
+_TFDS_DATA_DIR = paths.DEFINE_path("tfds_data_dir", None, "data_dir for tfds: inputs.")
 _OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace an existing, different "
                                "dataset in --output_dir.")
 # Static masking, as the original code did (the loader masks anew each epoch
@@ -85,37 +85,35 @@ _EVAL_PERCENT = flags.DEFINE_float(
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  del argv
   start = time.perf_counter()
+  tokenizer = tokenizer_from_vocab_file(_VOCAB.value, _DO_LOWER_CASE.value)
   try:
-    tokenizer = tokenizer_from_vocab_file(_VOCAB.value, _DO_LOWER_CASE.value)
     stats = builder.prepare(
         _INPUT.value, _OUTPUT_DIR.value, tokenizer, file_format=_FILE_FORMAT.value,
         num_shards=_NUM_SHARDS.value, num_workers=_NUM_WORKERS.value or os.cpu_count() or 1,
         num_hosts=_NUM_HOSTS.value, host_index=_HOST_INDEX.value,
         min_sentences=_MIN_SENTENCES.value, max_line_chars=_MAX_LINE_CHARS.value,
         tfds_data_dir=_TFDS_DATA_DIR.value, overwrite=_OVERWRITE.value)
-    seconds = time.perf_counter() - start
-    print(stats.summary())
-    print(f"time:       {seconds:.1f} s, {stats.tokens / max(seconds, 1e-9):,.0f} tokens/s")
-    if _STATIC_DUPE_FACTOR.value > 0:
-      count = builder.prepare_static(
-          _OUTPUT_DIR.value, objective=_OBJECTIVE.value, max_seq_length=_MAX_SEQ_LENGTH.value,
-          masking=MaskingConfig(masked_lm_prob=_MASKED_LM_PROB.value,
-                                max_predictions=_MAX_PREDICTIONS.value,
-                                whole_word=_WHOLE_WORD_MASKING.value),
-          dupe_factor=_STATIC_DUPE_FACTOR.value, short_seq_prob=_SHORT_SEQ_PROB.value,
-          seed=_SEED.value, eval_percent=_EVAL_PERCENT.value,
-          num_workers=_NUM_WORKERS.value or os.cpu_count() or 1,
-          num_hosts=_NUM_HOSTS.value, host_index=_HOST_INDEX.value)
-      print(f"instances:  {count} statically masked ({_STATIC_DUPE_FACTOR.value} copies)")
   except builder.NoDocumentsError as e:
     print(e.stats.summary())
-    sys.exit(f"prepare_pretraining_data: {e.line}")
-  except (ValueError, OSError) as e:
-    sys.exit(f"prepare_pretraining_data: {e}")
+    usage.fail(e.line)
+  seconds = time.perf_counter() - start
+  print(stats.summary())
+  print(f"time:       {seconds:.1f} s, {stats.tokens / max(seconds, 1e-9):,.0f} tokens/s")
+  if _STATIC_DUPE_FACTOR.value > 0:
+    count = builder.prepare_static(
+        _OUTPUT_DIR.value, objective=_OBJECTIVE.value, max_seq_length=_MAX_SEQ_LENGTH.value,
+        masking=MaskingConfig(masked_lm_prob=_MASKED_LM_PROB.value,
+                              max_predictions=_MAX_PREDICTIONS.value,
+                              whole_word=_WHOLE_WORD_MASKING.value),
+        dupe_factor=_STATIC_DUPE_FACTOR.value, short_seq_prob=_SHORT_SEQ_PROB.value,
+        seed=_SEED.value, eval_percent=_EVAL_PERCENT.value,
+        num_workers=_NUM_WORKERS.value or os.cpu_count() or 1,
+        num_hosts=_NUM_HOSTS.value, host_index=_HOST_INDEX.value)
+    print(f"instances:  {count} statically masked ({_STATIC_DUPE_FACTOR.value} copies)")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  usage.run_main(main, interrupted="finished shards are kept: rerun the same command to "
+                 "build the rest")

@@ -21,15 +21,14 @@ import math
 import os
 from typing import Any
 
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 
-from bertjax import files
-from bertjax import tasks
+from bertjax import errors, files, paths, tasks, usage
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Fine-tuning config file.",
                                           lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Where the runs and the tables go.")
+_WORKDIR = paths.DEFINE_path("workdir", None, "Where the runs and the tables go.")
 _LEARNING_RATES = flags.DEFINE_list("learning_rates", ["5e-5", "4e-5", "3e-5", "2e-5"],
                                     "Learning rates to try (the paper's four by default).")
 _SEEDS = flags.DEFINE_list("seeds", ["0"], "Random restarts: one run per seed and rate.")
@@ -48,7 +47,7 @@ def dev_score(task: str, results: dict[str, Any]) -> tuple[str, float]:
   elif task in ("ner", "ner_features"):
     name = "f1"
   else:
-    raise ValueError(f"no dev metric known for config.task {task!r}")
+    raise errors.UsageError(f"no dev metric known for config.task {task!r}")
   return name, float(dev[name])
 
 
@@ -59,8 +58,8 @@ def run_name(learning_rate: float, seed: int) -> str:
 def sweep(config, workdir: str, learning_rates: list[float], seeds: list[int]) -> dict[str, Any]:
   """Runs (or reuses) every pair and returns the summary written to sweep.json."""
   if config.task == "pretrain":
-    raise ValueError("the sweep fine-tunes; config.task 'pretrain' is not a fine-tuning task")
-  task = tasks.task_module(config.task)
+    raise errors.UsageError("the sweep fine-tunes; config.task 'pretrain' is not a "
+                               "fine-tuning task")
   if not files.is_remote(workdir):
     os.makedirs(workdir, exist_ok=True)
   runs = []
@@ -77,7 +76,7 @@ def sweep(config, workdir: str, learning_rates: list[float], seeds: list[int]) -
           run_config.train.learning_rate = learning_rate
           run_config.seed = seed
         logging.info("Fine-tuning %s", run_dir)
-        results = task.run(run_config, run_dir)
+        results = tasks.run(run_config, run_dir)
       metric, score = dev_score(config.task, results)
       runs.append({"learning_rate": learning_rate, "seed": seed, "metric": metric,
                    "dev": score, "workdir": run_dir})
@@ -115,16 +114,16 @@ def markdown_table(summary: dict[str, Any]) -> str:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  del argv
   try:
     learning_rates = [float(v) for v in _LEARNING_RATES.value]
     seeds = [int(v) for v in _SEEDS.value]
   except ValueError as e:
-    raise app.UsageError(f"--learning_rates takes numbers and --seeds integers: {e}")
+    raise errors.UsageError(f"--learning_rates takes numbers and --seeds integers: {e}")
   summary = sweep(_CONFIG.value, _WORKDIR.value, learning_rates, seeds)
   print(markdown_table(summary))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  usage.run_main(main, interrupted="finished runs are kept: rerun the same command to run "
+                 "the rest")

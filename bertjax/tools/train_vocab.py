@@ -16,16 +16,15 @@ error). The output is written under a temporary name and renamed when complete.
 
 from __future__ import annotations
 
-import sys
+from absl import flags
 
-from absl import app, flags
-
+from bertjax import paths, usage
 from bertjax.data import corpus, vocabulary
 
-_INPUT = flags.DEFINE_string("input", None, "Files/globs, tfds:NAME[:SPLIT] or "
-                             "demo:stdlib.", required=True)
-_OUTPUT = flags.DEFINE_string("output", None, "vocab.txt (WordPiece) or NAME.model "
-                              "(SentencePiece).", required=True)
+_INPUT = paths.DEFINE_path("input", None, "Files/globs, tfds:NAME[:SPLIT] or demo:stdlib.",
+                           kind="inputs", required=True)
+_OUTPUT = paths.DEFINE_path("output", None, "vocab.txt (WordPiece) or NAME.model "
+                            "(SentencePiece).", required=True)
 _MODEL = flags.DEFINE_enum("model", "wordpiece", ["wordpiece", "sentencepiece"],
                            "Vocabulary type.")
 _VOCAB_SIZE = flags.DEFINE_integer("vocab_size", 30522, "Tokens in the vocabulary.")
@@ -34,13 +33,12 @@ _FILE_FORMAT = flags.DEFINE_enum("file_format", "sentences", list(corpus.FILE_FO
                                  "Layout of file inputs.")
 _MAX_SENTENCES = flags.DEFINE_integer("max_sentences", 10_000_000,
                                       "Train on at most this many sentences.")
-_TFDS_DATA_DIR = flags.DEFINE_string("tfds_data_dir", None, "data_dir for tfds: inputs.")
+_TFDS_DATA_DIR = paths.DEFINE_path("tfds_data_dir", None, "data_dir for tfds: inputs.")
 _OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace an existing --output.")
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  del argv
   stats = corpus.CorpusStats()
   try:
     size = vocabulary.train(
@@ -50,13 +48,11 @@ def main(argv):
         overwrite=_OVERWRITE.value, stats=stats)
   except vocabulary.UnusableTextError as e:
     print(stats.summary(tokens=False))
-    sys.exit(f"train_vocab: {e}")
-  except (ValueError, OSError) as e:
-    sys.exit(f"train_vocab: {e}")
+    usage.fail(str(e))
   print(stats.summary(tokens=False))
   print(f"Wrote {_OUTPUT.value} ({_MODEL.value}, {size} tokens of {_VOCAB_SIZE.value} "
         "requested)")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  usage.run_main(main, interrupted="nothing was written")

@@ -178,7 +178,7 @@ def test_command_line_with_workers(tmp_path, vocab):
       [sys.executable, "-m", "bertjax.tools.prepare_pretraining_data",
        f"--input={tmp_path}/missing/*.txt", f"--vocab={vocab}",
        f"--output_dir={tmp_path / 'bad'}"], capture_output=True, text=True, timeout=300)
-  assert bad.returncode == 1 and "glob matches no files" in bad.stderr
+  assert bad.returncode == 2 and "glob matches no files" in bad.stderr
   assert "Traceback" not in bad.stderr
 
 

@@ -40,10 +40,13 @@ def _tool(name, *args):
 
 
 def _error_line(result):
-  """The tool's error: the last line of stderr, after which nothing follows."""
-  assert result.returncode != 0, result.stdout + result.stderr
+  """The tool's error: the last line of stderr, after which nothing follows, as
+  every command says one (`error: ...`, exit status 2)."""
+  assert result.returncode == 2, result.stdout + result.stderr
   assert "Traceback" not in result.stderr, result.stderr
-  return result.stderr.strip().splitlines()[-1]
+  line = result.stderr.strip().splitlines()[-1]
+  assert line.startswith("error: "), line
+  return line
 
 
 def _snapshot(directory):
@@ -61,7 +64,7 @@ def test_failed_overwrite_keeps_the_old_dataset(tmp_path, vocab):
   result = _tool("prepare_pretraining_data", f"--input={junk}", f"--vocab={vocab}",
                  f"--output_dir={out}", "--num_shards=2", "--num_workers=1", "--overwrite")
   line = _error_line(result)
-  assert line.startswith("prepare_pretraining_data: ") and str(junk) in line, line
+  assert str(junk) in line, line
   assert "no usable document" in line and "kept" in line, line
   assert "documents:  3 read = 0 used + 3 skipped" in result.stdout  # the summary, as ever
   assert _snapshot(out) == before  # the old dataset, byte for byte
@@ -148,7 +151,7 @@ def test_train_vocab_over_unusable_text_keeps_the_old_vocabulary(tmp_path, model
   result = _tool("train_vocab", f"--input={inputs}/*", f"--output={output}",
                  f"--model={model}", "--vocab_size=300", "--overwrite")
   line = _error_line(result)
-  assert line.startswith("train_vocab: ") and f"{inputs}/*" in line, line
+  assert f"{inputs}/*" in line, line
   assert output.read_bytes() == b"the old one\n"
   assert sorted(os.listdir(tmp_path)) == sorted(["in", name])  # no staging file left
   # The same account as the builder's, naming the skipped file.

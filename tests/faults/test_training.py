@@ -133,7 +133,7 @@ def test_an_error_while_a_save_is_in_flight_waits_for_the_save(prepared_dir, tmp
 
 
 def _demo_config(prepared_dir, **changes):
-  from configs import demo
+  from bertjax.configs import demo
 
   config = demo.get_config()
   settings = {"data.dir": prepared_dir, "data.eval_percent": 10.0, "model.vocab_size": 210,
@@ -232,17 +232,18 @@ def test_a_rerun_refuses_a_data_position_of_other_stream_settings(finished_run,
 
 
 def test_fine_tuning_refuses_to_write_into_a_pretraining_run(finished_run, tmp_path):
-  from configs import glue as glue_config
-  from bertjax.tasks import glue
+  from bertjax import tasks
+  from bertjax.configs import glue as glue_config
 
   before = open(os.path.join(finished_run, "config.json")).read()
   config = glue_config.get_config("sst2")
   config.init_checkpoint = finished_run
   with pytest.raises(ValueError, match="is config.init_checkpoint"):
-    glue.run(config, finished_run)
+    tasks.run(config, finished_run)
   config.init_checkpoint = str(tmp_path / "elsewhere")
   with pytest.raises(ValueError, match="holds a 'pretrain' run .* this is a 'glue sst2' run"):
-    glue.run(config, finished_run)
+    tasks.run(config, finished_run)
+  assert not os.path.exists(os.path.join(finished_run, "run.lock"))  # refused before locking
   assert open(os.path.join(finished_run, "config.json")).read() == before
 
 

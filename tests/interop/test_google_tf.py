@@ -148,7 +148,7 @@ def test_gelu_means_the_originals_tanh_approximation():
   assert np.abs(exact - _original_gelu(x)).max() > 1e-4
   with pytest.raises(ValueError, match="bert_config.json: hidden_act='swish'"):
     google_tf.config_from_dict(dict(CONFIG, hidden_act="swish"), "bert_config.json")
-  from configs import base_pretrain, large_pretrain
+  from bertjax.configs import base_pretrain, large_pretrain
   assert base_pretrain.get_config().model.hidden_act == "gelu_tanh"  # as the original trained
   assert large_pretrain.get_config("ltr").model.hidden_act == "gelu_tanh"
 

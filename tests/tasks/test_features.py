@@ -19,7 +19,7 @@ def four_layer_checkpoint(tmp_path_factory):
 
 
 def _config(variant, checkpoint, data, **changes):
-  from configs import ner_features
+  from bertjax.configs import ner_features
 
   config = ner_features.get_config(variant)
   return set_fields(config, {"init_checkpoint": checkpoint, "data.dir": data,

@@ -49,7 +49,7 @@ def write_rte(directory, seed=0, train=512, dev=128):
 
 
 def _glue_config(task, init_checkpoint, data_dir, **changes):
-  from configs import glue as glue_config
+  from bertjax.configs import glue as glue_config
 
   changes = {"data.dir": data_dir, "train.epochs": 4.0, **changes}
   return tiny_config(glue_config.get_config(task), init_checkpoint,
@@ -58,7 +58,7 @@ def _glue_config(task, init_checkpoint, data_dir, **changes):
 
 def _pretrain(prepared_dir, workdir, objective="mlm_nsp"):
   """A short bertjax pre-training run (L2/H32 on the test vocabulary)."""
-  from configs import demo
+  from bertjax.configs import demo
   from bertjax.tasks import pretrain
 
   config = demo.get_config()
@@ -153,7 +153,7 @@ def test_fine_tunes_an_imported_hugging_face_checkpoint_with_main(tiny_hf_checkp
 
 
 def test_config_needs_a_task_and_a_sound_setup(tmp_path, pretrained_run):
-  from configs import glue as glue_config
+  from bertjax.configs import glue as glue_config
   from bertjax.tasks import glue
 
   with pytest.raises(ValueError, match="needs a GLUE task as its argument, one of cola"):

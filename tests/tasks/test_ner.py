@@ -27,7 +27,7 @@ def write_conll(path, sentences, seed):
 
 
 def test_ner_fine_tunes_to_high_entity_f1(tiny_hf_checkpoint, tmp_path):
-  from configs import ner as ner_config
+  from bertjax.configs import ner as ner_config
   from bertjax.tasks import ner
 
   data = tmp_path / "conll"

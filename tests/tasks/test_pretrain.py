@@ -293,7 +293,7 @@ def test_fine_tuning_takes_the_encoder_from_the_run(uninterrupted, caplog):
 
 
 def _demo_config(prepared_dir, **changes):
-  from configs import demo
+  from bertjax.configs import demo
 
   config = demo.get_config()
   config.data.dir = prepared_dir

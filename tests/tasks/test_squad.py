@@ -108,7 +108,7 @@ def write_squad(path, count, seed, version):
 
 
 def _config(version, checkpoint, **files):
-  from configs import squad as squad_config
+  from bertjax.configs import squad as squad_config
 
   return tiny_config(squad_config.get_config(version), checkpoint, 32,
                      **{"doc_stride": 16, "max_query_length": 8},

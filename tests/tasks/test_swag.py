@@ -26,7 +26,7 @@ def write_swag(path, count, seed, labelled=True):
 
 
 def test_swag_fine_tunes_to_high_accuracy(tiny_hf_checkpoint, tmp_path):
-  from configs import swag as swag_config
+  from bertjax.configs import swag as swag_config
   from bertjax.tasks import swag
 
   data = tmp_path / "swag"

@@ -187,7 +187,7 @@ def test_the_accumulation_that_fits_is_checked_by_compiling():
   """Accumulating needs memory of its own (the summed gradients): the steps the
   largest batches suggest are compiled, and raised while they do not fit."""
   from bertjax.tools import compile as compile_tool
-  from configs import large_pretrain
+  from bertjax.configs import large_pretrain
 
   config = large_pretrain.get_config()  # 256 sequences, lengths 128 and 512
   compiler = object.__new__(compile_tool.Compiler)

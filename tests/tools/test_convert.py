@@ -46,7 +46,7 @@ def test_hf_to_bertjax_to_hf(tmp_path):
 def test_bad_input_is_a_message_and_writes_nothing(tmp_path):
   (tmp_path / "empty").mkdir()
   result = _convert(f"--input={tmp_path / 'empty'}", f"--output={tmp_path / 'out'}")
-  assert result.returncode == 1
-  assert "convert:" in result.stderr and "not a model directory" in result.stderr
+  assert result.returncode == 2
+  assert result.stderr.startswith("error: ") and "not a model directory" in result.stderr
   assert "Traceback" not in result.stderr
   assert sorted(os.listdir(tmp_path)) == ["empty"]
