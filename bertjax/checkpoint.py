@@ -20,6 +20,7 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 from typing import Any
@@ -82,6 +83,8 @@ _BUGS = (TypeError, AttributeError, KeyError, IndexError, NameError, AssertionEr
 
 def _storage_failure(error: BaseException) -> bool:
   """Whether a save's `error` is the storage failing rather than a bug."""
+  if errors.storage_full(error) is not None:
+    return True
   seen = set()
   while error is not None and id(error) not in seen:  # `raise ... from` chains
     seen.add(id(error))
@@ -132,7 +135,7 @@ def _quiet_closed_event_loop() -> None:
 
 
 # What the text of a failed orbax task or tensorstore write contains.
-_CHECKPOINT_IO = ("/orbax/", "tensorstore_spec")
+_CHECKPOINT_IO = ("/orbax/", "tensorstore_spec", "orbax-checkpoint-tmp", "OCDBT")
 
 
 class _UnretrievedSaveErrors(logging.Filter):
@@ -265,17 +268,37 @@ class Checkpointer:
     return started
 
   def _save_failed(self, step: int | None, error: Exception) -> CheckpointSaveError:
-    """The error that says which save failed, why, and where a rerun resumes."""
+    """The error that says which save failed, why, and where a rerun resumes.
+
+    On a full disk or quota, the save's partial files are removed (they hold
+    the space a rerun needs), and the error says so and what to free.
+    """
     _quiet_unretrieved_save_errors()  # this error says what they would
     try:
       finished = [s for s in self._manager.all_steps() if s != step]
       resume = f"step {max(finished)}" if finished else "step 0 (no finished checkpoint)"
     except Exception:  # pylint: disable=broad-except
       resume = "its newest finished checkpoint"
+    if errors.storage_full(error) is not None:
+      self._remove_unfinished()
+      return CheckpointSaveError(
+          f"saving the checkpoint of step {step} to {self.directory} failed: "
+          f"{errors.full_disk(self.directory, error)}; the "
+          "run stopped there: free space on that disk (older checkpoints go with a lower "
+          "checkpoint.max_to_keep) or use a --workdir elsewhere, then rerun the same "
+          f"command to resume from {resume}")
     return CheckpointSaveError(
         f"saving the checkpoint of step {step} to {self.directory} failed "
         f"({type(error).__name__}: {_first_line(error)}); the run stopped there: rerun "
         f"the same command to resume from {resume}")
+
+  def _remove_unfinished(self) -> None:
+    """Removes the temporary directories of saves that never finished (local)."""
+    if "://" in self.directory or not os.path.isdir(self.directory):
+      return
+    for name in os.listdir(self.directory):
+      if ".orbax-checkpoint-tmp" in name:
+        shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
 
   def all_steps(self) -> list[int]:
     """The finished steps, oldest first."""

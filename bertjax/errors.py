@@ -127,24 +127,35 @@ def _size(count: int) -> str:
   return f"{count} bytes"
 
 
+def full_disk(path: str, error: BaseException) -> str:
+  """'the disk is full (12.0 KiB free of 20.0 MiB)' (or the quota) for a write
+  to `path` whose `error` chain holds a full disk."""
+  cause = storage_full(error) or error
+  quota = getattr(cause, "errno", None) == errno.EDQUOT or "quota" in str(cause).lower()
+  where = free_space(path)
+  return ("the disk quota is exhausted" if quota else "the disk is full") + (
+      f" ({where})" if where else "")
+
+
 def storage_full_error(path: str, error: BaseException, kept: str) -> StorageFullError:
   """The one-line error of a write to `path` that found its disk or quota full.
 
   Args:
-    path: What was being written.
+    path: What was being written (the failed file itself is named instead
+      when the error names one elsewhere, on another disk).
     error: The error of the write (its chain holds the full disk).
-    kept: What the failed write left finished, and how a rerun continues
-      (`"finished shards are kept: rerun the same command to finish"`).
+    kept: What the failed write left as it was, or finished
+      (`"finished shards are kept"`).
   """
-  cause = storage_full(error) or error
-  quota = (getattr(cause, "errno", None) == errno.EDQUOT
-           or "quota" in str(cause).lower())
-  where = free_space(path)
-  what = ("the disk quota is exhausted" if quota else "the disk is full") + (
-      f" ({where})" if where else "")
-  advice = ("free space there (or raise the quota)" if quota else
-            "free space on that disk") + " or write elsewhere"
-  return StorageFullError(f"writing {path} failed: {what}; {advice}; {kept}")
+  failed = getattr(storage_full(error), "filename", None)
+  if failed and not os.path.abspath(os.fspath(failed)).startswith(
+      os.path.abspath(path) if "://" not in path else path):
+    path = os.fspath(failed)
+  what = full_disk(path, error)
+  advice = ("free space there (or raise the quota)" if "quota" in what
+            else "free space on that disk")
+  return StorageFullError(f"writing {path} failed: {what}; {advice} or write elsewhere, "
+                          f"then rerun the same command; {kept}")
 
 
 @contextlib.contextmanager
@@ -172,9 +183,8 @@ def one_line(error: BaseException) -> str | None:
     return str(error)
   full = storage_full(error)
   if full is not None:
-    path = getattr(full, "filename", None) or "a file"
-    return str(storage_full_error(os.fspath(path), full, "rerun the same command after "
-                                  "freeing space"))
+    path = os.fspath(getattr(full, "filename", None) or "a file")
+    return str(storage_full_error(path, full, "what was finished before is kept"))
   if (isinstance(error, OSError) and error.errno in _FILE_ERRNOS
       and getattr(error, "filename", None)):
     return f"{error.filename}: {error.strerror}"

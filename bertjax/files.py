@@ -214,7 +214,9 @@ def download(remote: str, local: str, mtime: float | None = None) -> None:
   os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
   staging = staging_name(local)
   try:
-    with _epath(remote).open("rb") as source, open(staging, "wb") as target:
+    with (errors.writing(local, "the copies finished before are kept (set BERTJAX_CACHE_DIR "
+                                "to a larger disk)"),
+          _epath(remote).open("rb") as source, open(staging, "wb") as target):
       shutil.copyfileobj(source, target, 16 << 20)
     if mtime is not None:
       os.utime(staging, (mtime, mtime))
@@ -292,9 +294,10 @@ def write_bytes(path: str, data: bytes) -> None:
     return
   staging = staging_name(path)
   try:
-    with open(staging, "wb") as f:
-      f.write(data)
-    os.replace(staging, path)
+    with errors.writing(path, f"{path} is as it was"):
+      with open(staging, "wb") as f:
+        f.write(data)
+      os.replace(staging, path)
   except BaseException:
     if os.path.exists(staging):
       os.remove(staging)
@@ -344,10 +347,19 @@ def atomic_directory(out_dir: str, overwrite: bool = False,
   the old marker goes first, so a reader never takes a half-written directory
   for a complete one.
   """
-  if is_remote(out_dir):
-    with _remote_directory(out_dir, overwrite, marker) as staging:
+  kept = (f"{out_dir} is as it was" if exists(out_dir) else f"nothing was written to {out_dir}")
+  with errors.writing(out_dir, kept):
+    if is_remote(out_dir):
+      with _remote_directory(out_dir, overwrite, marker) as staging:
+        yield staging
+      return
+    with _local_directory(out_dir, overwrite) as staging:
       yield staging
-    return
+
+
+@contextlib.contextmanager
+def _local_directory(out_dir: str, overwrite: bool) -> Iterator[str]:
+  """`atomic_directory` on a local disk: a sibling renamed into place."""
   out_dir = os.path.abspath(out_dir)
   if os.path.exists(out_dir) and not overwrite:
     raise errors.OutputExistsError(f"{out_dir} already exists; choose a new directory or "

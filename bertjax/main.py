@@ -65,6 +65,11 @@ def main(argv):
   tasks.run(_CONFIG.value, _WORKDIR.value)
 
 
-if __name__ == "__main__":
+def run() -> None:
+  """The command line (as every bertjax command: `bertjax.usage`)."""
   usage.run_main(main, interrupted="finished checkpoints and data are kept: rerun the same "
                  "command to resume")
+
+
+if __name__ == "__main__":
+  run()

@@ -20,6 +20,8 @@ from typing import Any, Mapping
 
 from absl import logging
 
+from bertjax import errors
+
 _CRC_TABLE = []
 for _n in range(256):
   _c = _n
@@ -100,7 +102,7 @@ class AppendFile:
     self._failures = 0
     if not self._remote:
       os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-      self._file = open(path, "ab")
+      self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
       return
     import fsspec
 
@@ -114,15 +116,34 @@ class AppendFile:
     self._thread.start()
 
   def append(self, data: bytes) -> None:
+    """Appends `data` (whole lines or records: a failed write leaves none of it).
+
+    Raises:
+      StorageFullError: a local disk or quota is full (what was appended
+        before is kept; nothing else stops it growing, so the run stops).
+    """
     if not self._remote:
+      end = os.lseek(self._fd, 0, os.SEEK_END)
       try:
-        self._file.write(data)
-        self._file.flush()
+        view = memoryview(data)
+        while view:  # a write cut short by a full disk returns what it wrote
+          view = view[os.write(self._fd, view):]
       except OSError as e:
+        self._cut(end)  # no half line or record for the next append to follow
+        if errors.storage_full(e) is not None:
+          raise errors.storage_full_error(self.path, e, f"{self.path} holds every line "
+                                          "before") from e
         self._warn(e)
       return
     with self._lock:
       self._buffer += data
+
+  def _cut(self, end: int) -> None:
+    """Truncates the local file back to `end` bytes (dropping a partial write)."""
+    try:
+      os.ftruncate(self._fd, end)
+    except OSError as e:
+      logging.warning("%s: could not remove a partial write (%s)", self.path, e)
 
   def flush(self) -> bool:
     """Uploads what is buffered now (and waits); returns whether all of it is stored."""
@@ -191,7 +212,9 @@ class AppendFile:
 
   def close(self) -> None:
     if not self._remote:
-      self._file.close()
+      if self._fd is not None:
+        os.close(self._fd)
+        self._fd = None
       return
     self._closing = True
     self._wake.set()

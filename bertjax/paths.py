@@ -57,11 +57,10 @@ def _is_source_name(part: str) -> bool:
 def resolve_inputs(spec: str | None) -> str | None:
   """A corpus source (`--input`): comma-separated files and globs, each local
   one made absolute (a glob's pattern too); `demo:`, `tfds:` and URLs kept."""
-  if not spec or _is_source_name(spec) or is_remote(spec):
+  if not spec or _is_source_name(spec.strip()) and not is_remote(spec):
     return spec
   return ",".join(part if not part.strip() or _is_source_name(part.strip())
-                  or is_remote(part.strip()) else resolve(part.strip())
-                  for part in spec.split(","))
+                  else resolve(part.strip()) for part in spec.split(","))
 
 
 # The config fields that hold paths, each with its resolver and, where the

@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
+import threading
+import time
 from typing import Any, Callable, NoReturn, TypeVar
 
 from absl import app, flags, logging
@@ -75,6 +78,8 @@ def run_main(main: Callable[[list[str]], Any], *,
     interrupted: What a Ctrl-C leaves, said after "interrupted (Ctrl-C): ".
   """
 
+  _redeliver_swallowed_interrupts()
+
   def checked(argv: list[str]) -> Any:
     from bertjax import metrics
 
@@ -87,8 +92,38 @@ def run_main(main: Callable[[list[str]], Any], *,
   try:
     app.run(checked, flags_parser=parse_flags)
   except KeyboardInterrupt:  # while the flags or the config loaded
+    if logging.get_verbosity() >= logging.DEBUG:
+      raise
     print("error: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
     sys.exit(INTERRUPTED_EXIT_CODE)
+
+
+def _redeliver_swallowed_interrupts() -> None:
+  """Delivers again a Ctrl-C that Python swallowed.
+
+  A KeyboardInterrupt raised while a garbage-collection callback or a
+  destructor runs (JAX registers one) is printed as "Exception ignored" and
+  dropped, and the command goes on as if Ctrl-C had not been pressed. The
+  signal is sent again a moment later, from a thread, when the main thread
+  is back in ordinary code.
+  """
+  previous = sys.unraisablehook
+  if getattr(previous, "_bertjax_redelivers", False):
+    return
+
+  def hook(unraisable) -> None:
+    if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+      previous(unraisable)
+      return
+
+    def resend() -> None:
+      time.sleep(0.05)
+      os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=resend, daemon=True).start()
+
+  hook._bertjax_redelivers = True
+  sys.unraisablehook = hook
 
 
 def parse_flags(argv: list[str]) -> list[str]:

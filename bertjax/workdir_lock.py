@@ -152,7 +152,7 @@ class _RemoteLock:
     bucket, _, key = self.path[len("gs://"):].partition("/")
     from google.cloud import storage
 
-    self._blob = _client(storage).bucket(bucket).blob(key)
+    self._bucket, self._key = _client(storage).bucket(bucket), key
     self._generation: int | None = None
     self._stop = threading.Event()
     self._thread: threading.Thread | None = None
@@ -198,19 +198,23 @@ class _RemoteLock:
     self._thread.start()
 
   def _write(self, generation: int) -> None:
+    """Writes the lock if its live generation is `generation` (0: if absent)."""
     self._holder["heartbeat"] = time.time()
-    self._blob.upload_from_string(json.dumps(self._holder), content_type="application/json",
-                                  if_generation_match=generation)
-    self._generation = self._blob.generation
+    blob = self._bucket.blob(self._key)  # each request its own: no generation pinned
+    blob.upload_from_string(json.dumps(self._holder), content_type="application/json",
+                            if_generation_match=generation)
+    self._generation = blob.generation
 
   def _read(self) -> tuple[dict[str, Any] | None, int | None]:
+    """(holder, generation) of the live lock; (None, None) when there is none."""
     from google.api_core import exceptions
 
+    blob = self._bucket.blob(self._key)
     try:
-      data = self._blob.download_as_bytes()
+      data = blob.download_as_bytes()
     except exceptions.NotFound:
       return None, None
-    return _read_json(data), self._blob.generation
+    return _read_json(data), blob.generation
 
   def _heartbeat(self) -> None:
     from google.api_core import exceptions
@@ -236,7 +240,7 @@ class _RemoteLock:
     if self._generation is None:
       return
     try:
-      self._blob.delete(if_generation_match=self._generation)
+      self._bucket.blob(self._key).delete(if_generation_match=self._generation)
     except Exception as e:  # pylint: disable=broad-except  # stale: taken over when needed
       logging.warning("%s: releasing the workdir lock failed (%s); the next run takes it "
                       "over once it is %.0f s old", self.path, e, STALE_S)

@@ -141,6 +141,7 @@ def pretrain_config(size: str = "bert_base") -> ml_collections.ConfigDict:
   config.eval = ml_collections.ConfigDict(dict(every_steps=10_000, batches=50, batch_size=256))
   config.log_every_steps = 100
   config.max_consecutive_skips = 10  # non-finite steps in a row before the run stops
+  config.divergence = divergence_config()
   # Capture a profiler trace (<workdir>/profile) for num_steps from start_step.
   config.profile = ml_collections.ConfigDict(dict(start_step=-1, num_steps=5))
   return config
@@ -237,4 +238,12 @@ def finetune_config(task: str) -> ml_collections.ConfigDict:
   config.logical_axis_rules = LOGICAL_AXIS_RULES
   config.log_every_steps = 50
   config.max_consecutive_skips = 10
+  config.divergence = divergence_config()
   return config
+
+
+def divergence_config() -> ml_collections.ConfigDict:
+  """When a finite loss counts as diverged (`bertjax.divergence`): above `factor`
+  x the median of the last `window` steps' losses; `steps` such steps in a row
+  stop the run, and no checkpoint is saved while the last one is (0: off)."""
+  return ml_collections.ConfigDict(dict(factor=3.0, steps=20, window=100))

@@ -103,3 +103,43 @@ def absl_caplog(caplog):
   finally:
     logger.removeHandler(caplog.handler)
     logger.setLevel(level)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """`small_disk(size)`: a directory on a tmpfs of `size` (e.g. "4m") that fills
+  (ENOSPC), with `fill(leave)` to take all but `leave` bytes of it and `free()`
+  to give them back. Mounting needs root (CI runs as root): skipped otherwise."""
+  import subprocess
+
+  mounts = []
+
+  class Disk:
+    def __init__(self, path):
+      self.path = path
+      self._filler = os.path.join(path, ".filler")
+
+    def fill(self, leave=0):
+      free = os.statvfs(self.path).f_bavail * os.statvfs(self.path).f_frsize
+      with open(self._filler, "ab") as f:
+        f.write(b"\0" * max(free - leave, 0))
+
+    def free(self):
+      if os.path.exists(self._filler):
+        os.remove(self._filler)
+
+  def mount(size):
+    if os.geteuid() != 0:
+      pytest.skip("a small tmpfs needs root to mount (CI runs as root)")
+    path = tmp_path / f"disk{len(mounts)}"
+    path.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                            capture_output=True, text=True)
+    if result.returncode:
+      pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+    mounts.append(str(path))
+    return Disk(str(path))
+
+  yield mount
+  for path in reversed(mounts):
+    subprocess.run(["umount", "-l", path], capture_output=True)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gc
-import hashlib
 import json
 import multiprocessing
 import os
@@ -60,6 +59,60 @@ class NoDocumentsError(errors.UsageError):
     self.line = f"{spec}: no usable document{where} ({cause}); {outcome}"
     self.stats = stats
     super().__init__(f"{self.line}\n{stats.summary()}")
+
+
+class DatasetMismatchError(errors.UsageError):
+  """An output directory holds a dataset of other input or settings.
+
+  Attributes:
+    difference: What differs ("the input as it was then: 1 file added (...)").
+  """
+
+  def __init__(self, message: str, difference: str):
+    super().__init__(message)
+    self.difference = difference
+
+
+def differences(existing: dict[str, Any], info: dict[str, Any]) -> str:
+  """What makes the dataset described by `existing` (a `dataset_info.json`)
+  another than `info` would build: '' when it is the same one.
+
+  A dataset written before the input's files were recorded is judged by its
+  settings alone.
+  """
+  old = {k: v for k, v in existing.items() if k not in ("format", "format_version")}
+  new = json.loads(json.dumps(info))
+  if "input_files" not in old:
+    new.pop("input_files", None)
+  parts = []
+  settings = sorted(k for k in set(old) | set(new)
+                    if k != "input_files" and old.get(k) != new.get(k))
+  if settings:
+    parts.append("other settings (" + ", ".join(
+        f"{k}: {_short(old.get(k))} then, {_short(new.get(k))} now" for k in settings) + ")")
+  if old.get("input_files") != new.get("input_files"):
+    parts.append("the input as it was then; since then: " + (corpus.describe_changes(
+        old.get("input_files") or {}, new.get("input_files") or {}) or "it is read otherwise"))
+  return " and ".join(parts)
+
+
+def _short(value: Any) -> str:
+  text = json.dumps(value) if not isinstance(value, str) else value
+  return text if len(text) <= 60 else text[:57] + "..."
+
+
+def input_changes(info: dict[str, Any]) -> str:
+  """How the input files a dataset was built from (its `dataset_info.json`)
+  changed since: '' when they did not (or were not files, or not recorded)."""
+  before = info.get("input_files")
+  if not before:
+    return ""
+  now: dict[str, list] = {}
+  try:
+    corpus.scan_files(corpus.expand_inputs(info["input"]), corpus.CorpusStats(), now)
+  except (FileNotFoundError, IsADirectoryError) as e:
+    return f"the input cannot be read ({e})"
+  return corpus.describe_changes(before, now)
 
 
 def _documents(task: dict[str, Any], stats: corpus.CorpusStats, progress):
@@ -185,8 +238,12 @@ def _in_worker(args):
 
 
 def plan(spec: str, num_shards: int, stats: corpus.CorpusStats, tfds_data_dir: str | None,
-         outcome: str = "nothing was written") -> list[dict[str, Any]]:
+         outcome: str = "nothing was written",
+         manifest: dict[str, list] | None = None) -> list[dict[str, Any]]:
   """The source part of every shard; checks the input before any work.
+
+  Args:
+    manifest: Receives what the input files were (`corpus.scan_files`).
 
   Raises:
     NoDocumentsError: every input file is skipped (`outcome` says what that
@@ -202,7 +259,7 @@ def plan(spec: str, num_shards: int, stats: corpus.CorpusStats, tfds_data_dir: s
     bounds = [round(length * i / num_shards) for i in range(num_shards + 1)]
     return [{"kind": "tfds", "name": name, "split": split, "data_dir": tfds_data_dir,
              "start": bounds[i], "end": bounds[i + 1]} for i in range(num_shards)]
-  inputs = corpus.scan_files(corpus.expand_inputs(spec), stats)
+  inputs = corpus.scan_files(corpus.expand_inputs(spec), stats, manifest)
   if not inputs:
     raise NoDocumentsError(spec, stats, outcome)
   return [{"kind": "files", "ranges": [dataclasses.astuple(r) for r in part]}
@@ -228,19 +285,20 @@ def prepare(spec: str, output_dir: str, tokenizer, *, file_format: str = "senten
       (unless `overwrite` on a single host), or no usable document at all.
     FileNotFoundError: a missing input, before any work.
   """
-  if files.is_remote(output_dir):
-    local = shards.local_directory(output_dir, lambda name: name.endswith(".json"))
-    return _prepare_in(spec, local, tokenizer, output_dir,
+  remote = files.is_remote(output_dir)
+  with errors.writing(output_dir, "the shards finished before are kept, and an old dataset "
+                      "being replaced (--overwrite) is whole"):
+    # On gs:// the dataset is built in a local copy, each shard uploaded when done.
+    local = (shards.local_directory(output_dir, lambda name: name.endswith(".json"))
+             if remote else output_dir)
+    for directory in (local, os.path.dirname(os.path.abspath(local))):
+      files.remove_stale_staging(directory)  # of an earlier build that was killed
+    return _prepare_in(spec, local, tokenizer, output_dir if remote else None,
                        file_format=file_format, num_shards=num_shards,
                        num_workers=num_workers, num_hosts=num_hosts, host_index=host_index,
                        min_sentences=min_sentences, max_line_chars=max_line_chars,
                        tfds_data_dir=tfds_data_dir, overwrite=overwrite,
                        show_progress=show_progress)
-  return _prepare_in(spec, output_dir, tokenizer, None, file_format=file_format,
-                     num_shards=num_shards, num_workers=num_workers, num_hosts=num_hosts,
-                     host_index=host_index, min_sentences=min_sentences,
-                     max_line_chars=max_line_chars, tfds_data_dir=tfds_data_dir,
-                     overwrite=overwrite, show_progress=show_progress)
 
 
 def _prepare_in(spec: str, output_dir: str, tokenizer, publish_to: str | None, *,
@@ -263,7 +321,9 @@ def _prepare_in(spec: str, output_dir: str, tokenizer, publish_to: str | None, *
   existing = shards.read_info(output_dir) if os.path.isfile(info_path) else None
   kept = f"the dataset in {publish_to or output_dir} is kept" if existing else None
   file_stats = corpus.CorpusStats()
-  sources = plan(spec, num_shards, file_stats, tfds_data_dir, kept or "nothing was written")
+  manifest: dict[str, list] = {}
+  sources = plan(spec, num_shards, file_stats, tfds_data_dir, kept or "nothing was written",
+                 manifest)
 
   # The tokenizer's files go to a scratch directory first: they replace the
   # directory's own only once the dataset is known to be this one.
@@ -273,16 +333,23 @@ def _prepare_in(spec: str, output_dir: str, tokenizer, publish_to: str | None, *
             "num_shards": num_shards, "vocab_size": tokenizer.vocab_size,
             "token_dtype": shards.token_dtype(tokenizer.vocab_size).name, "input": spec,
             "file_format": file_format, "min_sentences": min_sentences,
-            "max_line_chars": max_line_chars}
+            "max_line_chars": max_line_chars,
+            # What the input files were: a rerun that finds them changed rebuilds
+            # (--overwrite) or refuses, never mixing shards of two inputs.
+            "input_files": manifest if sources[0]["kind"] == "files" else None}
     build = functools.partial(
         _build_shards, spec, sources=sources, info=info, file_stats=file_stats,
         host_index=host_index, num_hosts=num_hosts, num_workers=num_workers,
         show_progress=show_progress)
-    if existing is not None and {k: v for k, v in existing.items() if k not in (
-        "format", "format_version")} != json.loads(json.dumps(info)):
+    difference = None if existing is None else differences(existing, info)
+    if difference:
       if not overwrite:
-        raise errors.UsageError(f"{output_dir} holds a different dataset ({info_path}); pass "
-                                "--overwrite to replace it, or choose another --output_dir")
+        raise DatasetMismatchError(
+            f"{publish_to or output_dir} holds a dataset built from {difference}; pass "
+            "--overwrite to build it anew from the input as it is now, or choose another "
+            "--output_dir", difference)
+      logging.warning("%s: rebuilding the dataset, built from %s", publish_to or output_dir,
+                      difference)
       return _replace(build, scratch, info, output_dir, publish_to, kept)
 
     created = existing is None and num_hosts == 1  # this run starts the dataset
@@ -438,6 +505,10 @@ def _build_shards(spec: str, directory: str, publish_to: str | None, *,
   indices = range(host_index, num_shards, num_hosts)
   path = {i: os.path.join(directory, shards.shard_name(i, num_shards)) for i in indices}
   finished = [i for i in indices if os.path.isfile(shards.stats_path(path[i]))]
+  for damaged, reason in shards.damaged_shards([path[i] for i in finished]):
+    logging.warning("%s is damaged (%s): building it again", damaged, reason)
+    os.remove(shards.stats_path(damaged))
+    finished.remove(next(i for i in finished if path[i] == damaged))
   tasks = [{"shard": i, "num_shards": num_shards, "source": sources[i],
             "output_dir": directory, "publish_to": publish_to, "tokenizer": info["tokenizer"],
             "token_dtype": info["token_dtype"], "file_format": info["file_format"],
@@ -469,14 +540,16 @@ def _build_shards(spec: str, directory: str, publish_to: str | None, *,
   return stats
 
 
+def tokenizer_sha256(tokenizer) -> str:
+  """The `tokenizer_sha256` a dataset built with `tokenizer` records."""
+  with tempfile.TemporaryDirectory() as scratch:
+    tokenizer.save(scratch)
+    return _digest(scratch)
+
+
 def _digest(directory: str) -> str:
   """SHA-256 over the files of a directory (names and contents)."""
-  digest = hashlib.sha256()
-  for name in sorted(os.listdir(directory)):
-    digest.update(name.encode())
-    with open(os.path.join(directory, name), "rb") as f:
-      digest.update(f.read())
-  return digest.hexdigest()
+  return shards.tokenizer_digest(directory, os.listdir(directory))
 
 
 def _run(tasks: list[dict[str, Any]], num_workers: int, bar: Progress, directory: str,
@@ -585,6 +658,18 @@ def prepare_static(data_dir: str, *, objective: str, max_seq_length: int, maskin
 
   Returns the number of instances this host wrote.
   """
+  with errors.writing(data_dir, "the instance shards finished before are kept"):
+    return _prepare_static(data_dir, objective=objective, max_seq_length=max_seq_length,
+                           masking=masking, dupe_factor=dupe_factor,
+                           short_seq_prob=short_seq_prob, seed=seed, eval_percent=eval_percent,
+                           num_workers=num_workers, num_hosts=num_hosts,
+                           host_index=host_index, show_progress=show_progress)
+
+
+def _prepare_static(data_dir: str, *, objective: str, max_seq_length: int, masking,
+                    dupe_factor: int, short_seq_prob: float, seed: int, eval_percent: float,
+                    num_workers: int, num_hosts: int, host_index: int,
+                    show_progress: bool) -> int:
   import dataclasses
 
   if dupe_factor < 1:
@@ -595,6 +680,7 @@ def prepare_static(data_dir: str, *, objective: str, max_seq_length: int, maskin
     publish_to, data_dir = data_dir, shards.local_directory(data_dir)
   info = shards.read_info(data_dir)
   shards.complete_shards(data_dir)  # all documents first: random B segments read any
+  files.remove_stale_staging(data_dir)  # of an earlier build that was killed
   num_shards = info["num_shards"]
   settings = {"objective": objective, "max_seq_length": max_seq_length,
               "masking": dataclasses.asdict(masking), "short_seq_prob": short_seq_prob,

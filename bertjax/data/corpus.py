@@ -97,8 +97,10 @@ class CorpusStats:
 
   @classmethod
   def from_dict(cls, values: dict[str, Any]) -> CorpusStats:
+    """The counts of `to_dict` (other keys, such as a shard's size, left out)."""
+    names = {field.name for field in dataclasses.fields(cls)}
     return cls(**{k: collections.Counter(v) if isinstance(v, dict) else v
-                  for k, v in values.items()})
+                  for k, v in values.items() if k in names})
 
   def summary(self, tokens: bool = True) -> str:
     """A human-readable account of every file and document, naming the first
@@ -187,7 +189,9 @@ def expand_inputs(spec: str) -> list[str]:
     if "://" in pattern:
       matches = _remote_matches(pattern, wildcard)
     elif wildcard:
-      matches = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
+      # Files, and links to nothing (named as skipped by `scan_files`).
+      matches = sorted(p for p in glob.glob(pattern, recursive=True)
+                       if os.path.isfile(p) or (os.path.islink(p) and not os.path.exists(p)))
     elif os.path.isdir(pattern):
       raise errors.InputIsDirectoryError(f"{pattern} is a directory; name its files with a glob "
                                          f"such as {os.path.join(pattern, '*.txt')}")
@@ -223,14 +227,22 @@ def parse_tfds_spec(spec: str) -> tuple[str, str]:
   return name, split[0] if split else "train"
 
 
-def _size(path: str) -> int:
+def _stat(path: str) -> tuple[int, int]:
+  """(size in bytes, modification time in whole seconds) of a file."""
   if "://" in path:
     from etils import epath
-    return epath.Path(path).stat().length
-  return os.path.getsize(path)
+    stat = epath.Path(path).stat()
+    return stat.length, int(stat.mtime or 0)
+  stat = os.stat(path)
+  return stat.st_size, int(stat.st_mtime)
 
 
-def scan_files(paths: Sequence[str], stats: CorpusStats) -> list[InputFile]:
+def _size(path: str) -> int:
+  return _stat(path)[0]
+
+
+def scan_files(paths: Sequence[str], stats: CorpusStats,
+               manifest: dict[str, list] | None = None) -> list[InputFile]:
   """The files worth reading; the others counted out with their reason, and named.
 
   A file is judged by 8 KB samples of its start, middle and end, decompressed
@@ -239,18 +251,63 @@ def scan_files(paths: Sequence[str], stats: CorpusStats) -> list[InputFile]:
   not UTF-8 (mostly undecodable bytes, or most lines; Latin-1 is named as
   such), UTF-16 without a byte-order mark, an archive this reader does not open
   (tar, zip, 7z, zstd), CR-only line endings, or empty. A binary stretch in a
-  text file costs only its lines.
+  text file costs only its lines. A file that cannot be read (no permission,
+  a link to nothing) is skipped with the reason.
+
+  Args:
+    manifest: Receives `path: [size, mtime, why skipped or ""]` of every file
+      (what the input was: a build compares it with its rerun's).
   """
   usable = []
   for path in paths:
-    size = _size(path)
-    found = textfiles.inspect(path, size) if size else "empty file"
+    try:
+      size, mtime = _stat(path)
+      found = textfiles.inspect(path, size) if size else "empty file"
+    except OSError as e:
+      size, mtime = -1, -1
+      found = ("link to a missing file" if "://" not in path and os.path.islink(path)
+               and not os.path.exists(path) else f"unreadable ({e.strerror or e})")
+    if manifest is not None:
+      manifest[path] = [size, mtime, found if isinstance(found, str) else ""]
     if isinstance(found, str):
       stats.skip_file(path, found)
       continue
     stats.files_read += 1
     usable.append(InputFile(path, size, *found))
   return usable
+
+
+def describe_changes(before: dict[str, list], now: dict[str, list]) -> str:
+  """'1 file added (a.txt), 1 grown (b.txt: 10 -> 20 bytes)': how an input's
+  manifest (`scan_files`) changed; '' when it did not."""
+  def named(paths: list[str]) -> str:
+    shown = ", ".join(paths[:3])
+    return shown + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+
+  parts = []
+  added = sorted(set(now) - set(before))
+  removed = sorted(set(before) - set(now))
+  if added:
+    parts.append(f"{len(added)} file(s) added ({named(added)})")
+  if removed:
+    parts.append(f"{len(removed)} removed ({named(removed)})")
+  both = sorted(set(before) & set(now))
+  readable = [p for p in both if before[p][2] and not now[p][2]]
+  unreadable = [p for p in both if not before[p][2] and now[p][2]]
+  resized = [p for p in both if p not in readable + unreadable and before[p][0] != now[p][0]]
+  touched = [p for p in both if p not in readable + unreadable + resized
+             and before[p][1] != now[p][1]]
+  if readable:
+    parts.append(f"{len(readable)} readable now, skipped then ({named(readable)})")
+  if unreadable:
+    parts.append(f"{len(unreadable)} skipped now, read then "
+                 f"({named([f'{p}: {now[p][2]}' for p in unreadable])})")
+  if resized:
+    parts.append(f"{len(resized)} of another size ("
+                 + named([f"{p}: {before[p][0]} -> {now[p][0]} bytes" for p in resized]) + ")")
+  if touched:
+    parts.append(f"{len(touched)} modified ({named(touched)})")
+  return ", ".join(parts)
 
 
 def plan_ranges(files: Sequence[tuple], num_parts: int) -> list[list[FileRange]]:

@@ -127,7 +127,9 @@ class DocumentSource:
   def __init__(self, data_dir: str):
     self.data_dir = data_dir
     self.info = shards.read_info(data_dir)
-    self._records = grain.sources.ArrayRecordDataSource(shards.complete_shards(data_dir))
+    shards.check_tokenizer(data_dir, self.info)  # the ids are of this vocabulary
+    self._records = shards.Records(data_dir, shards.complete_shards(data_dir))
+    self._vocab_size = self.info["vocab_size"]
 
   def __len__(self) -> int:
     return len(self._records)
@@ -135,9 +137,15 @@ class DocumentSource:
   def __getitem__(self, index: int) -> instances.Sentences:
     try:
       ids, offsets = shards.decode_document(self._records[index])
+      if ids.size and (ids.max() >= self._vocab_size or ids.min() < 0):
+        raise ValueError(f"token ids outside the {self._vocab_size}-token vocabulary")
     except (ValueError, struct.error) as e:
-      raise errors.UsageError(f"{self.data_dir}: document {index} is corrupt ({e}); rebuild its "
-                              "shard") from None
+      if isinstance(e, errors.CorruptFileError):  # named already
+        raise
+      path, local = self._records.locate(index)
+      raise errors.CorruptFileError(
+          f"{path} is damaged: its document {local} does not decode ({e}); "
+          f"{shards.rebuild_advice(self.data_dir, path)}") from None
     return [ids[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
 
 
@@ -397,8 +405,9 @@ def _static_dataset(config: LoaderConfig, process_index: int,
   """Statically masked instances, shuffled per epoch and shared across processes."""
   from bertjax.files import read_json
 
-  records = grain.sources.ArrayRecordDataSource(
-      shards.complete_shards(config.data_dir, shards.static_kind(config.max_seq_length)))
+  shards.check_tokenizer(config.data_dir)
+  records = shards.Records(config.data_dir, shards.complete_shards(
+      config.data_dir, shards.static_kind(config.max_seq_length)))
   written = read_json(os.path.join(config.data_dir,
                                    shards.static_info_file(config.max_seq_length)))
   if config.split == "eval":

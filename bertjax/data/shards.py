@@ -84,13 +84,30 @@ def shard_writer(path: str) -> Iterator[Any]:
     raise
 
 
+# The key of a shard's stats that holds its size in bytes when finished: a
+# shard of another size is damaged (cut short, or overwritten).
+SHARD_BYTES = "shard_bytes"
+
+
 def mark_finished(shard_path: str, stats: dict[str, Any]) -> None:
-  """Writes a shard's stats (atomically): the shard is complete."""
-  path = stats_path(shard_path)
-  staging = files.staging_name(path)
-  with open(staging, "w", encoding="utf-8") as f:
-    json.dump(stats, f)
-  os.replace(staging, path)
+  """Writes a shard's stats, with its size (atomically): the shard is complete."""
+  files.write_json(stats_path(shard_path),
+                   {**stats, SHARD_BYTES: os.path.getsize(shard_path)})
+
+
+def rebuild_advice(directory: str, shard: str | None = None) -> str:
+  """How to make a damaged shard (or, with `shard` None, the tokenizer files)
+  of a prepared directory again, from what its `dataset_info.json` says."""
+  try:
+    info = read_info(directory)
+  except (OSError, ValueError):
+    info = {}
+  command = (f"python -m bertjax.tools.prepare_pretraining_data --input={info.get('input')!r} "
+             f"--output_dir={directory} ... (the flags that built it)")
+  if shard is None:
+    return f"rebuild the dataset ({command} --overwrite)"
+  return (f"delete {stats_path(shard)} and rerun {command}, or the pre-training run that "
+          "built it (data.build_from): either builds that shard again")
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -193,7 +210,121 @@ def complete_shards(directory: str, kind: str = "documents") -> list[str]:
   if missing:
     raise errors.UsageError(f"{directory}: {len(missing)} of {count} shards are missing or "
                             f"unfinished (e.g. {missing[0]}); rerun the builder to finish them")
+  if not files.is_remote(directory):
+    damaged = damaged_shards(paths)
+    if damaged:
+      path, reason = damaged[0]
+      raise errors.CorruptFileError(
+          f"{path} is damaged ({reason})" + (f", and {len(damaged) - 1} more shards"
+                                             if len(damaged) > 1 else "")
+          + f"; {rebuild_advice(directory, path)}")
   return paths
+
+
+def damaged_shards(paths: Sequence[str]) -> list[tuple[str, str]]:
+  """(path, why) of the finished local shards whose size is not the one their
+  stats recorded (shards finished before sizes were recorded pass)."""
+  damaged = []
+  for path in paths:
+    try:
+      with open(stats_path(path), encoding="utf-8") as f:
+        recorded = json.load(f).get(SHARD_BYTES)
+    except (OSError, ValueError) as e:
+      damaged.append((path, f"its {os.path.basename(stats_path(path))} cannot be read: {e}"))
+      continue
+    if recorded is None:
+      continue
+    try:
+      size = os.path.getsize(path)
+    except OSError:
+      damaged.append((path, "it is missing"))
+      continue
+    if size != recorded:
+      damaged.append((path, f"{size} bytes, {recorded} when it was built"))
+  return damaged
+
+
+def check_tokenizer(directory: str, info: dict[str, Any] | None = None) -> None:
+  """The tokenizer files of a prepared directory must be those it was built
+  with (`tokenizer_sha256`): token ids mean nothing under another vocabulary.
+
+  Raises:
+    CorruptFileError: naming the file and what rebuilds the dataset.
+  """
+  info = info if info is not None else read_info(directory)
+  settings, recorded = info.get("tokenizer") or {}, info.get("tokenizer_sha256")
+  names = [settings[key] for key in ("vocab_file", "model_file") if key in settings]
+  if not recorded or not names:
+    return
+  digest = tokenizer_digest(directory, names)
+  if digest != recorded:
+    raise errors.CorruptFileError(
+        f"{files.join(directory, names[0])} is not the vocabulary the data in {directory} was "
+        "built with (it was edited or replaced since); put the original back, or "
+        f"{rebuild_advice(directory)}")
+
+
+def tokenizer_digest(directory: str, names: Sequence[str]) -> str:
+  """SHA-256 over tokenizer files (names and contents), as `dataset_info.json`
+  records it (`tokenizer_sha256`)."""
+  import hashlib
+
+  digest = hashlib.sha256()
+  for name in sorted(names):
+    digest.update(name.encode())
+    digest.update(files.read_bytes(files.join(directory, name)))
+  return digest.hexdigest()
+
+
+def _first_line(error: BaseException) -> str:
+  text = str(error).strip()
+  return text.splitlines()[0][:200] if text else type(error).__name__
+
+
+class Records:
+  """Random access to the records of finished shards (grain's
+  `ArrayRecordDataSource`), with a damaged record named: its shard, its index
+  there, and what builds the shard again, rather than array_record's
+  `RuntimeError` (a chunk hash mismatch, a file cut short)."""
+
+  def __init__(self, directory: str, paths: Sequence[str]):
+    import grain
+
+    self.directory, self.paths = directory, list(paths)
+    try:
+      self._source = grain.sources.ArrayRecordDataSource(self.paths)
+    except RuntimeError:  # a damaged footer: which file, and why
+      for path in self.paths:
+        try:
+          grain.sources.ArrayRecordDataSource([path])
+        except RuntimeError as e:
+          raise errors.CorruptFileError(
+              f"{path} is damaged: it cannot be opened ({_first_line(e)}); "
+              f"{rebuild_advice(directory, path)}") from None
+      raise
+
+  def __len__(self) -> int:
+    return len(self._source)
+
+  def __getitem__(self, index: int) -> bytes:
+    try:
+      return self._source[index]
+    except RuntimeError as e:
+      path, local = self.locate(index)
+      raise errors.CorruptFileError(
+          f"{path} is damaged: its record {local} cannot be read ({_first_line(e)}); "
+          f"{rebuild_advice(self.directory, path)}") from None
+
+  def locate(self, index: int) -> tuple[str, int]:
+    """(shard path, index within it) of a record index."""
+    import grain
+
+    for path in self.paths:
+      count = len(grain.sources.ArrayRecordDataSource([path]))
+      if index < count:
+        return path, index
+      index -= count
+    return self.paths[-1], index
 
 
 def local_directory(directory: str, names: Callable[[str], bool] | None = None) -> str:

@@ -215,6 +215,7 @@ def train_sentencepiece(texts: Callable[[], Iterable[str]], output: str, vocab_s
 
 
 def _write_atomically(path: str, data: bytes) -> None:
-  if not files.is_remote(path):
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  files.write_bytes(path, data)
+  with errors.writing(path, f"{path} is as it was"):
+    if not files.is_remote(path):
+      os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    files.write_bytes(path, data)

@@ -30,7 +30,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from bertjax import errors, metrics, optim, sharding, train
+from bertjax import divergence, errors, metrics, optim, sharding, train
 from bertjax.pretrained import Pretrained, load_pretrained
 
 Array = jax.Array
@@ -246,6 +246,8 @@ class FineTuner:
       raise errors.UsageError(f"kind must be one of {KINDS}, got {kind!r}")
     self.kind, self.recipe, self.config, self.writer = kind, recipe, config, writer
     self.total_steps = max(total_steps, 1)
+    self.guard = divergence.DivergenceGuard(config.divergence.factor, config.divergence.steps,
+                                            config.divergence.window)
     self.mesh = sharding.make_mesh([config.mesh.data, config.mesh.fsdp, config.mesh.tensor])
     shards = sharding.batch_shards(self.mesh)
     for name, size in (("train.batch_size", recipe.batch_size),
@@ -333,6 +335,10 @@ class FineTuner:
 
   def _report(self, step: int, device_metrics, window, log_every: int):
     values = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
+    # The loss of the weights before the step, whether its update was skipped or not.
+    self.guard.update(step, values["loss"], lambda: (
+        "nothing was saved: lower train.learning_rate (now "
+        f"{self.recipe.learning_rate:g}) and rerun (the bound: --config.divergence.factor)"))
     if values["consecutive_skipped"] >= self.config.max_consecutive_skips:
       raise errors.TrainingStoppedError(
           f"{int(values['consecutive_skipped'])} consecutive steps had a non-finite loss or "

@@ -19,8 +19,8 @@ import flax.linen as nn
 import jax
 import ml_collections
 
-from bertjax import (checkpoint, errors, files, flops, hosts, metrics, optim, runs, sharding,
-                     signals, throughput, train)
+from bertjax import (checkpoint, divergence, errors, files, flops, hosts, metrics, optim, runs,
+                     sharding, signals, throughput, train)
 from bertjax.data import loader
 from bertjax.models import BertConfig
 from bertjax.tasks.pretrain_data import (Phase, check_stream, check_vocabulary, loader_config,
@@ -144,6 +144,8 @@ class _Trainer:
     self.workers = 0  # loader processes of the phase running
     self.stop: signals.StopRequests | None = None
     self.saving: int | None = None  # the step of the last save started
+    self.guard: divergence.DivergenceGuard | None = None  # the loss's range, once restored
+    self.save_deferred = False  # a save that waits for the loss to come back in range
     self.last_eval: dict[str, float] = {}
     self.last_eval_step = 0
     logging.info("Mesh %s over %d devices (%s); peak %s TFLOP/s per device (%s)",
@@ -166,6 +168,9 @@ class _Trainer:
       shardings = train.state_shardings(abstract, self.mesh, self.rules)
       state, restored_data = self._restore_or_init(abstract, shardings)
       self._check_resumed_stream(state, restored_data)
+      self.guard = divergence.DivergenceGuard(
+          config.divergence.factor, config.divergence.steps, config.divergence.window,
+          (restored_data or {}).get("recent_losses"))
       # Checked and restored: now the workdir's config.json may say what it holds.
       runs.save_config(config, self.workdir)
       self.train_step, self.eval_step = train.jit_steps(
@@ -179,7 +184,12 @@ class _Trainer:
           state, result = self._train_phase(phase, state, restored_data, result)
         step = int(state.step)
         if self.checkpointer.latest_step() != step:  # the last step is always kept
-          self._save(step, state, {"phase": self.phases[-1].index, "loader": None})
+          if self.guard.out_of_range:
+            raise errors.TrainingStoppedError(
+                f"the run ended with its {self.guard.describe()}: the last step is not saved; "
+                f"{self._advice()}")
+          self._save(step, state, {"phase": self.phases[-1].index, "loader": None,
+                                   **self.guard.state()})
       except KeyboardInterrupt:  # a second Ctrl-C: no waiting
         in_flight = self.checkpointer.saving()
         logging.error("Aborted: %s; a rerun resumes from step %s",
@@ -196,6 +206,15 @@ class _Trainer:
     runs.say_pretraining_is_done(self.workdir, int(state.step), self.last_eval,
                                  self.last_eval_step)
     return result
+
+  def _advice(self) -> str:
+    """Where a rerun resumes, and what to change first (a run that diverged)."""
+    steps = self.checkpointer.all_steps()  # and a save in flight, finished before the exit
+    steps += [self.saving] if self.checkpointer.saving() else []
+    resume = f"step {max(steps)}" if steps else "step 0 (no checkpoint)"
+    return (f"a rerun resumes from {resume}: lower optimizer.learning_rate (now "
+            f"{self.config.optimizer.learning_rate:g}) or check the data first (the bound: "
+            "--config.divergence.factor)")
 
   def _resumable_step(self, in_flight: bool) -> int | str:
     finished = [s for s in self.checkpointer.all_steps() if not (in_flight and s == self.saving)]
@@ -337,19 +356,24 @@ class _Trainer:
 
       stopping = self.stop.stop_now() or self.checkpointer.reached_preemption(step)
       evaluating = config.eval.every_steps > 0 and step % config.eval.every_steps == 0
-      if stopping or step % config.checkpoint.every_steps == 0:
+      saved = False
+      if stopping or self.save_deferred or step % config.checkpoint.every_steps == 0:
         # The step's own metrics first: the metrics stored with a checkpoint
         # reach its step, so that a rerun from it misses no line.
         result = self._report(*pending, length,
                               last=stopping or evaluating or step == phase.end) or result
         pending = None
-        self._save(step, state, {"phase": phase.index, "loader": iterator.get_state(),
-                                 "workers": self.workers, "stream": stream_settings(config)})
+        saved = self._save_in_range(step, state, {
+            "phase": phase.index, "loader": iterator.get_state(), "workers": self.workers,
+            "stream": stream_settings(config), **self.guard.state()})
       if stopping:
         self.checkpointer.close()
         interrupted = self.stop.requested == "Ctrl-C"
-        logging.warning("%s: checkpoint saved at step %d; rerun the same command to resume",
-                        "Interrupted" if interrupted else "Preempted", step)
+        logging.warning("%s: %s; rerun the same command to resume",
+                        "Interrupted" if interrupted else "Preempted",
+                        f"checkpoint saved at step {step}" if saved else
+                        f"no checkpoint saved at step {step}, whose {self.guard.describe()} "
+                        f"({self._advice()})")
         raise SystemExit(INTERRUPTED_EXIT_CODE if interrupted else PREEMPTED_EXIT_CODE)
       if evaluating:
         if pending is not None:  # timed before evaluating
@@ -364,6 +388,21 @@ class _Trainer:
     if pending is not None:
       result = self._report(*pending, length, last=True) or result
     return state, result
+
+  def _save_in_range(self, step: int, state: train.TrainState,
+                     data_state: dict[str, Any]) -> bool:
+    """Saves the step unless its loss is out of its recent range (the save then
+    waits for the first step back in range); returns whether it saved."""
+    if self.guard.out_of_range:
+      if not self.save_deferred:
+        logging.warning("The checkpoint of step %d waits: %s", step, self.guard.describe())
+      self.save_deferred = True
+      return False
+    if self.save_deferred:
+      logging.info("The loss is back in range at step %d: saving the checkpoint there", step)
+    self.save_deferred = False
+    self._save(step, state, data_state)
+    return True
 
   def _save(self, step: int, state: train.TrainState, data_state: dict[str, Any]) -> None:
     """Starts a checkpoint save and stores the metrics so far; the time this
@@ -392,11 +431,13 @@ class _Trainer:
     """
     config = self.config
     values = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
+    # The loss of the weights before the step: those a checkpoint would hold,
+    # whether or not the step's update was skipped.
+    self.guard.update(step, values["loss"], self._advice)
     if values["consecutive_skipped"] >= config.max_consecutive_skips:
       raise errors.TrainingStoppedError(
           f"{int(values['consecutive_skipped'])} consecutive steps had a non-finite loss or "
-          f"gradients (up to step {step}); lower optimizer.learning_rate, check the data, or "
-          "raise max_consecutive_skips")
+          f"gradients (up to step {step}); {self._advice()}, or raise max_consecutive_skips")
     work = {name: values.pop(name) for name in _WORK}
     self.meter.add(work["real_tokens"], work["sequences"], work["model_flops"])
     if not last and step % config.log_every_steps:

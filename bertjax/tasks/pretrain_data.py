@@ -19,7 +19,7 @@ from absl import logging
 import jax
 import ml_collections
 
-from bertjax import errors, files, hosts
+from bertjax import errors, files, hosts, paths
 from bertjax.data import loader, shards
 from bertjax.data.masking import MaskingConfig
 
@@ -109,6 +109,8 @@ def prepare_data(config: ml_collections.ConfigDict, workdir: str) -> str:
       _check_built_from(config, workdir, data_dir)
     if not _complete(data_dir):  # the builder keeps the shards already finished
       _build_documents(config, workdir, data_dir)
+    elif jax.process_index() == 0:
+      _check_still_built_from(workdir, data_dir)
   shards.complete_shards(data_dir)  # a clear error if it is not there
   local = shards.local_directory(data_dir)
   check_splits(config, local)  # before the (expensive) static instances
@@ -135,13 +137,6 @@ def _built_from(config: ml_collections.ConfigDict) -> dict[str, Any]:
   return {"build_from": config.data.build_from, "vocab_size": config.data.vocab_size}
 
 
-def _source(spec: str) -> str:
-  """`spec` with a local path made absolute (the same file however it is named)."""
-  if ":" in spec.split("/")[0] or files.is_remote(spec):  # demo:, tfds:, gs://
-    return spec
-  return os.path.abspath(spec)
-
-
 def _check_built_from(config: ml_collections.ConfigDict, workdir: str, data_dir: str) -> None:
   """Refuses to reuse a workdir's vocabulary and data built from other settings,
   and records these settings before anything is built."""
@@ -154,8 +149,9 @@ def _check_built_from(config: ml_collections.ConfigDict, workdir: str, data_dir:
              "vocab_size": wanted["vocab_size"]}
   if built is not None:
     changed = [f"data.{key}={built.get(key)!r} then, {wanted[key]!r} now" for key in wanted
-               if (_source(str(built.get(key))) if key == "build_from" else built.get(key))
-               != (_source(wanted[key]) if key == "build_from" else wanted[key])]
+               if (paths.resolve_inputs(str(built.get(key))) if key == "build_from"
+                   else built.get(key))
+               != (paths.resolve_inputs(wanted[key]) if key == "build_from" else wanted[key])]
     if changed:
       raise errors.UsageError(f"{data_dir} and {files.join(workdir, 'vocab.txt')} were built with "
                               f"other settings ({', '.join(changed)}); give another --workdir, or "
@@ -163,6 +159,27 @@ def _check_built_from(config: ml_collections.ConfigDict, workdir: str, data_dir:
   if jax.process_index() == 0 and not files.isfile(path):
     files.makedirs(workdir)
     files.write_json(path, wanted)
+
+
+def _check_still_built_from(workdir: str, data_dir: str) -> None:
+  """A complete dataset that a run built: its vocabulary must be the run's
+  `vocab.txt`, and a change of the input since is said (the run goes on with
+  the data as built: another stream would not fit its checkpoints)."""
+  from bertjax.data import builder
+  from bertjax.data.tokenizers import tokenizer_from_vocab_file
+
+  info = shards.read_info(data_dir)
+  vocab = files.join(workdir, "vocab.txt")
+  if files.isfile(vocab) and info.get("tokenizer_sha256") != builder.tokenizer_sha256(
+      tokenizer_from_vocab_file(vocab, info["tokenizer"].get("do_lower_case", True))):
+    raise errors.CorruptFileError(
+        f"{vocab} is not the vocabulary {data_dir} was built with (it was edited or "
+        "replaced since); put the original back, or give a new --workdir to build both anew")
+  changes = builder.input_changes(info)
+  if changes:
+    logging.warning("%s was built from %s as it was; since then: %s. This run goes on with the "
+                    "data as built; a new --workdir trains on the input as it is now", data_dir,
+                    info["input"], changes)
 
 
 def check_splits(config: ml_collections.ConfigDict, data_dir: str) -> None:
@@ -229,8 +246,15 @@ def _build_on_this_host(config: ml_collections.ConfigDict, workdir: str, data_di
     vocabulary.train(config.data.build_from, vocab, vocab_size=config.data.vocab_size,
                      show_progress=False)
   logging.info("Preparing %s into %s", config.data.build_from, data_dir)
-  stats = builder.prepare(config.data.build_from, data_dir, tokenizer_from_vocab_file(vocab),
-                          num_shards=4, num_workers=1, show_progress=False)
+  try:
+    stats = builder.prepare(config.data.build_from, data_dir,
+                            tokenizer_from_vocab_file(vocab), num_shards=4, num_workers=1,
+                            show_progress=False)
+  except builder.DatasetMismatchError as e:  # the builder's advice is its own flags'
+    raise errors.UsageError(
+        f"{data_dir} (partly built) and {vocab} were built from {e.difference}; restore "
+        "the input to finish them, or give a new --workdir to build both from the input as "
+        "it is now") from None
   logging.info("Prepared data:\n%s", stats.summary())
 
 

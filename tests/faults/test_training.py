@@ -6,6 +6,7 @@ few faults that cannot be produced from outside (an error while a save is in
 flight) are injected into the real code with a patch.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -71,7 +72,6 @@ def test_first_ctrl_c_saves_at_the_step_and_the_rerun_goes_on(prepared_dir, tmp_
 # while one is in flight.
 _SLOW_SAVES = """
 import time
-from absl import app
 import orbax.checkpoint as ocp
 from bertjax import main
 from bertjax.tasks import pretrain
@@ -83,7 +83,7 @@ def slow_finalize(self, *args, **kwargs):
   return finalize(self, *args, **kwargs)
 ocp.CheckpointManager._finalize = slow_finalize
 """
-_RUN = "app.run(main.main)\n"
+_RUN = "main.run()\n"
 # ... and the evaluation at step 20 raises.
 _ERROR_WHILE_SAVING = _SLOW_SAVES + """
 def failing_evaluation(self, state, phase, step):
@@ -486,3 +486,69 @@ def test_a_config_file_that_does_not_load_is_one_line(tmp_path, config, says):
   assert "Traceback" not in result.stderr, result.stderr[-3000:]
   errors = _error_lines(result.stderr)
   assert len(errors) == 1 and says in errors[0], result.stderr[-3000:]
+
+
+def _tree_bytes(directory):
+  return {os.path.relpath(os.path.join(root, name), directory):
+          open(os.path.join(root, name), "rb").read()
+          for root, _, names in os.walk(directory) for name in names}
+
+
+def test_a_mistyped_learning_rate_stops_before_its_weights_are_saved(finished_run,
+                                                                     prepared_dir, tmp_path):
+  """A learning rate of 1e4 drives the loss up by orders of magnitude while it
+  stays finite: the run stops in one line before a checkpoint holds those
+  weights, and a rerun with a sane one resumes from the last good step."""
+  workdir = _copy(finished_run, tmp_path)
+  good = _tree_bytes(os.path.join(workdir, "checkpoints", "30"))
+  same = {"data.host_sharding": "documents"}  # as finished_run's stream
+  # Its gradients overflow (the steps are skipped) while the loss, 1e16, stays
+  # finite: with skips allowed, the divergence guard is what stops it.
+  args = _tiny(workdir, prepared_dir, **same, **{"train.total_steps": 90,
+                                                 "optimizer.learning_rate": 1e4,
+                                                 "optimizer.warmup_steps": 0,
+                                                 "max_consecutive_skips": 1000})
+  result = subprocess.run(args, cwd=ROOT, env=_env(), capture_output=True, text=True,
+                          timeout=600)
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert "Traceback" not in result.stderr
+  line = _error_lines(result.stderr)[-1]
+  assert line.startswith("error: the loss diverged: ") and "in a row since step 32" in line, line
+  assert ("a rerun resumes from step 30: lower optimizer.learning_rate (now 10000)" in line), line
+  assert _saved_steps(workdir) == [10, 20, 30]  # no diverged step saved over them
+  assert _tree_bytes(os.path.join(workdir, "checkpoints", "30")) == good
+  assert "The checkpoint of step 40 waits: loss " in result.stderr
+  _run(_tiny(workdir, prepared_dir, **same, **{"train.total_steps": 50}), _env())
+  assert _saved_steps(workdir)[-1] == 50
+  assert _losses(workdir)[50][-1] < 10  # the rerun's step 50: on from the good weights
+
+
+def test_a_run_in_relative_paths_from_another_directory_resumes_and_converts(prepared_dir,
+                                                                            tmp_path):
+  """What a new user types: a config by its path from elsewhere, a relative
+  workdir and data directory, a rerun through the same relative path, then a
+  conversion of the run with relative paths."""
+  import shutil
+
+  home = tmp_path / "home"
+  home.mkdir()
+  shutil.copytree(prepared_dir, home / "data")
+  args = [a.replace("--config=configs/", f"--config={ROOT}/configs/")
+          for a in _tiny("runs/demo", "data", **{"train.total_steps": 20})]
+  first = subprocess.run(args, cwd=home, env=_env(), capture_output=True, text=True,
+                         timeout=600)
+  assert first.returncode == 0, first.stderr[-3000:]
+  workdir = str(home / "runs" / "demo")
+  assert _saved_steps(workdir) == [10, 20]
+  assert json.load(open(os.path.join(workdir, "config.json")))["data"]["dir"] == str(
+      home / "data")  # resolved where it was typed
+  again = subprocess.run([a.replace("total_steps=20", "total_steps=30") for a in args],
+                         cwd=home, env=_env(), capture_output=True, text=True, timeout=600)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert "DAMAGED" not in again.stderr and "Resumed from" in again.stderr
+  assert _saved_steps(workdir) == [10, 20, 30]
+  converted = subprocess.run([sys.executable, "-m", "bertjax.tools.convert",
+                              "--input=runs/demo", "--output=exported", "--to=hf"], cwd=home,
+                             env=_env(), capture_output=True, text=True, timeout=600)
+  assert converted.returncode == 0, converted.stderr[-3000:]
+  assert os.path.isfile(home / "exported" / "config.json")

