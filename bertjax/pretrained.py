@@ -356,12 +356,15 @@ def _load_training_run(path: str, do_lower_case: bool | None) -> Pretrained:
   data_dir = run_config.data.dir or files.join(path, "data")
   tokenizer = None
   try:
-    settings = shards.read_info(data_dir)["tokenizer"]
+    info = shards.read_info(data_dir)
+  except (OSError, ValueError) as e:  # the data was moved or deleted since
+    logger.warning("%s: no tokenizer (%s)", path, e)
+  else:
+    shards.check_tokenizer(data_dir, info)  # the vocabulary the model was trained with
+    settings = info["tokenizer"]
     if do_lower_case is not None:
       settings = {**settings, "do_lower_case": do_lower_case}
     tokenizer = tokenizer_from_settings(data_dir, settings)
-  except (OSError, ValueError) as e:
-    logger.warning("%s: no tokenizer (%s)", path, e)
   params = jax.tree.map(lambda x: np.asarray(x, np.float32), params)
   return Pretrained(config, params, tokenizer, OBJECTIVE_TASKS[run_config.objective])
 

@@ -53,7 +53,9 @@ def run(fn: Callable[[], T], interrupted: str = "nothing was left half-written")
   being abandoned) are not waited for. With `--verbosity=1` or more,
   everything keeps its traceback.
   """
+  global _running
   verbose = logging.get_verbosity() >= logging.DEBUG
+  _running = True
   try:
     return fn()
   except KeyboardInterrupt:
@@ -67,6 +69,11 @@ def run(fn: Callable[[], T], interrupted: str = "nothing was left half-written")
     if verbose or line is None:
       raise
     fail(f"{line} (--verbosity=1 shows where)")
+  finally:
+    _running = False
+
+
+_running = False  # whether `run` is running a command (a Ctrl-C is its to end)
 
 
 def run_main(main: Callable[[list[str]], Any], *,
@@ -118,7 +125,8 @@ def _redeliver_swallowed_interrupts() -> None:
 
     def resend() -> None:
       time.sleep(0.05)
-      os.kill(os.getpid(), signal.SIGINT)
+      if _running:  # not once the command is done: its work is whole then
+        os.kill(os.getpid(), signal.SIGINT)
 
     threading.Thread(target=resend, daemon=True).start()
 

@@ -120,6 +120,7 @@ class _LocalLock:
       os.close(fd)  # its holder removed the file as we opened it: take the new one
     self._fd = fd
     with errors.writing(self.path, "nothing else was written"):
+      os.ftruncate(fd, 0)  # a killed holder's description, longer, may still be there
       os.pwrite(fd, json.dumps(_holder()).encode(), 0)
 
   def release(self) -> None:

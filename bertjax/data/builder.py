@@ -85,15 +85,30 @@ def differences(existing: dict[str, Any], info: dict[str, Any]) -> str:
   if "input_files" not in old:
     new.pop("input_files", None)
   parts = []
-  settings = sorted(k for k in set(old) | set(new)
-                    if k != "input_files" and old.get(k) != new.get(k))
+  settings = _changed({k: v for k, v in old.items() if k != "input_files"},
+                      {k: v for k, v in new.items() if k != "input_files"})
   if settings:
-    parts.append("other settings (" + ", ".join(
-        f"{k}: {_short(old.get(k))} then, {_short(new.get(k))} now" for k in settings) + ")")
+    parts.append("other settings (" + ", ".join(settings) + ")")
   if old.get("input_files") != new.get("input_files"):
     parts.append("the input as it was then; since then: " + (corpus.describe_changes(
         old.get("input_files") or {}, new.get("input_files") or {}) or "it is read otherwise"))
   return " and ".join(parts)
+
+
+def _changed(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+  """'tokenizer.do_lower_case: True then, False now' for each setting that differs."""
+  changes = []
+  for key in sorted(set(old) | set(new)):
+    before, now = old.get(key), new.get(key)
+    if before == now:
+      continue
+    if key == "tokenizer_sha256":
+      changes.append("another vocabulary (its SHA-256)")
+    elif isinstance(before, dict) and isinstance(now, dict):
+      changes += _changed(before, now, f"{prefix}{key}.")
+    else:
+      changes.append(f"{prefix}{key}: {_short(before)} then, {_short(now)} now")
+  return changes
 
 
 def _short(value: Any) -> str:

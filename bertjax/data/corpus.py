@@ -265,8 +265,9 @@ def scan_files(paths: Sequence[str], stats: CorpusStats,
       found = textfiles.inspect(path, size) if size else "empty file"
     except OSError as e:
       size, mtime = -1, -1
-      found = ("link to a missing file" if "://" not in path and os.path.islink(path)
-               and not os.path.exists(path) else f"unreadable ({e.strerror or e})")
+      found = ("link to a missing file" if isinstance(e, FileNotFoundError)
+               and "://" not in path and os.path.islink(path)
+               else f"unreadable ({e.strerror or e})")
     if manifest is not None:
       manifest[path] = [size, mtime, found if isinstance(found, str) else ""]
     if isinstance(found, str):

@@ -34,7 +34,7 @@ def run(config: Any, workdir: str) -> Any:
 
   import jax
 
-  from bertjax import hosts, runs, workdir_lock
+  from bertjax import files, hosts, runs, workdir_lock
 
   module = task_module(config.task)
   runs.check_workdir(config, workdir)
@@ -43,6 +43,7 @@ def run(config: Any, workdir: str) -> Any:
     if jax.process_index() == 0:
       try:
         stack.enter_context(workdir_lock.hold(workdir))
+        files.remove_stale_staging(workdir)  # of an earlier run that was killed
       except Exception as e:  # every process stops with it
         error = e
     hosts.agree(error, f"locking the workdir {workdir}")

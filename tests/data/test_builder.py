@@ -107,7 +107,9 @@ def test_resume_and_refusing_another_dataset(tmp_path, vocab):
   after = {p: os.path.getmtime(out / p) for p in before}
   assert [p for p in before if before[p] != after[p]] == [victim.name]
   saved_vocab = (out / "vocab.txt").read_bytes()
-  with pytest.raises(ValueError, match="holds a different dataset"):
+  with pytest.raises(ValueError, match=r"holds a dataset built from other settings "
+                                       r"\(tokenizer.do_lower_case: true then, false now\); "
+                                       "pass --overwrite"):
     builder.prepare(str(corpus_path), str(out), WordPieceTokenizer(vocab, do_lower_case=False),
                     num_shards=4, show_progress=False)
   # A vocabulary of the same size but other tokens is another dataset too, and
@@ -116,7 +118,7 @@ def test_resume_and_refusing_another_dataset(tmp_path, vocab):
   swapped = tmp_path / "swapped" / "vocab.txt"
   swapped.parent.mkdir()
   swapped.write_text("\n".join(tokens[:-2] + [tokens[-1], tokens[-2]]) + "\n")
-  with pytest.raises(ValueError, match="holds a different dataset"):
+  with pytest.raises(ValueError, match=r"built from other settings \(another vocabulary"):
     builder.prepare(str(corpus_path), str(out), WordPieceTokenizer(str(swapped)), num_shards=4,
                     show_progress=False)
   assert (out / "vocab.txt").read_bytes() == saved_vocab

@@ -179,11 +179,15 @@ def test_inputs_that_cannot_be_read_are_named_like_skipped_ones(tmp_path):
   corpus.mkdir()
   write_corpus(corpus / "good.txt", num_documents=10)
   os.symlink(tmp_path / "gone.txt", corpus / "broken.txt")
+  os.symlink(corpus / "loop_b.txt", corpus / "loop_a.txt")  # unreadable, even for root
+  os.symlink(corpus / "loop_a.txt", corpus / "loop_b.txt")
   result = _tool("prepare_pretraining_data", f"--input={corpus}/*.txt", f"--vocab={vocab}",
                  f"--output_dir={tmp_path / 'out'}", "--num_shards=1")
   assert result.returncode == 0, result.stderr[-3000:]
   assert (f"skipped files: 1 (link to a missing file): {corpus}/broken.txt"
           in result.stdout), result.stdout
+  assert (f"skipped files: 2 (unreadable (Too many levels of symbolic links)): "
+          f"{corpus}/loop_a.txt, {corpus}/loop_b.txt" in result.stdout), result.stdout
   info = json.load(open(tmp_path / "out" / shards.INFO_FILE))
   assert info["input_files"][f"{corpus}/broken.txt"][2] == "link to a missing file"
   if os.geteuid() != 0:  # root reads every file

@@ -84,7 +84,9 @@ def test_ctrl_c_in_a_data_build_keeps_finished_shards_and_the_rerun_completes(
 
 
 def test_ctrl_c_in_a_vocabulary_build_leaves_the_old_one(inputs, tmp_path):
-  corpus, _ = inputs
+  text = open(inputs[0], encoding="utf-8").read()
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text(text * 4)  # a build of some seconds, interrupted in its middle
   output = tmp_path / "vocab.txt"
   output.write_text("[PAD]\n[UNK]\nthe old one\n")
   process = _start("train_vocab", f"--input={corpus}", f"--output={output}",
@@ -93,6 +95,7 @@ def test_ctrl_c_in_a_vocabulary_build_leaves_the_old_one(inputs, tmp_path):
   code, _, err = _ctrl_c_when(process, lambda: time.time() - started > 4)
   _interrupted(code, err, "nothing was written")
   assert output.read_text() == "[PAD]\n[UNK]\nthe old one\n" and not _staging(tmp_path)
+  assert not [n for n in os.listdir(tmp_path) if n not in ("corpus.txt", "vocab.txt")]
   again = subprocess.run([sys.executable, "-m", "bertjax.tools.train_vocab",
                           f"--input={corpus}", f"--output={output}", "--vocab_size=2000",
                           "--overwrite"], capture_output=True, text=True, timeout=600)
