@@ -18,6 +18,7 @@ mixes old and new shards.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import gc
@@ -28,8 +29,9 @@ import queue
 import shutil
 import signal
 import tempfile
+import threading
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from absl import logging
 import numpy as np
@@ -583,33 +585,54 @@ def _run(tasks: list[dict[str, Any]], num_workers: int, bar: Progress, directory
   if num_workers <= 1:
     return [function(task, sink) for task in tasks]
   context = multiprocessing.get_context("spawn")
-  progress = context.Queue()
-  pool = context.Pool(min(num_workers, len(tasks)), initializer=_worker_init,
-                      initargs=(progress,))
-  pending = None
+  pool = progress = pending = None
+  finished = False
   try:
+    with _ctrl_c_held_back():  # a pool half made would be left behind
+      progress = context.Queue()
+      pool = context.Pool(min(num_workers, len(tasks)), initializer=_worker_init,
+                          initargs=(progress,))
     pending = pool.map_async(_in_worker, [(function, task) for task in tasks])
     while not pending.ready() or not progress.empty():
       try:
         sink.put(progress.get(timeout=0.2))
       except queue.Empty:
         pass
-    return pending.get()  # re-raises a worker's error
+    results = pending.get()  # re-raises a worker's error
+    finished = True
+    return results
   except BaseException as error:
-    pool.terminate()
-    files.remove_stale_staging(directory)  # the workers are stopped: theirs are stale
     traceback.clear_frames(error.__traceback__)  # the frames below hold the pool and queue
     raise
   finally:
-    # The pool and queue are released here, with their semaphores: an exit
-    # that a Ctrl-C cuts short (`bertjax.usage`) would leave those for the
-    # resource tracker to report.
-    pool.terminate()
-    pool.join()
-    progress.close()
-    del pool, progress, pending
-    multiprocessing.active_children()  # forgets the stopped workers
-    gc.collect()  # the pool's reference cycles
+    # The pool and queue are released here, with their semaphores (an exit that
+    # a Ctrl-C cuts short would leave those for the resource tracker to report),
+    # and the staging files of stopped workers are removed: a second Ctrl-C
+    # waits for that.
+    with _ctrl_c_held_back():
+      if pool is not None:
+        pool.terminate()
+        pool.join()
+      if progress is not None:
+        progress.close()
+      if not finished:
+        files.remove_stale_staging(directory)  # the workers are stopped: theirs are stale
+      del pool, progress, pending
+      multiprocessing.active_children()  # forgets the stopped workers
+      gc.collect()  # the pool's reference cycles
+
+
+@contextlib.contextmanager
+def _ctrl_c_held_back() -> Iterator[None]:
+  """Holds Ctrl-C (SIGINT) back for the block: it is raised when the block ends."""
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+  previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+  try:
+    yield
+  finally:
+    signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 class _ListQueue:
