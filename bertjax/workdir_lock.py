@@ -162,6 +162,17 @@ class _RemoteLock:
   def acquire(self) -> None:
     from google.api_core import exceptions
 
+    try:
+      self._acquire()
+    except (exceptions.GoogleAPICallError, exceptions.RetryError) as e:  # refused, unreachable
+      raise errors.StorageError(
+          f"{self.path}: cannot lock the workdir ({type(e).__name__}: "
+          f"{str(e).splitlines()[0][:300]}); check that this account may write there "
+          "(gcloud storage ls the bucket) and that Cloud Storage is reachable") from e
+
+  def _acquire(self) -> None:
+    from google.api_core import exceptions
+
     for _ in range(5):  # a lock released or taken over between two requests
       try:
         self._write(0)  # only if there is no lock object
@@ -253,8 +264,14 @@ def _client(storage):
   if os.environ.get("STORAGE_EMULATOR_HOST"):
     return storage.Client()
   import google.auth
+  from google.auth import exceptions
 
-  credentials, project = google.auth.default()
+  try:
+    credentials, project = google.auth.default()
+  except exceptions.DefaultCredentialsError as e:
+    raise errors.StorageError(
+        f"no Google Cloud credentials to lock a gs:// workdir with ({str(e).splitlines()[0]}); "
+        "on your own machine run `gcloud auth application-default login`") from None
   return storage.Client(credentials=credentials, project=project)
 
 

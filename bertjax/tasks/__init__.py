@@ -23,9 +23,11 @@ def task_module(name: str):
 def run(config: Any, workdir: str) -> Any:
   """Runs `config.task` in `workdir`, which must be this run's alone.
 
-  The workdir is checked (not another task's run, not the checkpoint the run
-  starts from) and then locked (`bertjax.workdir_lock`, once per run: by
-  process 0, every process learning the outcome) before anything is written.
+  The config's paths and the workdir are resolved (`bertjax.paths`: a
+  notebook's relative paths too), the workdir is checked (not another task's
+  run, not the checkpoint the run starts from) and then locked
+  (`bertjax.workdir_lock`, once per run: by process 0, every process learning
+  the outcome) before anything is written.
 
   Returns:
     What the task's `run` returns (its metrics).
@@ -34,9 +36,11 @@ def run(config: Any, workdir: str) -> Any:
 
   import jax
 
-  from bertjax import files, hosts, runs, workdir_lock
+  from bertjax import files, hosts, paths, runs, workdir_lock
 
   module = task_module(config.task)
+  paths.resolve_config(config)
+  workdir = paths.resolve(workdir)
   runs.check_workdir(config, workdir)
   with contextlib.ExitStack() as stack:
     error = None
