@@ -112,3 +112,21 @@ def test_path_flags_are_resolved_as_they_are_parsed(tmp_path, monkeypatch):
   assert model.value == "org/name" and inputs.value == "demo:stdlib"
   values(["prog", "--input=a.txt,b/*.txt"])
   assert inputs.value == f"{tmp_path / 'a.txt'},{tmp_path / 'b' / '*.txt'}"
+
+
+def test_the_data_tools_take_relative_paths_from_any_directory(tmp_path):
+  from bertjax.data import shards
+  from tests.conftest import write_corpus
+
+  (tmp_path / "corpus").mkdir()
+  write_corpus(tmp_path / "corpus" / "a.txt", num_documents=30)
+  vocab = _run(["-m", "bertjax.tools.train_vocab", "--input=corpus/*.txt",
+                "--output=vocab/vocab.txt", "--vocab_size=300"], tmp_path)
+  assert vocab.returncode == 0, vocab.stderr[-3000:]
+  assert f"Wrote {tmp_path / 'vocab' / 'vocab.txt'}" in vocab.stdout
+  data = _run(["-m", "bertjax.tools.prepare_pretraining_data", "--input=corpus/*.txt",
+               "--vocab=vocab/vocab.txt", "--output_dir=data", "--num_shards=2"], tmp_path)
+  assert data.returncode == 0, data.stderr[-3000:]
+  info = shards.read_info(str(tmp_path / "data"))
+  assert info["input"] == str(tmp_path / "corpus" / "*.txt")  # the same files from anywhere
+  assert list(info["input_files"]) == [str(tmp_path / "corpus" / "a.txt")]

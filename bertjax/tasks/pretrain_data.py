@@ -109,11 +109,22 @@ def prepare_data(config: ml_collections.ConfigDict, workdir: str) -> str:
       _check_built_from(config, workdir, data_dir)
     if not _complete(data_dir):  # the builder keeps the shards already finished
       _build_documents(config, workdir, data_dir)
-    elif jax.process_index() == 0:
-      _check_still_built_from(workdir, data_dir)
-  shards.complete_shards(data_dir)  # a clear error if it is not there
-  local = shards.local_directory(data_dir)
-  check_splits(config, local)  # before the (expensive) static instances
+    else:
+      error = None
+      if jax.process_index() == 0:
+        try:
+          _check_still_built_from(workdir, data_dir)
+        except Exception as e:  # every host stops with it (none waits)
+          error = e
+      hosts.agree(error, "checking the data against its vocabulary")
+  local, error = None, None
+  try:
+    shards.complete_shards(data_dir)  # a clear error if it is not there
+    local = shards.local_directory(data_dir)  # this host's copy: checked on this host
+    check_splits(config, local)  # before the (expensive) static instances
+  except Exception as e:  # every host stops with it (none waits in a collective)
+    error = e
+  hosts.agree(error, "reading the prepared data")
   if config.data.static:
     _build_static(config, data_dir)
     local = shards.local_directory(data_dir)
