@@ -7,9 +7,9 @@ magnitude drives it to 1e16), and its checkpoints would then replace the good
 ones. The guard keeps the losses of the last `window` steps that were in range
 and calls a step's loss out of range when it is above `factor` times their
 median and `MARGIN` above it (a converged fine-tuning run's median of 0.01
-makes a batch at 0.05 no divergence). A checkpoint is not saved while the last loss is out of range (the
-trainer waits for it to come back), and `steps` out of range in a row stop the
-run, saying where a rerun resumes. A short spike that comes back costs a
+makes a batch at 0.05 no divergence). A checkpoint is not saved while the last
+loss is out of range (the trainer waits for it to come back), and `steps` out
+of range in a row stop the run, saying where a rerun resumes. A short spike that comes back costs a
 delayed save, nothing else.
 """
 

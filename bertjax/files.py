@@ -208,6 +208,16 @@ def cache_path(url: str) -> str:
   return os.path.join(cache_root(), scheme, rest.strip("/"))
 
 
+def cached_url(local: str) -> str | None:
+  """The URL whose cache copy `local` is (`cache_path`'s inverse); None for a
+  path outside the cache."""
+  relative = os.path.relpath(os.path.abspath(local), os.path.abspath(cache_root()))
+  if relative.startswith(".."):
+    return None
+  scheme, _, rest = relative.partition(os.sep)
+  return f"{scheme}://{rest}" if rest else None
+
+
 def download(remote: str, local: str, mtime: float | None = None) -> None:
   """Copies a remote file to `local` (written under a temporary name, then
   renamed), with the remote's modification time when given."""

@@ -117,6 +117,7 @@ def DEFINE_path(name: str, default: str | None, help: str, *, kind: str = "path"
     **kwargs: As for `flags.DEFINE_string` (`required=True`).
   """
   # The flag belongs to the command that defines it (absl's --helpshort).
-  kwargs.setdefault("module_name", sys._getframe(1).f_globals["__name__"])  # pylint: disable=protected-access
+  caller = sys._getframe(1)  # pylint: disable=protected-access
+  kwargs.setdefault("module_name", caller.f_globals["__name__"])
   return flags.DEFINE(_PathParser(_RESOLVERS[kind]), name, default, help,
                       serializer=flags.ArgumentSerializer(), **kwargs)

@@ -125,3 +125,11 @@ def test_a_write_into_a_bucket_that_is_not_there_says_so(gcs, tmp_path):
   with pytest.raises(FileNotFoundError, match=says):
     files.upload(str(local), "gs://bertjax-no-such-bucket/run/x")
   assert not os.path.exists(os.path.join(gcs.root, "storage", "bertjax-no-such-bucket"))
+
+
+def test_a_cache_copy_knows_the_url_it_copies(tmp_path, monkeypatch):
+  monkeypatch.setenv("BERTJAX_CACHE_DIR", str(tmp_path / "cache"))
+  local = files.cache_path("gs://bucket/data/wiki")
+  assert files.cached_url(local) == "gs://bucket/data/wiki"
+  assert files.cached_url(os.path.join(local, "vocab.txt")) == "gs://bucket/data/wiki/vocab.txt"
+  assert files.cached_url(str(tmp_path / "elsewhere")) is None

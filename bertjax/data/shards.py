@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import hashlib
 import json
 import os
 import struct
@@ -98,12 +99,18 @@ def mark_finished(shard_path: str, stats: dict[str, Any]) -> None:
 def rebuild_advice(directory: str, shard: str | None = None) -> str:
   """How to make a damaged shard (or, with `shard` None, the tokenizer files)
   of a prepared directory again, from what its `dataset_info.json` says."""
+  url = files.cached_url(directory)
+  if url is not None and shard is not None:  # this host's copy of a gs:// dataset
+    return (f"it is this host's copy of {files.join(url, os.path.basename(shard))}: delete it "
+            f"({shard}) and rerun, which copies it again (if the original is damaged too, "
+            f"rebuild it with prepare_pretraining_data --output_dir={url})")
   try:
     info = read_info(directory)
   except (OSError, ValueError):
     info = {}
+  where = url or directory
   command = (f"python -m bertjax.tools.prepare_pretraining_data --input={info.get('input')!r} "
-             f"--output_dir={directory} ... (the flags that built it)")
+             f"--output_dir={where} ... (the flags that built it)")
   if shard is None:
     return f"rebuild the dataset ({command} --overwrite)"
   return (f"delete {stats_path(shard)} and rerun {command}, or the pre-training run that "
@@ -131,8 +138,8 @@ def decode_document(record: bytes) -> tuple[np.ndarray, np.ndarray]:
   offsets = np.zeros(count + 1, np.int64)
   np.cumsum(lengths, out=offsets[1:])
   if offsets[-1] != len(ids):
-    raise errors.UsageError(f"corrupt document record: {offsets[-1]} tokens announced, "
-                            f"{len(ids)} present")
+    raise errors.CorruptFileError(f"corrupt document record: {offsets[-1]} tokens announced, "
+                                  f"{len(ids)} present")
   return ids, offsets
 
 
@@ -267,8 +274,6 @@ def check_tokenizer(directory: str, info: dict[str, Any] | None = None) -> None:
 def tokenizer_digest(directory: str, names: Sequence[str]) -> str:
   """SHA-256 over tokenizer files (names and contents), as `dataset_info.json`
   records it (`tokenizer_sha256`)."""
-  import hashlib
-
   digest = hashlib.sha256()
   for name in sorted(names):
     digest.update(name.encode())
