@@ -58,6 +58,13 @@ class DivergenceGuard:
     """Whether the last loss was out of range: weights to keep out of a checkpoint."""
     return bool(self._out)
 
+  def diverged_from(self) -> int | None:
+    """The first step whose weights are out of range, while the loss is (None
+    when it is in range). A step's loss is that of the weights before its
+    update, so a checkpoint saved at the step before the first loss out of
+    range already holds them."""
+    return self._out[0][0] - 1 if self._out else None
+
   def bound(self) -> float:
     """The largest loss in range."""
     if not self._recent:

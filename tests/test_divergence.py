@@ -21,8 +21,9 @@ def test_a_spike_that_comes_back_only_holds_the_saves_back():
   _fed(guard, [10.0, 9.0, 8.0, 7.5, 7.0])
   _fed(guard, [40.0, 35.0], start=6)  # out of range: a save now would keep these weights
   assert guard.out_of_range and "loss 35 at step 7" in guard.describe()
+  assert guard.diverged_from() == 5  # step 6's loss is that of the weights saved at step 5
   _fed(guard, [7.2], start=8)
-  assert not guard.out_of_range
+  assert not guard.out_of_range and guard.diverged_from() is None
   assert guard.recent == [10.0, 9.0, 8.0, 7.5, 7.0, 7.2]  # the spike never became the range
 
 

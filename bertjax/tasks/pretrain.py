@@ -201,6 +201,8 @@ class _Trainer:
           logging.error("Stopping on %s; finishing the checkpoint of step %d first",
                         type(e).__name__, self.saving)
         self.checkpointer.close()  # waits for the save in flight
+        if isinstance(e, errors.TrainingStoppedError):
+          self._set_aside_diverged()
         raise
       self.checkpointer.close()
     runs.say_pretraining_is_done(self.workdir, int(state.step), self.last_eval,
@@ -211,10 +213,37 @@ class _Trainer:
     """Where a rerun resumes, and what to change first (a run that diverged)."""
     steps = self.checkpointer.all_steps()  # and a save in flight, finished before the exit
     steps += [self.saving] if self.checkpointer.saving() else []
-    resume = f"step {max(steps)}" if steps else "step 0 (no checkpoint)"
-    return (f"a rerun resumes from {resume}: lower optimizer.learning_rate (now "
+    diverged = self._diverged_steps(steps)
+    good = [step for step in steps if step not in diverged]
+    resume = f"step {max(good)}" if good else "step 0 (no checkpoint)"
+    aside = (f" (step {', '.join(map(str, diverged))}, saved as the loss left its range, goes "
+             "to checkpoints_diverged/)" if diverged else "")
+    return (f"a rerun resumes from {resume}{aside}: lower optimizer.learning_rate (now "
             f"{self.config.optimizer.learning_rate:g}) or check the data first (the bound: "
             "--config.divergence.factor)")
+
+  def _diverged_steps(self, steps: list[int]) -> list[int]:
+    """The saved steps that hold weights out of range: a save lands one step
+    before the loss of its weights is known."""
+    start = self.guard.diverged_from() if self.guard is not None else None
+    return [] if start is None else sorted(step for step in steps if step >= start)
+
+  def _set_aside_diverged(self) -> None:
+    """Moves the steps saved with weights out of range to checkpoints_diverged/
+    (every save has finished), so that a rerun resumes before them."""
+    diverged = self._diverged_steps(self.checkpointer.all_steps())
+    if not diverged:
+      return
+    aside = files.join(self.workdir, "checkpoints_diverged")
+    error = None
+    if jax.process_index() == 0:
+      try:
+        self.checkpointer.move_aside(diverged, aside)
+      except Exception as e:  # every host stops with it (none waits)
+        error = e
+    hosts.agree(error, f"moving diverged checkpoints to {aside}")
+    logging.warning("Step %s holds weights whose loss was out of range: moved to %s",
+                    ", ".join(map(str, diverged)), aside)
 
   def _resumable_step(self, in_flight: bool) -> int | str:
     finished = [s for s in self.checkpointer.all_steps() if not (in_flight and s == self.saving)]
@@ -368,6 +397,8 @@ class _Trainer:
             "stream": stream_settings(config), **self.guard.state()})
       if stopping:
         self.checkpointer.close()
+        if not saved:  # its loss is out of range: so are the weights of a save just before
+          self._set_aside_diverged()
         interrupted = self.stop.requested == "Ctrl-C"
         logging.warning("%s: %s; rerun the same command to resume",
                         "Interrupted" if interrupted else "Preempted",

@@ -503,8 +503,10 @@ def test_a_mistyped_learning_rate_stops_before_its_weights_are_saved(finished_ru
   good = _tree_bytes(os.path.join(workdir, "checkpoints", "30"))
   same = {"data.host_sharding": "documents"}  # as finished_run's stream
   # Its gradients overflow (the steps are skipped) while the loss, 1e16, stays
-  # finite: with skips allowed, the divergence guard is what stops it.
+  # finite: with skips allowed, the divergence guard is what stops it. A save
+  # at every step: step 31 is saved before the loss of its weights is known.
   args = _tiny(workdir, prepared_dir, **same, **{"train.total_steps": 90,
+                                                 "checkpoint.every_steps": 1,
                                                  "optimizer.learning_rate": 1e4,
                                                  "optimizer.warmup_steps": 0,
                                                  "max_consecutive_skips": 1000})
@@ -514,10 +516,12 @@ def test_a_mistyped_learning_rate_stops_before_its_weights_are_saved(finished_ru
   assert "Traceback" not in result.stderr
   line = _error_lines(result.stderr)[-1]
   assert line.startswith("error: the loss diverged: ") and "in a row since step 32" in line, line
-  assert ("a rerun resumes from step 30: lower optimizer.learning_rate (now 10000)" in line), line
-  assert _saved_steps(workdir) == [10, 20, 30]  # no diverged step saved over them
+  assert ("a rerun resumes from step 30 (step 31, saved as the loss left its range, goes to "
+          "checkpoints_diverged/): lower optimizer.learning_rate (now 10000)" in line), line
+  assert _saved_steps(workdir) == [20, 30]  # (10 went with max_to_keep=3 when 31 was saved)
+  assert os.listdir(os.path.join(workdir, "checkpoints_diverged")) == ["31"]
   assert _tree_bytes(os.path.join(workdir, "checkpoints", "30")) == good
-  assert "The checkpoint of step 40 waits: loss " in result.stderr
+  assert "The checkpoint of step 32 waits: loss " in result.stderr
   _run(_tiny(workdir, prepared_dir, **same, **{"train.total_steps": 50}), _env())
   assert _saved_steps(workdir)[-1] == 50
   assert _losses(workdir)[50][-1] < 10  # the rerun's step 50: on from the good weights
