@@ -48,6 +48,21 @@ def write_corpus(path, num_documents=120, seed=0):
   return path
 
 
+def corpus_and_vocab(root, num_documents):
+  """(corpus file, the test vocabulary's file), written into `root`."""
+  from tests import reference
+
+  vocab = str(root / "vocab.txt")
+  reference.write_vocab(vocab)
+  return str(write_corpus(root / "corpus.txt", num_documents=num_documents)), vocab
+
+
+def staging_files(directory):
+  """Staging files and directories under `directory`: what a writer left half-done."""
+  return [name for root, dirs, names in os.walk(directory) for name in dirs + names
+          if ".tmp-" in name or "orbax-checkpoint-tmp" in name]
+
+
 @pytest.fixture(scope="session")
 def prepared_dir(tmp_path_factory):
   """A small prepared pre-training directory (the test vocabulary, 120 documents)."""

@@ -34,13 +34,18 @@ def _last_line(result, code=2):
   return line
 
 
-@pytest.fixture
-def built(tmp_path):
-  """(data dir, corpus dir, vocab): 3 shards built from two corpus files."""
+def _vocab_and_corpus_dir(tmp_path):
   vocab = str(tmp_path / "vocab.txt")
   reference.write_vocab(vocab)
   corpus = tmp_path / "corpus"
   corpus.mkdir()
+  return vocab, corpus
+
+
+@pytest.fixture
+def built(tmp_path):
+  """(data dir, corpus dir, vocab): 3 shards built from two corpus files."""
+  vocab, corpus = _vocab_and_corpus_dir(tmp_path)
   write_corpus(corpus / "a.txt", num_documents=80)
   write_corpus(corpus / "b.txt", num_documents=40, seed=1)
   data = str(tmp_path / "data")
@@ -173,10 +178,7 @@ def test_a_build_cut_short_never_finishes_from_an_input_that_changed(built):
 
 
 def test_inputs_that_cannot_be_read_are_named_like_skipped_ones(tmp_path):
-  vocab = str(tmp_path / "vocab.txt")
-  reference.write_vocab(vocab)
-  corpus = tmp_path / "corpus"
-  corpus.mkdir()
+  vocab, corpus = _vocab_and_corpus_dir(tmp_path)
   write_corpus(corpus / "good.txt", num_documents=10)
   os.symlink(tmp_path / "gone.txt", corpus / "broken.txt")
   os.symlink(corpus / "loop_b.txt", corpus / "loop_a.txt")  # unreadable, even for root

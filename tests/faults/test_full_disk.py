@@ -16,8 +16,7 @@ import pytest
 
 from bertjax import errors, metrics
 from bertjax.data import shards
-from tests.conftest import write_corpus
-from tests import reference
+from tests.conftest import corpus_and_vocab, staging_files
 
 
 def _tool(name, *args, cwd=None):
@@ -35,27 +34,19 @@ def _full_disk_line(result, path):
   return line
 
 
-def _staging(directory):
-  return [name for root, dirs, names in os.walk(directory) for name in dirs + names
-          if ".tmp-" in name or "orbax-checkpoint-tmp" in name]
-
-
 def _size(directory):
   return sum(os.path.getsize(os.path.join(root, name))
              for root, _, names in os.walk(directory) for name in names)
 
 
 @pytest.fixture(scope="module")
-def corpus_and_vocab(tmp_path_factory):
-  root = tmp_path_factory.mktemp("full_disk_inputs")
-  vocab = str(root / "vocab.txt")
-  reference.write_vocab(vocab)
-  return str(write_corpus(root / "corpus.txt", num_documents=3000)), vocab
+def inputs(tmp_path_factory):
+  return corpus_and_vocab(tmp_path_factory.mktemp("full_disk_inputs"), 3000)
 
 
 def test_a_data_build_that_fills_the_disk_keeps_its_shards_and_finishes_later(
-    corpus_and_vocab, tmp_path, small_disk):
-  corpus, vocab = corpus_and_vocab
+    inputs, tmp_path, small_disk):
+  corpus, vocab = inputs
   args = [f"--input={corpus}", f"--vocab={vocab}", "--num_shards=8", "--num_workers=2"]
   whole = tmp_path / "whole"
   assert _tool("prepare_pretraining_data", *args, f"--output_dir={whole}").returncode == 0
@@ -65,7 +56,7 @@ def test_a_data_build_that_fills_the_disk_keeps_its_shards_and_finishes_later(
   result = _tool("prepare_pretraining_data", *args, f"--output_dir={out}")
   line = _full_disk_line(result, out)
   assert "the shards finished before are kept" in line
-  assert not _staging(disk.path)
+  assert not staging_files(disk.path)
   finished = [name for name in os.listdir(out) if name.endswith(".stats.json")]
   assert 0 < len(finished) < 8  # some finished, each whole (its recorded size)
   assert not shards.damaged_shards([os.path.join(out, n.replace(".stats.json",
@@ -83,15 +74,15 @@ def test_a_data_build_that_fills_the_disk_keeps_its_shards_and_finishes_later(
             "--max_predictions=5"]
   result = _tool("prepare_pretraining_data", *static)
   assert "the instance shards finished before are kept" in _full_disk_line(result, out)
-  assert not _staging(disk.path)
+  assert not staging_files(disk.path)
   disk.free()
   assert _tool("prepare_pretraining_data", *static).returncode == 0
   assert len(shards.complete_shards(out, shards.static_kind(32))) == 8
 
 
 def test_a_vocabulary_and_an_export_on_a_full_disk_leave_what_was_there(
-    corpus_and_vocab, tiny_hf_checkpoint, small_disk):
-  corpus, _ = corpus_and_vocab
+    inputs, tiny_hf_checkpoint, small_disk):
+  corpus, _ = inputs
   disk = small_disk("1m")
   output = os.path.join(disk.path, "vocab.txt")
   with open(output, "w") as f:
@@ -100,12 +91,12 @@ def test_a_vocabulary_and_an_export_on_a_full_disk_leave_what_was_there(
   result = _tool("train_vocab", f"--input={corpus}", f"--output={output}", "--vocab_size=300",
                  "--overwrite")
   assert f"{output} is as it was" in _full_disk_line(result, output)
-  assert open(output).read() == "[PAD]\n[UNK]\nthe old one\n" and not _staging(disk.path)
+  assert open(output).read() == "[PAD]\n[UNK]\nthe old one\n" and not staging_files(disk.path)
 
   exported = os.path.join(disk.path, "bert")
   result = _tool("convert", f"--input={tiny_hf_checkpoint}", f"--output={exported}")
   assert f"nothing was written to {exported}" in _full_disk_line(result, exported)
-  assert not os.path.exists(exported) and not _staging(disk.path)
+  assert not os.path.exists(exported) and not staging_files(disk.path)
   disk.free()
   assert _tool("convert", f"--input={tiny_hf_checkpoint}",
                f"--output={exported}").returncode == 0
@@ -148,7 +139,7 @@ def test_a_checkpoint_save_on_a_full_disk_stops_in_one_line_and_the_rerun_resume
   assert line.startswith(f"error: saving the checkpoint of step 30 to {workdir}/checkpoints "
                          "failed: the disk is full ("), result.stderr[-5000:]
   assert "resume from step 20" in line and "free space on that disk" in line, line
-  assert _saved_steps(workdir) == [10, 20] and not _staging(workdir)
+  assert _saved_steps(workdir) == [10, 20] and not staging_files(workdir)
   disk.free()
   again = subprocess.run(longer, cwd=ROOT, env=_env(), capture_output=True, text=True,
                          timeout=600)

@@ -14,8 +14,7 @@ import time
 import pytest
 
 from bertjax.data import shards
-from tests import reference
-from tests.conftest import write_corpus
+from tests.conftest import corpus_and_vocab, staging_files
 
 
 def _start(name, *args):
@@ -42,17 +41,9 @@ def _interrupted(code, err, kept):
   assert err.strip().splitlines()[-1] == f"error: interrupted (Ctrl-C): {kept}", err[-2000:]
 
 
-def _staging(directory):
-  return [name for root, dirs, names in os.walk(directory) for name in dirs + names
-          if ".tmp-" in name]
-
-
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
-  root = tmp_path_factory.mktemp("interrupt_inputs")
-  vocab = str(root / "vocab.txt")
-  reference.write_vocab(vocab)
-  return str(write_corpus(root / "corpus.txt", num_documents=12000)), vocab
+  return corpus_and_vocab(tmp_path_factory.mktemp("interrupt_inputs"), 12000)
 
 
 def _finished(out):
@@ -70,7 +61,7 @@ def test_ctrl_c_in_a_data_build_keeps_finished_shards_and_the_rerun_completes(
            if point.startswith("before") else (lambda: len(_finished(out)) >= 3))
   code, _, err = _ctrl_c_when(_start("prepare_pretraining_data", *args), ready)
   _interrupted(code, err, "finished shards are kept: rerun the same command to build the rest")
-  assert not _staging(out)
+  assert not staging_files(out)
   finished = _finished(out)
   assert len(finished) < 12
   assert not shards.damaged_shards([os.path.join(out, n.replace(".stats.json",
@@ -94,7 +85,7 @@ def test_ctrl_c_in_a_vocabulary_build_leaves_the_old_one(inputs, tmp_path):
   started = time.time()
   code, _, err = _ctrl_c_when(process, lambda: time.time() - started > 4)
   _interrupted(code, err, "nothing was written")
-  assert output.read_text() == "[PAD]\n[UNK]\nthe old one\n" and not _staging(tmp_path)
+  assert output.read_text() == "[PAD]\n[UNK]\nthe old one\n" and not staging_files(tmp_path)
   assert not [n for n in os.listdir(tmp_path) if n not in ("corpus.txt", "vocab.txt")]
   again = subprocess.run([sys.executable, "-m", "bertjax.tools.train_vocab",
                           f"--input={corpus}", f"--output={output}", "--vocab_size=2000",
@@ -111,7 +102,7 @@ def test_ctrl_c_in_a_conversion_leaves_no_output_and_the_rerun_converts(tmp_path
   model = str(minilm.get_model_path())
   output = tmp_path / "minilm"
   process = _start("convert", f"--input={model}", f"--output={output}")
-  code, _, err = _ctrl_c_when(process, lambda: bool(_staging(tmp_path)))
+  code, _, err = _ctrl_c_when(process, lambda: bool(staging_files(tmp_path)))
   _interrupted(code, err, "nothing was written")
   assert sorted(os.listdir(tmp_path)) == []  # no output, no staging
   again = subprocess.run([sys.executable, "-m", "bertjax.tools.convert",
