@@ -27,7 +27,8 @@ COMMON_HELP="Settings (flag, or environment variable; flags take --flag=VALUE or
   --ssh-flags \"FLAGS\"     BERTJAX_SSH_FLAGS         more flags for gcloud's tpu-vm ssh and scp, e.g.
                                                     --internal-ip (workers created with --internal-ips,
                                                     reached from a VM in their network) or
-                                                    --tunnel-through-iap
+                                                    --tunnel-through-iap (through IAP: gcloud's alpha
+                                                    track, which has it for TPU VMs)
   --dry-run                                         print the commands, run nothing
   --help                                            this text"
 
@@ -114,14 +115,17 @@ run() {
 }
 
 # The gcloud TPU command group with this TPU's zone and project (and the
-# --ssh-flags for ssh and scp).
+# --ssh-flags for ssh and scp). `tpu-vm ssh` and `scp` take
+# --tunnel-through-iap only in gcloud's alpha track (GA refuses the flag):
+# with it, they go through `gcloud alpha`.
 tpu() {
-  local group="$1" verb="$2" extra=()
+  local group="$1" verb="$2" extra=() track=()
   shift 2
   if [[ "$verb" == ssh || "$verb" == scp ]] && [[ -n "$SSH_FLAGS" ]]; then
     # shellcheck disable=SC2206  # the flags are words by design
     extra=($SSH_FLAGS)
+    [[ " $SSH_FLAGS " != *" --tunnel-through-iap "* ]] || track=(alpha)
   fi
-  run gcloud compute tpus "$group" "$verb" "$@" ${extra[@]+"${extra[@]}"} \
-    --zone="$ZONE" --project="$PROJECT"
+  run gcloud ${track[@]+"${track[@]}"} compute tpus "$group" "$verb" "$@" \
+    ${extra[@]+"${extra[@]}"} --zone="$ZONE" --project="$PROJECT"
 }

@@ -31,6 +31,8 @@ continues it. After stop.sh, --restarts does not start it again.
                           at most N times (default 0)
   --create-flags "..."    flags for create.sh when recreating, e.g. "--queued --spot
                           --accelerator-type=v4-32"
+  --delete-when-done      delete the TPU (its queued resource, if it has one) once the run has
+                          ended successfully, and only then: an idle slice bills as a busy one
   -- MAIN_FLAGS...        passed on, e.g. --config.train.batch_size=512
 $COMMON_HELP
 HELP
@@ -39,7 +41,7 @@ HELP
 VALUE_FLAGS+=(--config --workdir --run-id --restarts --create-flags)
 normalize_flags "$@"
 set -- ${ARGS[@]+"${ARGS[@]}"}
-CONFIG="" WORKDIR="" RUN_NAME="" DETACH=0 RESTARTS=0 CREATE_FLAGS="" EXTRA=()
+CONFIG="" WORKDIR="" RUN_NAME="" DETACH=0 RESTARTS=0 CREATE_FLAGS="" DELETE_WHEN_DONE=0 EXTRA=()
 while (( $# )); do
   case "$1" in
     --help) usage; exit 0 ;;
@@ -49,6 +51,7 @@ while (( $# )); do
     --detach) DETACH=1 ;;
     --restarts=*) RESTARTS="${1#*=}" ;;
     --create-flags=*) CREATE_FLAGS="${1#*=}" ;;
+    --delete-when-done) DELETE_WHEN_DONE=1 ;;
     --) shift; EXTRA=("$@"); break ;;
     *) parse_common_flag "$1" || die "unknown flag $1 (see --help)" ;;
   esac
@@ -61,6 +64,8 @@ require "$WORKDIR" "--workdir"
 require_number "$RESTARTS" --restarts
 (( ! DETACH || RESTARTS == 0 )) || die "--detach and --restarts exclude each other" \
   "(restarting needs run.sh to watch the run)"
+(( ! DETACH || ! DELETE_WHEN_DONE )) || die "--detach and --delete-when-done exclude each" \
+  "other (deleting when done needs run.sh to watch the run)"
 [[ "$RUN_NAME" =~ ^[A-Za-z0-9._-]*$ ]] || die "--run-id takes letters, digits, '.', '_' and '-'"
 RUN_NAME="${RUN_NAME:-$(date -u +%Y%m%dT%H%M%SZ)}"
 
@@ -93,6 +98,21 @@ follow_run() {
       return "$status"
     fi
   done
+}
+
+# Deletes the TPU once the run has succeeded: its queued resource when it has
+# one (which deletes the TPU with it), else the TPU VM.
+delete_when_done() {
+  local queued=()
+  if (( ! DRY_RUN )) && gcloud compute tpus queued-resources describe "$NAME" --zone="$ZONE" \
+      --project="$PROJECT" --format='value(name)' > /dev/null 2>&1; then
+    queued=(--queued)
+  fi
+  local dry=()
+  (( ! DRY_RUN )) || dry=(--dry-run)
+  "$HERE/delete.sh" "${COMMON[@]}" ${queued[@]+"${queued[@]}"} ${dry[@]+"${dry[@]}"} \
+    || fail "run $RUN_ID succeeded, but deleting $NAME failed: delete it with launch/delete.sh"
+  (( DRY_RUN )) || echo "run.sh: run $RUN_ID succeeded; deleted $NAME (--delete-when-done)" >&2
 }
 
 # Deletes the TPU, creates it again and sets it up.
@@ -129,7 +149,10 @@ while true; do
       follow_run || status=$?
     fi
   fi
-  (( status != 0 )) || exit 0
+  if (( status == 0 )); then
+    (( ! DELETE_WHEN_DONE )) || delete_when_done
+    exit 0
+  fi
   if (( attempt >= RESTARTS )); then
     (( RESTARTS == 0 )) || echo "run.sh: giving up after $RESTARTS restarts ($status)" >&2
     exit "$status"

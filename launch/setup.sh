@@ -49,6 +49,21 @@ INSTALL="rm -rf ~/bertjax && mkdir ~/bertjax && tar -xzf ~/bertjax.tar.gz -C ~/b
 && uv pip install -q --python=\$HOME/bertjax-venv/bin/python -e \"\$HOME/bertjax[tpu]\" \
 && echo \"\$(hostname): \$(~/bertjax-venv/bin/python --version) in ~/bertjax-venv\""
 
+# Setting up replaces ~/bertjax and ~/bertjax-venv: never under a run that
+# still goes (its Python and code would change under it). Asked with the
+# workers' own worker.sh, which says "HOST: running" for a live run (and
+# fails, as on a fresh worker, when there is none).
+LIVE="if bash ~/bertjax/launch/worker.sh state latest 2> /dev/null | grep -q ': running\$'; then \
+echo \"\$(hostname): run \$(cat ~/bertjax-logs/latest) is still going\"; fi"
+if (( DRY_RUN )); then
+  tpu tpu-vm ssh "$NAME" --worker=all --command="$LIVE"
+else
+  live="$(tpu tpu-vm ssh "$NAME" --worker=all --command="$LIVE")" \
+    || fail "could not ask the workers of $NAME whether a run is going"
+  [[ -z "$live" ]] || die "$(head -n 1 <<< "$live"): setup would replace its code and Python;" \
+    "stop it first (launch/stop.sh) or wait for it to end (launch/logs.sh --follow)"
+fi
+
 ARCHIVE="${TMPDIR:-/tmp}/bertjax-$NAME.tar.gz"
 run git -C "$SOURCE" archive --format=tar.gz --output="$ARCHIVE" HEAD
 tpu tpu-vm scp "$ARCHIVE" "$NAME:bertjax.tar.gz" --worker=all

@@ -81,7 +81,8 @@ def test_create_reserved_internal_ips_and_more_gcloud_flags_with_spaced_values()
 
 
 def test_setup_copies_the_committed_tree_and_installs_into_its_own_python():
-  commands = dry_run("setup.sh", *SETTINGS)
+  live, *commands = dry_run("setup.sh", *SETTINGS)
+  assert remote(live)[:5] == ["if", "bash", "~/bertjax/launch/worker.sh", "state", "latest"]
   assert commands[0][:3] == ["git", "-C", ROOT] and commands[0][-1] == "HEAD"
   archive = next(a for a in commands[0] if a.startswith("--output=")).split("=", 1)[1]
   assert commands[1] == ["gcloud", "compute", "tpus", "tpu-vm", "scp", archive,
@@ -93,7 +94,7 @@ def test_setup_copies_the_committed_tree_and_installs_into_its_own_python():
           in words)
   assert ("uv pip install -q --python=$HOME/bertjax-venv/bin/python -e $HOME/bertjax[tpu]"
           in words)
-  assert "--python=3.12" in " ".join(dry_run("setup.sh", *SETTINGS, "--python", "3.12")[2])
+  assert "--python=3.12" in " ".join(dry_run("setup.sh", *SETTINGS, "--python", "3.12")[3])
 
 
 def test_run_starts_the_run_detached_on_every_worker_then_follows_it():
@@ -119,6 +120,18 @@ def test_ssh_flags_reach_every_ssh_and_scp():
     for command in dry_run(script, *SETTINGS, *args, env=env):
       if command[0] == "gcloud":
         assert command[-3:] == ["--internal-ip", *SCOPE], command
+
+
+def test_iap_goes_through_the_gcloud_track_that_has_it_for_tpu_vms():
+  """GA `tpu-vm ssh` and `scp` refuse --tunnel-through-iap; alpha takes it."""
+  env = {"BERTJAX_SSH_FLAGS": "--tunnel-through-iap"}
+  for script, args in [("setup.sh", []), ("stop.sh", []), ("logs.sh", ["--follow"]),
+                       ("run.sh", ["--config=c.py", "--workdir=gs://b/r"])]:
+    for command in dry_run(script, *SETTINGS, *args, env=env):
+      if command[0] == "gcloud":
+        assert command[:5] == ["gcloud", "alpha", "compute", "tpus", "tpu-vm"], command
+        assert command[5] in ("ssh", "scp") and command[-3:] == ["--tunnel-through-iap",
+                                                                  *SCOPE], command
 
 
 def test_logs_follows_or_fetches_every_workers_log():
@@ -363,8 +376,9 @@ esac""", _FIRST_RUN_FAILS, "--create-flags=--queued --spot --accelerator-type=v4
   assert "run.sh: the run failed (143); the TPU is PREEMPTED" in result.stderr
   assert calls == ["tpu-vm ssh start", "tpu-vm ssh follow", "tpu-vm ssh state",
                    "tpu-vm describe", "queued-resources delete", "queued-resources create",
-                   "queued-resources describe", "queued-resources describe", "tpu-vm scp",
-                   "tpu-vm ssh setup", "tpu-vm ssh start", "tpu-vm ssh follow"]
+                   "queued-resources describe", "queued-resources describe",
+                   "tpu-vm ssh state", "tpu-vm scp", "tpu-vm ssh setup", "tpu-vm ssh start",
+                   "tpu-vm ssh follow"]
   logs = tmp_path / "bertjax-logs"
   assert (logs / "demo.status").read_text() == "143\n"
   assert (logs / "demo-1.status").read_text() == "0\n"
@@ -529,3 +543,43 @@ def test_stop_runs_its_worker_command_to_a_clean_exit(tmp_path):
   # Nothing left to stop: said, and not an error.
   result = _script("stop.sh", env=env, cwd=tmp_path)
   assert result.returncode == 0 and result.stdout.strip().endswith(": no bertjax run")
+
+
+@pytest.mark.parametrize("queued", [False, True])
+def test_delete_when_done_deletes_the_slice_after_success_only(tmp_path, queued):
+  """--delete-when-done: the TPU (its queued resource, when it has one) goes
+  once the run succeeded; a run that failed leaves it for a look or a rerun."""
+  body = """case "$*" in
+  *"queued-resources describe"*) %s ;;
+  *"tpu-vm ssh"*) remote "$@" ;;
+esac""" % ("echo bert" if queued else "exit 1")
+  result, calls = _run_with_stub(tmp_path, body, "echo done", "--delete-when-done",
+                                 restarts=0)
+  assert result.returncode == 0, result.stderr
+  assert calls[-1] == ("queued-resources delete" if queued else "tpu-vm delete")
+  assert "run.sh: run demo succeeded; deleted bert (--delete-when-done)" in result.stderr
+  failed = tmp_path / "failed"
+  failed.mkdir()
+  result, calls = _run_with_stub(failed, body, "exit 1", "--delete-when-done", restarts=0)
+  assert result.returncode == 1
+  assert not [call for call in calls if call.endswith("delete")]
+
+
+def test_setup_refuses_while_a_run_goes_on(tmp_path):
+  """Setting up replaces ~/bertjax and ~/bertjax-venv: not under a live run."""
+  _worker_home(tmp_path, "sleep 60")
+  env = _gcloud_stub(tmp_path, 'case "$*" in *"tpu-vm ssh"*) remote "$@" ;; esac')
+  started = _script("run.sh", "--config=configs/demo.py", "--workdir=gs://bucket/run",
+                    "--run-id=live", "--detach", env=env, cwd=tmp_path)
+  assert started.returncode == 0, started.stderr
+  run = int((tmp_path / "bertjax-logs" / "live.pid").read_text())
+  try:
+    result = _script("setup.sh", env=env, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == (
+        f"setup.sh: {HOST}: run live is still going: setup would replace its code and "
+        "Python; stop it first (launch/stop.sh) or wait for it to end (launch/logs.sh "
+        "--follow)")
+    assert "tpu-vm scp" not in _calls(tmp_path) and (tmp_path / "bertjax-venv").exists()
+  finally:
+    os.killpg(run, signal.SIGKILL)
