@@ -10,7 +10,8 @@ usage() {
 Usage: launch/create.sh [flags] [-- GCLOUD_FLAGS...]
 
 Creates the TPU VM or pod slice NAME (every host of a slice is a worker).
-A queued resource is waited for until it is ACTIVE (the TPU is then READY).
+A queued resource is waited for until it is ACTIVE (the TPU is then READY); a
+request of that name still in the queue is waited for, not replaced.
 
   --accelerator-type TYPE BERTJAX_ACCELERATOR_TYPE  v4-8, v4-32, v5litepod-16, v5p-64, v6e-16, ...
   --runtime-version V     BERTJAX_RUNTIME_VERSION   TPU software version; by default the one
@@ -101,8 +102,23 @@ FLAGS=(${CAPACITY[@]+"${CAPACITY[@]}"} ${NETWORK[@]+"${NETWORK[@]}"} ${EXTRA[@]+
 
 if (( QUEUED )); then
   [[ "${CAPACITY[*]:-}" != --preemptible ]] || die "queued resources take --spot, not --preemptible"
-  tpu queued-resources create "$NAME" --node-id="$NAME" --accelerator-type="$ACCELERATOR" \
-    --runtime-version="$RUNTIME" ${FLAGS[@]+"${FLAGS[@]}"}
+  # A request of this name still in the queue (an earlier create.sh gave up
+  # waiting) is waited for, not replaced: a new one would start at the back.
+  existing=""
+  if (( ! DRY_RUN )); then
+    existing="$(tpu queued-resources describe "$NAME" --format='value(state.state)' \
+      2> /dev/null)" || existing=""
+  fi
+  case "$existing" in
+    "")
+      tpu queued-resources create "$NAME" --node-id="$NAME" --accelerator-type="$ACCELERATOR" \
+        --runtime-version="$RUNTIME" ${FLAGS[@]+"${FLAGS[@]}"} ;;
+    ACCEPTED | WAITING_FOR_RESOURCES | PROVISIONING | CREATING | ACTIVE)
+      echo "create.sh: queued resource $NAME is requested already ($existing): waiting for it" \
+        "(its place in the queue is kept)" >&2 ;;
+    *)
+      fail "queued resource $NAME exists and is $existing; delete it first (delete.sh --queued)" ;;
+  esac
   wait_until_active
 else
   tpu tpu-vm create "$NAME" --accelerator-type="$ACCELERATOR" --version="$RUNTIME" \

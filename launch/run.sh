@@ -27,8 +27,10 @@ continues it. After stop.sh, --restarts does not start it again.
   --detach                start the run and return; follow it with logs.sh --follow
   --restarts N            after a failure, check the TPU; if it was preempted (or is gone),
                           delete and recreate it (create.sh with --create-flags, which waits
-                          for a queued resource) and set it up again (setup.sh); then rerun;
-                          at most N times (default 0)
+                          for a queued resource, and keeps one still waiting in the queue)
+                          and set it up again (setup.sh); then rerun; at most N times
+                          (default 0). A run that ended on an error to mend (exit 2) is not
+                          rerun
   --create-flags "..."    flags for create.sh when recreating, e.g. "--queued --spot
                           --accelerator-type=v4-32"
   --delete-when-done      delete the TPU (its queued resource, if it has one) once the run has
@@ -115,15 +117,26 @@ delete_when_done() {
   (( DRY_RUN )) || echo "run.sh: run $RUN_ID succeeded; deleted $NAME (--delete-when-done)" >&2
 }
 
-# Deletes the TPU, creates it again and sets it up.
+# Deletes the TPU, creates it again and sets it up. A queued request still
+# waiting in the queue (an earlier recreation gave up waiting for it) is kept:
+# create.sh waits for it, in its place.
 recreate_tpu() {
-  local queued=()
-  [[ " $CREATE_FLAGS " != *" --queued "* ]] || queued=(--queued)
-  "$HERE/delete.sh" "${COMMON[@]}" ${queued[@]+"${queued[@]}"} --if-exists || true
+  local queued=() state=""
+  if [[ " $CREATE_FLAGS " == *" --queued "* ]]; then
+    queued=(--queued)
+    state="$(gcloud compute tpus queued-resources describe "$NAME" --zone="$ZONE" \
+      --project="$PROJECT" --format='value(state.state)' 2> /dev/null)" || state=""
+  fi
+  case "$state" in
+    ACCEPTED | WAITING_FOR_RESOURCES | PROVISIONING | CREATING)
+      echo "run.sh: queued resource $NAME is still $state: waiting for it" >&2 ;;
+    *) "$HERE/delete.sh" "${COMMON[@]}" ${queued[@]+"${queued[@]}"} --if-exists || true ;;
+  esac
   # shellcheck disable=SC2086  # the flags are words by design
   "$HERE/create.sh" "${COMMON[@]}" $CREATE_FLAGS && "$HERE/setup.sh" "${COMMON[@]}"
 }
 
+USAGE_ERROR=2  # bertjax's exit status for a setting, file or disk to mend
 attempt=0 recreate=0
 while true; do
   status=0
@@ -152,6 +165,12 @@ while true; do
   if (( status == 0 )); then
     (( ! DELETE_WHEN_DONE )) || delete_when_done
     exit 0
+  fi
+  if (( status == USAGE_ERROR )); then
+    # A setting to change (the run's last line says which): a rerun ends the same way.
+    (( RESTARTS == 0 )) || echo "run.sh: the run stopped on an error to mend (exit 2, its" \
+      "last line says what); not rerunning it" >&2
+    exit "$status"
   fi
   if (( attempt >= RESTARTS )); then
     (( RESTARTS == 0 )) || echo "run.sh: giving up after $RESTARTS restarts ($status)" >&2

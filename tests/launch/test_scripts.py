@@ -267,11 +267,17 @@ def _script(name, *args, env, cwd, timeout=60):
 
 
 def _queued_states(*states):
-  """A stand-in answer to `queued-resources describe`: the states in turn, the last one
-  from then on."""
+  """A stand-in answer to `queued-resources describe`: none (an error) unless
+  the last `queued-resources create` or `delete` was a create, then the states
+  in turn from the first create, the last one from then on."""
   lines = [f'  (( n == {i + 1} )) && echo {s} && exit 0' for i, s in enumerate(states[:-1])]
-  return ('*"queued-resources describe"*)\n  n=$(grep -c "queued-resources describe" '
-          '"$TMPDIR/calls.txt")\n' + "\n".join(lines) + f"\n  echo {states[-1]} ;;")
+  return ('*"queued-resources describe"*)\n'
+          '  last=$(grep -E "queued-resources (create|delete)" "$TMPDIR/calls.txt" '
+          '| tail -n 1)\n'
+          '  [[ "$last" == *create* ]] || exit 1\n'
+          '  n=$(sed -n "/queued-resources create/,\\$p" "$TMPDIR/calls.txt" '
+          '| grep -c "queued-resources describe")\n'
+          + "\n".join(lines) + f"\n  echo {states[-1]} ;;")
 
 
 def test_create_waits_for_a_queued_resource_to_become_active(tmp_path):
@@ -281,7 +287,8 @@ def test_create_waits_for_a_queued_resource_to_become_active(tmp_path):
   result = _script("create.sh", "--accelerator-type=v4-8", "--queued", "--spot", env=env,
                    cwd=tmp_path)
   assert result.returncode == 0, result.stderr
-  assert _calls(tmp_path) == ["queued-resources create"] + ["queued-resources describe"] * 5
+  assert _calls(tmp_path) == (["queued-resources describe", "queued-resources create"]
+                              + ["queued-resources describe"] * 5)
   assert result.stderr.splitlines() == [
       "create.sh: queued resource bert is WAITING_FOR_RESOURCES",
       "create.sh: queued resource bert is PROVISIONING",
@@ -375,7 +382,8 @@ esac""", _FIRST_RUN_FAILS, "--create-flags=--queued --spot --accelerator-type=v4
   assert result.returncode == 0, result.stderr
   assert "run.sh: the run failed (143); the TPU is PREEMPTED" in result.stderr
   assert calls == ["tpu-vm ssh start", "tpu-vm ssh follow", "tpu-vm ssh state",
-                   "tpu-vm describe", "queued-resources delete", "queued-resources create",
+                   "tpu-vm describe", "queued-resources describe", "queued-resources delete",
+                   "queued-resources describe", "queued-resources create",
                    "queued-resources describe", "queued-resources describe",
                    "tpu-vm ssh state", "tpu-vm scp", "tpu-vm ssh setup", "tpu-vm ssh start",
                    "tpu-vm ssh follow"]
@@ -399,6 +407,36 @@ esac""", "exit 143", "--create-flags=--queued --accelerator-type=v4-8", restarts
   assert result.stderr.count("run.sh: recreating or setting up the TPU failed (1)") == 2
   assert "run.sh: giving up after 2 restarts (1)" in result.stderr
   assert calls.count("queued-resources create") == 2 and "tpu-vm scp" not in calls
+
+
+def test_a_recreation_that_gave_up_waiting_keeps_its_place_in_the_queue(tmp_path):
+  """The first recreation stops waiting (--wait-timeout=0) while its request is
+  still in the queue: the next one waits for that request, never deleting it."""
+  result, calls = _run_with_stub(tmp_path, """case "$*" in
+  *"tpu-vm describe"*) echo PREEMPTED ;;
+""" + _queued_states("WAITING_FOR_RESOURCES", "WAITING_FOR_RESOURCES",
+                     "WAITING_FOR_RESOURCES", "ACTIVE") + """
+  *"tar -xzf"*) ;;
+  *"tpu-vm ssh"*) remote "$@" ;;
+esac""", _FIRST_RUN_FAILS, "--create-flags=--queued --wait-timeout=0 --accelerator-type=v4-8")
+  assert result.returncode == 0, result.stderr
+  assert "run.sh: recreating or setting up the TPU failed (1)" in result.stderr
+  assert "run.sh: queued resource bert is still WAITING_FOR_RESOURCES: waiting for it" in (
+      result.stderr)
+  assert "requested already (WAITING_FOR_RESOURCES): waiting for it" in result.stderr
+  assert calls.count("queued-resources create") == 1
+  first_create = calls.index("queued-resources create")
+  assert "queued-resources delete" not in calls[first_create:]  # its place was kept
+
+
+def test_a_run_that_stopped_on_an_error_to_mend_is_not_rerun(tmp_path):
+  """Exit 2 is a setting, file or disk to mend: a rerun would end the same way."""
+  result, calls = _run_with_stub(tmp_path, """case "$*" in
+  *"tpu-vm ssh"*) remote "$@" ;;
+esac""", 'echo "error: train.batch_size=7 does not divide ..." >&2; exit 2')
+  assert result.returncode == 2, result.stderr
+  assert "not rerunning it" in result.stderr
+  assert calls == ["tpu-vm ssh start", "tpu-vm ssh follow", "tpu-vm ssh state"]
 
 
 def test_run_does_not_rerun_a_stopped_run(tmp_path):
