@@ -27,8 +27,8 @@ COMMON_HELP="Settings (flag, or environment variable; flags take --flag=VALUE or
   --ssh-flags \"FLAGS\"     BERTJAX_SSH_FLAGS         more flags for gcloud's tpu-vm ssh and scp, e.g.
                                                     --internal-ip (workers created with --internal-ips,
                                                     reached from a VM in their network) or
-                                                    --tunnel-through-iap (through IAP: gcloud's alpha
-                                                    track, which has it for TPU VMs)
+                                                    --tunnel-through-iap (IAP: run through gcloud's
+                                                    alpha track, which has it for TPU VMs)
   --dry-run                                         print the commands, run nothing
   --help                                            this text"
 
