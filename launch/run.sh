@@ -24,7 +24,10 @@ continues it. After stop.sh, --restarts does not start it again.
   --workdir gs://...      where checkpoints and metrics go (every worker writes there)
   --run-id ID             names the run's files on the workers (default: the UTC time, and
                           -N for the Nth restart)
-  --detach                start the run and return; follow it with logs.sh --follow
+  --detach                start the run and return; follow it with logs.sh --follow. With
+                          --restarts or --delete-when-done, run.sh itself goes on in the
+                          background (its log: ~/.bertjax/launch/NAME-RUN_ID.log) to restart
+                          and delete as it would in the foreground
   --restarts N            after a failure, check the TPU; if it was preempted (or is gone),
                           delete and recreate it (create.sh with --create-flags, which waits
                           for a queued resource, and keeps one still waiting in the queue)
@@ -41,6 +44,7 @@ HELP
 }
 
 VALUE_FLAGS+=(--config --workdir --run-id --restarts --create-flags)
+ORIGINAL=("$@")  # for a supervisor run in the background (--detach with --restarts)
 normalize_flags "$@"
 set -- ${ARGS[@]+"${ARGS[@]}"}
 CONFIG="" WORKDIR="" RUN_NAME="" DETACH=0 RESTARTS=0 CREATE_FLAGS="" DELETE_WHEN_DONE=0 EXTRA=()
@@ -64,14 +68,49 @@ require "$CONFIG" "--config"
 require "$WORKDIR" "--workdir"
 [[ "$WORKDIR" == gs://* ]] || die "--workdir must be a gs:// path that every worker can reach"
 require_number "$RESTARTS" --restarts
-(( ! DETACH || RESTARTS == 0 )) || die "--detach and --restarts exclude each other" \
-  "(restarting needs run.sh to watch the run)"
-(( ! DETACH || ! DELETE_WHEN_DONE )) || die "--detach and --delete-when-done exclude each" \
-  "other (deleting when done needs run.sh to watch the run)"
+
 [[ "$RUN_NAME" =~ ^[A-Za-z0-9._-]*$ ]] || die "--run-id takes letters, digits, '.', '_' and '-'"
 RUN_NAME="${RUN_NAME:-$(date -u +%Y%m%dT%H%M%SZ)}"
 
 MAIN_ARGS="$(printf ' %q' "--config=$CONFIG" "--workdir=$WORKDIR" ${EXTRA[@]+"${EXTRA[@]}"})"
+
+# --detach with what needs watching (--restarts, --delete-when-done): this
+# script goes on in the background, in a session of its own with its own log,
+# so that closing this terminal (or the laptop) does not end the supervision.
+# Run it from a machine that stays on (a small VM, Cloud Shell does not).
+if (( DETACH && (RESTARTS > 0 || DELETE_WHEN_DONE) )); then
+  SUPERVISOR_LOGS="${BERTJAX_LAUNCH_LOGS:-$HOME/.bertjax/launch}"
+  SUPERVISOR_LOG="$SUPERVISOR_LOGS/$NAME-$RUN_NAME.log"
+  ARGS=(--run-id="$RUN_NAME")  # the same run id (a later --run-id is this one)
+  rest=0
+  for arg in ${ORIGINAL[@]+"${ORIGINAL[@]}"}; do
+    [[ "$arg" != -- ]] || rest=1
+    (( rest )) || [[ "$arg" != --detach ]] || continue
+    ARGS+=("$arg")
+  done
+  run mkdir -p "$SUPERVISOR_LOGS"
+  if (( DRY_RUN )); then
+    run setsid nohup bash "$0" ${ARGS[@]+"${ARGS[@]}"}
+    exit 0
+  fi
+  rm -f "$SUPERVISOR_LOG"
+  BERTJAX_SUPERVISOR=1 setsid nohup bash "$0" ${ARGS[@]+"${ARGS[@]}"} > "$SUPERVISOR_LOG" 2>&1 \
+    < /dev/null &
+  # Returns once the supervisor has its own session (its first line says so):
+  # a terminal closed at once then cannot take it along.
+  for _ in $(seq 100); do
+    [[ ! -s "$SUPERVISOR_LOG" ]] || break
+    sleep 0.1
+  done
+  [[ -s "$SUPERVISOR_LOG" ]] || fail "the supervisor did not start; see $SUPERVISOR_LOG"
+  echo "run.sh: supervising run $RUN_NAME of $NAME in the background (pid $!, log" \
+    "$SUPERVISOR_LOG); launch/logs.sh --follow follows the run, launch/stop.sh stops it" >&2
+  exit 0
+fi
+if [[ -n "${BERTJAX_SUPERVISOR:-}" ]]; then
+  echo "run.sh: supervising run $RUN_NAME of $NAME from $(hostname), pid $$, since" \
+    "$(date -u +%FT%TZ)"
+fi
 HERE="$(dirname "$0")"
 common_flags
 

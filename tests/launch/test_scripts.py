@@ -111,6 +111,13 @@ def test_run_starts_the_run_detached_on_every_worker_then_follows_it():
   # The run's name defaults to the time; --detach only starts it.
   commands = dry_run("run.sh", *SETTINGS, "--config=c.py", "--workdir=gs://b/r", "--detach")
   assert len(commands) == 1 and re.fullmatch(r"\d{8}T\d{6}Z", remote(commands[0])[3])
+  # ... and with what needs watching, run.sh itself goes on in the background.
+  mkdir, supervisor = dry_run("run.sh", *SETTINGS, "--config=c.py", "--workdir=gs://b/r",
+                              "--detach", "--restarts=3", "--run-id=r", "--", "--config.seed=1")
+  assert mkdir[:2] == ["mkdir", "-p"] and mkdir[2].endswith("/.bertjax/launch")
+  assert supervisor[:3] == ["setsid", "nohup", "bash"] and supervisor[3].endswith("/run.sh")
+  assert "--detach" not in supervisor and supervisor[-2:] == ["--", "--config.seed=1"]
+  assert supervisor[4] == "--run-id=r" and "--restarts=3" in supervisor
 
 
 def test_ssh_flags_reach_every_ssh_and_scp():
@@ -165,8 +172,6 @@ def test_delete():
     ("create.sh", SETTINGS + ["--accelerator-type"], "--accelerator-type needs a value"),
     ("run.sh", SETTINGS + ["--config=c.py"], "missing --workdir"),
     ("run.sh", SETTINGS + ["--config=c.py", "--workdir=/tmp/run"], "must be a gs:// path"),
-    ("run.sh", SETTINGS + ["--config=c.py", "--workdir=gs://b/r", "--detach", "--restarts=2"],
-     "--detach and --restarts exclude each other"),
     ("logs.sh", SETTINGS, "give --follow or --fetch DIR"),
     ("delete.sh", SETTINGS + ["--bogus"], "unknown flag --bogus"),
 ])
@@ -621,3 +626,32 @@ def test_setup_refuses_while_a_run_goes_on(tmp_path):
     assert "tpu-vm scp" not in _calls(tmp_path) and (tmp_path / "bertjax-venv").exists()
   finally:
     os.killpg(run, signal.SIGKILL)
+
+
+def test_a_detached_supervisor_restarts_the_run_with_nobody_watching(tmp_path):
+  """--detach with --restarts: run.sh returns at once and goes on in a
+  session of its own, with its own log; the terminal it was started from
+  goes (SIGHUP to its whole group), and it still reruns the run that failed."""
+  _worker_home(tmp_path, _FIRST_RUN_FAILS)
+  env = _gcloud_stub(tmp_path, """case "$*" in
+  *"tpu-vm describe"*) echo READY ;;
+  *"tpu-vm ssh"*) remote "$@" ;;
+esac""")
+  launcher = subprocess.Popen(
+      ["bash", os.path.join(ROOT, "launch", "run.sh"), *SETTINGS, "--config=configs/demo.py",
+       "--workdir=gs://bucket/run", "--run-id=demo", "--restarts=2", "--detach"],
+      cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      start_new_session=True)
+  _, stderr = launcher.communicate(timeout=60)
+  assert launcher.returncode == 0, stderr
+  log = tmp_path / ".bertjax" / "launch" / "bert-demo.log"
+  assert "supervising run demo of bert in the background (pid" in stderr and str(log) in stderr
+  try:
+    os.killpg(launcher.pid, signal.SIGHUP)  # the terminal goes
+  except ProcessLookupError:
+    pass
+  logs = tmp_path / "bertjax-logs"
+  _wait_for(lambda: (logs / "demo-1.status").exists(), timeout=60)
+  assert (logs / "demo.status").read_text() == "143\n"
+  assert (logs / "demo-1.status").read_text() == "0\n"
+  _wait_for(lambda: "run.sh: the run failed (143); the TPU is READY" in log.read_text())
