@@ -18,7 +18,9 @@ Runs on a TPU worker, called over SSH by run.sh and logs.sh (nothing to run
 from your own machine). A run's files are in ~/bertjax-logs/: RUN_ID.log (its
 output), RUN_ID.pid (the shell that runs it) and, once it has ended,
 RUN_ID.status (its exit status); "latest" holds the last RUN_ID started. RUN_ID
-may be "latest".
+may be "latest". The log and how the run ended are copied into the run's
+workdir as they come (WORKDIR/logs/RUN_ID/HOST.log and HOST.json, by
+bertjax.tools.ship_log), where launch/logs.sh --workdir reads them.
 
   start RUN_ID [MAIN_FLAGS...]  starts ~/bertjax-venv/bin/python -m bertjax.main MAIN_FLAGS in
                                 ~/bertjax, in a session of its own (setsid nohup) so that it
@@ -87,9 +89,20 @@ start() {
 # The detached shell around the run: it records its pid, runs the command and
 # records the exit status (written whole, then renamed, so no reader sees half).
 _run() {
-  local id="$1" status=0
+  local id="$1" status=0 workdir="" arg
   shift
   echo $$ > "$LOGS/$id.pid.part" && mv "$LOGS/$id.pid.part" "$LOGS/$id.pid"
+  for arg in "$@"; do
+    [[ "$arg" != --workdir=* ]] || workdir="${arg#--workdir=}"
+  done
+  if [[ -n "$workdir" ]]; then
+    # The log, and how the run ended, also go to the workdir as they are written
+    # (WORKDIR/logs/RUN_ID/HOST.log and .json): they outlive this worker's disk.
+    # (From the checkout, as the run: a ~/bertjax beside it is not the package.)
+    (cd "$CHECKOUT" && exec "$VENV/bin/python" -m bertjax.tools.ship_log \
+      --log="$LOGS/$id.log" --to="${workdir%/}/logs/$id/$HOST" --until_pid=$$ \
+      --status_file="$LOGS/$id.status") > "$LOGS/$id.ship.log" 2>&1 < /dev/null &
+  fi
   echo "worker.sh: run $id on $HOST from $(date -u +%FT%TZ): python -m bertjax.main $*"
   cd "$CHECKOUT"
   PYTHONUNBUFFERED=1 "$VENV/bin/python" -m bertjax.main "$@" || status=$?  # lines as they come

@@ -242,13 +242,17 @@ def _gcloud_stub(tmp_path, body):
                      "HOME": str(tmp_path), "BERTJAX_POLL_SECONDS": "0.1"})
 
 
-def _worker_home(tmp_path, run):
+def _worker_home(tmp_path, run, ship_logs=False):
   """Makes tmp_path a worker as setup.sh leaves one: ~/bertjax is this
-  checkout, and ~/bertjax-venv/bin/python a stand-in for the run (bash `run`)."""
+  checkout, and ~/bertjax-venv/bin/python a stand-in for the run (bash `run`).
+  The log copier beside each run (bertjax.tools.ship_log) is this Python with
+  `ship_logs`, else it does nothing."""
   (tmp_path / "bertjax").symlink_to(ROOT)
   python = tmp_path / "bertjax-venv" / "bin" / "python"
   python.parent.mkdir(parents=True)
-  python.write_text(f"#!/usr/bin/env bash\n{run}\n")
+  ship = f'exec {sys.executable} "$@"' if ship_logs else "exit 0"
+  python.write_text(f'#!/usr/bin/env bash\n[[ "$*" != "-m bertjax.tools.ship_log"* ]] || '
+                    f'{{ {ship}; }}\n{run}\n')
   python.chmod(0o755)
 
 
@@ -655,3 +659,55 @@ esac""")
   assert (logs / "demo.status").read_text() == "143\n"
   assert (logs / "demo-1.status").read_text() == "0\n"
   _wait_for(lambda: "run.sh: the run failed (143); the TPU is READY" in log.read_text())
+
+
+# The stand-in gcloud's `storage` verbs (ls, cat, cp), on the GCS API server
+# of the `gcs` fixture through gcsfs.
+_STORAGE = """
+import os, sys
+import fsspec
+fs = fsspec.filesystem("gs")
+verb, *args = sys.argv[1:]
+if verb == "ls":
+  for entry in sorted(fs.ls(args[0].rstrip("/"), detail=True), key=lambda e: e["name"]):
+    print("gs://" + entry["name"] + ("/" if entry["type"] == "directory" else ""))
+elif verb == "cat":
+  for path in sorted(fs.glob(args[0])):
+    sys.stdout.buffer.write(fs.cat_file(path))
+elif verb == "cp":
+  for path in sorted(fs.glob(args[0])):
+    fs.get_file(path, os.path.join(args[1], os.path.basename(path)))
+"""
+
+
+def test_a_runs_logs_outlive_the_slice_in_its_workdir(tmp_path, gcs):
+  """Each worker copies its log into the workdir as it is written, with how
+  the run ended; once the workers' disks are gone, logs.sh --workdir reads both."""
+  import json
+
+  workdir = gcs.url_of("launch/run")
+  storage = tmp_path / "storage.py"
+  storage.write_text(_STORAGE)
+  _worker_home(tmp_path, 'for i in 1 2 3; do echo "step $i/3  loss 1.0"; sleep 0.3; done\n'
+               'echo "error: train.batch_size=7 does not divide over the 8 devices" >&2; exit 2',
+               ship_logs=True)
+  env = _gcloud_stub(tmp_path, f"""case "$*" in
+  *"tpu-vm ssh"*) remote "$@" ;;
+  "storage "*) shift; {sys.executable} {storage} "$@" ;;
+esac""")
+  result = _script("run.sh", "--config=configs/demo.py", f"--workdir={workdir}",
+                   "--run-id=r1", env=env, cwd=tmp_path)
+  assert result.returncode == 2, result.stderr
+  ended = f"launch/run/logs/r1/{HOST}.json"
+  _wait_for(lambda: os.path.exists(gcs.local_path(gcs.url_of(ended))), timeout=60)
+  shutil.rmtree(tmp_path / "bertjax-logs")  # the slice is gone, and its disks
+  result = _script("logs.sh", f"--workdir={workdir}", "--ended", env=env, cwd=tmp_path)
+  assert result.returncode == 0, result.stderr
+  record = json.loads(result.stdout)
+  assert record["host"] == HOST and record["exit_status"] == 2 and record["last_step"] == 3
+  assert record["reason"] == "error: train.batch_size=7 does not divide over the 8 devices"
+  result = _script("logs.sh", f"--workdir={workdir}", "--fetch", "fetched", env=env,
+                   cwd=tmp_path)
+  assert result.returncode == 0, result.stderr
+  log = (tmp_path / "fetched" / f"{HOST}.log").read_text()
+  assert "step 3/3" in log and "ended" in log and "with exit status 2" in log

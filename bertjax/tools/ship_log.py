@@ -1,0 +1,114 @@
+r"""Copies a run's log into its workdir as it is written, and how the run ended.
+
+  python -m bertjax.tools.ship_log --log=~/bertjax-logs/r1.log \
+      --to=gs://bucket/run/logs/r1/worker-0 --until_pid=4127 --status_file=~/bertjax-logs/r1.status
+
+Started by `launch/worker.sh` beside each run on a TPU worker: a worker's disk
+goes with the slice (a preemption, a recreation, `delete.sh`), and with it the
+one record of why a run stopped. The log's new lines are appended to
+`<to>.log` every `--every_s` seconds (on `gs://`, each batch is composed onto
+the object: the log is never uploaded again whole). Once the process
+`--until_pid` has ended, the rest follows, and `<to>.json` says how the run
+ended: its exit status (from `--status_file`), the last training step it
+logged, and why (`finished`, `stopped to be resumed`, the error's line, ...).
+`launch/logs.sh --workdir=...` reads both when the slice is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import time
+
+from absl import flags
+
+from bertjax import files, metrics, paths, usage
+
+_LOG = paths.DEFINE_path("log", None, "The log file to copy, as it grows.", required=True)
+_TO = paths.DEFINE_path("to", None, "Where it goes, without the extension: <to>.log and "
+                        "<to>.json (local or gs://).", required=True)
+_UNTIL_PID = flags.DEFINE_integer("until_pid", None, "Copy until this process has ended.",
+                                  required=True)
+_STATUS_FILE = paths.DEFINE_path("status_file", None, "The run's exit status, once written.")
+_EVERY_S = flags.DEFINE_float("every_s", 30.0, "Seconds between two copies of new lines.")
+
+_STEP = re.compile(r"\bstep (\d+)/(\d+)\b")
+# What an exit status says (bertjax.main's, worker.sh's).
+_REASONS = {0: "finished", 130: "interrupted (Ctrl-C)",
+            143: "stopped to be resumed (a preemption notice, or launch/stop.sh)"}
+
+
+def _running(pid: int) -> bool:
+  """Whether process `pid` still runs (a zombie, ended and not yet reaped, does not)."""
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  try:
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+      return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+  except (OSError, IndexError):
+    return True
+
+
+def ending(log_tail: str, status: int | None) -> dict[str, object]:
+  """How a run ended, from its exit status and the end of its log: the last
+  training step it logged and why it stopped."""
+  steps = _STEP.findall(log_tail)
+  lines = [line.strip() for line in log_tail.splitlines() if line.strip()]
+  errors = [line for line in lines if line.startswith("error: ")]
+  if status is None:
+    reason = "ended without an exit status (its shell was killed)"
+  elif status in _REASONS:
+    reason = _REASONS[status]
+  elif status == 2 and errors:
+    reason = errors[-1]
+  else:
+    last = next((line for line in reversed(lines) if not line.startswith("worker.sh:")), "")
+    reason = f"failed (exit {status}): {last}" if last else f"failed (exit {status})"
+  return {"exit_status": status, "last_step": int(steps[-1][0]) if steps else None,
+          "total_steps": int(steps[-1][1]) if steps else None, "reason": reason}
+
+
+def ship(log: str, to: str, until_pid: int, status_file: str | None,
+         every_s: float) -> dict[str, object]:
+  """Copies `log` to `<to>.log` until `until_pid` ends, then writes `<to>.json`."""
+  target = metrics.AppendFile(f"{to}.log", flush_every_s=every_s)
+  offset, tail = 0, ""
+  try:
+    while True:
+      running = _running(until_pid)
+      if os.path.exists(log):
+        with open(log, "rb") as f:
+          f.seek(offset)
+          data = f.read()
+        if data:
+          offset += len(data)
+          target.append(data)
+          tail = (tail + data.decode("utf-8", "replace"))[-20_000:]
+      if not running:
+        break
+      time.sleep(min(every_s, 1.0))
+  finally:
+    target.close()
+  status = None
+  if status_file and os.path.exists(status_file):
+    text = open(status_file, encoding="utf-8").read().strip()
+    status = int(text) if text.lstrip("-").isdigit() else None
+  record = {"host": socket.gethostname(), "log": f"{to}.log", "ended": time.strftime(
+      "%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **ending(tail, status)}
+  files.write_text(f"{to}.json", json.dumps(record, indent=2) + "\n")
+  return record
+
+
+def main(argv):
+  del argv
+  ship(_LOG.value, _TO.value, _UNTIL_PID.value, _STATUS_FILE.value, _EVERY_S.value)
+
+
+if __name__ == "__main__":
+  usage.run_main(main)

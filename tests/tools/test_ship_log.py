@@ -1,0 +1,41 @@
+"""A run's log copied into its workdir as it grows, and how the run ended
+(bertjax.tools.ship_log): against a real GCS API server (fake-gcs-server)."""
+
+import json
+import subprocess
+import sys
+
+from bertjax import files
+from bertjax.tools import ship_log
+
+_WRITER = """
+import sys, time
+with open(sys.argv[1], "a") as log:
+  for step in range(1, 11):
+    log.write(f"step {step}/10  loss 1.0\\n"); log.flush(); time.sleep(0.1)
+  log.write("error: the loss diverged: ...\\n")
+open(sys.argv[2], "w").write("2\\n")
+"""
+
+
+def test_the_log_follows_the_run_into_the_workdir_and_says_how_it_ended(gcs, tmp_path):
+  log, status = tmp_path / "run.log", tmp_path / "run.status"
+  writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(log), str(status)])
+  to = gcs.url_of("runs/demo/logs/r1/host-0")
+  record = ship_log.ship(str(log), to, writer.pid, str(status), every_s=0.2)
+  writer.wait()
+  assert files.read_bytes(f"{to}.log") == log.read_bytes()
+  stored = json.loads(files.read_text(f"{to}.json"))
+  assert stored == record
+  assert stored["exit_status"] == 2 and stored["last_step"] == 10
+  assert stored["reason"] == "error: the loss diverged: ..."
+
+
+def test_how_a_run_ended_is_read_from_its_status_and_log():
+  tail = "step 7/100 loss 2\nstep 8/100 loss 2\nTraceback ...\nKeyError: 'x'\n"
+  assert ship_log.ending(tail, 1) == {"exit_status": 1, "last_step": 8, "total_steps": 100,
+                                      "reason": "failed (exit 1): KeyError: 'x'"}
+  assert ship_log.ending(tail, 143)["reason"].startswith("stopped to be resumed")
+  assert ship_log.ending("", 0) == {"exit_status": 0, "last_step": None, "total_steps": None,
+                                    "reason": "finished"}
+  assert ship_log.ending(tail, None)["reason"].startswith("ended without an exit status")
