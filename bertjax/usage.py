@@ -98,11 +98,21 @@ def run_main(main: Callable[[list[str]], Any], *,
 
   try:
     app.run(checked, flags_parser=parse_flags)
+  except SystemExit as exit_:
+    # absl ends --help (and --helpshort, --helpfull) with status 1; help that
+    # was asked for and given is a success.
+    if exit_.code == 1 and set(sys.argv[1:]) & _HELP_FLAGS:
+      sys.exit(0)
+    raise
   except KeyboardInterrupt:  # while the flags or the config loaded
     if logging.get_verbosity() >= logging.DEBUG:
       raise
     print("error: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
     sys.exit(INTERRUPTED_EXIT_CODE)
+
+
+_HELP_FLAGS = frozenset({"--help", "-help", "-h", "-?", "--helpshort", "--helpfull",
+                         "--helpxml"})
 
 
 def _redeliver_swallowed_interrupts() -> None:

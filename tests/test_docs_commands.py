@@ -32,7 +32,7 @@ DOCSTRINGS = sorted(os.path.relpath(p, ROOT) for pattern in (
     "configs/*.py", "bertjax/main.py", "bertjax/benchmark.py", "bertjax/tools/*.py")
     for p in glob.glob(os.path.join(ROOT, pattern)))
 COMMAND_START = re.compile(r"^(time\s+)?(python -m bertjax|python benchmarks/|launch/\w+\.sh|"
-                           r"pip install|pytest|export BERTJAX_)")
+                           r"pip install|pytest|export BERTJAX_|docker (build|push) )")
 # A usage synopsis (`--config=<file>[:<argument>]`, `[--out-file F]`), not a command.
 SYNOPSIS = re.compile(r"<\w+>|\[-")
 
@@ -151,6 +151,14 @@ def test_every_shell_line_is_a_checked_command():
   assert len(MODULE_COMMANDS["bertjax.main"]) >= 20  # the extraction finds them
 
 
+def test_docker_commands_build_the_recipe_there_is():
+  commands = [shlex.split(c) for _, c, _ in COMMANDS if c.startswith("docker build")]
+  assert commands
+  for words in commands:
+    assert os.path.isfile(os.path.join(ROOT, words[words.index("-f") + 1])), words
+    assert words[-1] == "."  # the repository root is the build context
+
+
 def test_a_bad_override_or_flag_is_caught():
   """The checks above fail on the mistakes they exist for."""
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
@@ -204,8 +212,15 @@ def test_launch_commands_dry_run(tmp_path):
       elif words[0].startswith("launch/") and not partial:
         flags_end = words.index("--") if "--" in words else len(words)
         argv = words[:flags_end] + ["--dry-run"] + words[flags_end:]
+        if words[0] == "launch/xpk.sh":  # the real xpk's dry run
+          from tests.launch.xpk_env import xpk_executable
+
+          xpk = xpk_executable()
+          if xpk is None:
+            continue
+          env = {**env, "BERTJAX_XPK": xpk}
         result = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True,
-                                timeout=60)
+                                timeout=300)
         assert result.returncode == 0, f"{source}: {command}\n{result.stderr}"
         assert "gcloud " in result.stdout, f"{source}: {command}\n{result.stdout}"
         checked += 1
