@@ -25,7 +25,9 @@ def test_notebook_is_valid_and_has_no_outputs():
   for cell in notebook.cells:
     if cell.cell_type == "code":
       assert not cell.outputs and cell.execution_count is None, cell.source[:80]
+  # The TPU runtime it asks Colab for: v5e-1 (Colab's name for it in the metadata).
   assert notebook.metadata["accelerator"] == "TPU"
+  assert notebook.metadata["colab"]["gpuType"] == "V5E1"
   _parameters_index(notebook)
 
 
