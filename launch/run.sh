@@ -68,7 +68,6 @@ require "$CONFIG" "--config"
 require "$WORKDIR" "--workdir"
 [[ "$WORKDIR" == gs://* ]] || die "--workdir must be a gs:// path that every worker can reach"
 require_number "$RESTARTS" --restarts
-
 [[ "$RUN_NAME" =~ ^[A-Za-z0-9._-]*$ ]] || die "--run-id takes letters, digits, '.', '_' and '-'"
 RUN_NAME="${RUN_NAME:-$(date -u +%Y%m%dT%H%M%SZ)}"
 
@@ -76,8 +75,8 @@ MAIN_ARGS="$(printf ' %q' "--config=$CONFIG" "--workdir=$WORKDIR" ${EXTRA[@]+"${
 
 # --detach with what needs watching (--restarts, --delete-when-done): this
 # script goes on in the background, in a session of its own with its own log,
-# so that closing this terminal (or the laptop) does not end the supervision.
-# Run it from a machine that stays on (a small VM, Cloud Shell does not).
+# so that closing this terminal does not end the supervision. Start it from a
+# machine that stays on (a small VM), not a laptop that sleeps.
 if (( DETACH && (RESTARTS > 0 || DELETE_WHEN_DONE) )); then
   SUPERVISOR_LOGS="${BERTJAX_LAUNCH_LOGS:-$HOME/.bertjax/launch}"
   SUPERVISOR_LOG="$SUPERVISOR_LOGS/$NAME-$RUN_NAME.log"
