@@ -42,6 +42,9 @@ _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the j
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
 _DISTRIBUTED = flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() "
                                  "with its cluster auto-detection (automatic on Cloud TPU VMs).")
+_INITIALIZATION_TIMEOUT_S = flags.DEFINE_integer(
+    "initialization_timeout_s", 300, "Seconds jax.distributed waits for every process to "
+    "join (launch/worker.sh gives a resumed run longer: a host restarting takes minutes).")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -56,9 +59,11 @@ def _on_cloud_tpu() -> bool:
 def main(argv):
   del argv  # settings go in --config.<field>=<value>
   if _COORDINATOR.value or _NUM_PROCESSES.value:
-    jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+    jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                               initialization_timeout=_INITIALIZATION_TIMEOUT_S.value)
   elif _DISTRIBUTED.value or _on_cloud_tpu():
-    jax.distributed.initialize()  # finds the other hosts of a pod slice (or cluster) itself
+    # Finds the other hosts of a pod slice (or cluster) itself.
+    jax.distributed.initialize(initialization_timeout=_INITIALIZATION_TIMEOUT_S.value)
   logging.info("Process %d of %d, %d local / %d global devices", jax.process_index(),
                jax.process_count(), jax.local_device_count(), jax.device_count())
 

@@ -27,7 +27,11 @@ request of that name still in the queue is waited for, not replaced.
   --reserved              capacity from a reservation of the project
   --internal-ips          no external IP addresses for the workers (then give the other scripts
                           --ssh-flags=--internal-ip from a VM in the same network, or
-                          --ssh-flags=--tunnel-through-iap)
+                          --ssh-flags=--tunnel-through-iap; setup.sh needs Cloud NAT, or
+                          --wheelhouse)
+  --no-startup-script     leave out launch/startup.sh, which every worker runs at boot to resume
+                          the run that a restart of the host cut off (set by default, in the
+                          TPU's metadata as startup-script)
   -- GCLOUD_FLAGS...      passed on to gcloud as they are, e.g. -- --network=NET --subnetwork=SUB
 $COMMON_HELP
 HELP
@@ -78,6 +82,7 @@ VALUE_FLAGS+=(--wait-timeout)
 normalize_flags "$@"
 set -- ${ARGS[@]+"${ARGS[@]}"}
 QUEUED=0 WAIT_TIMEOUT=3600 CAPACITY=() NETWORK=() EXTRA=()
+STARTUP=(--metadata-from-file="startup-script=$(cd "$(dirname "$0")" && pwd)/startup.sh")
 while (( $# )); do
   case "$1" in
     --help) usage; exit 0 ;;
@@ -85,6 +90,7 @@ while (( $# )); do
     --wait-timeout=*) WAIT_TIMEOUT="${1#*=}" ;;
     --spot | --preemptible | --reserved) CAPACITY+=("$1") ;;
     --internal-ips) NETWORK+=(--internal-ips) ;;
+    --no-startup-script) STARTUP=() ;;
     --) shift; EXTRA=("$@"); break ;;
     *) parse_common_flag "$1" || die "unknown flag $1 (see --help)" ;;
   esac
@@ -98,7 +104,8 @@ if [[ -z "$RUNTIME" ]]; then
 fi
 require_number "$WAIT_TIMEOUT" --wait-timeout
 (( ${#CAPACITY[@]} <= 1 )) || die "choose one of --spot, --preemptible and --reserved"
-FLAGS=(${CAPACITY[@]+"${CAPACITY[@]}"} ${NETWORK[@]+"${NETWORK[@]}"} ${EXTRA[@]+"${EXTRA[@]}"})
+FLAGS=(${CAPACITY[@]+"${CAPACITY[@]}"} ${NETWORK[@]+"${NETWORK[@]}"}
+       ${STARTUP[@]+"${STARTUP[@]}"} ${EXTRA[@]+"${EXTRA[@]}"})
 
 if (( QUEUED )); then
   [[ "${CAPACITY[*]:-}" != --preemptible ]] || die "queued resources take --spot, not --preemptible"

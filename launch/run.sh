@@ -175,7 +175,7 @@ recreate_tpu() {
 }
 
 USAGE_ERROR=2  # bertjax's exit status for a setting, file or disk to mend
-attempt=0 recreate=0
+attempt=0 recreate=0 resumed=0
 while true; do
   status=0
   if (( recreate )); then
@@ -186,7 +186,10 @@ while true; do
       echo "run.sh: recreating or setting up the TPU failed ($status)" >&2
     fi
   fi
-  if (( status == 0 )); then
+  if (( status == 0 && resumed )); then
+    resumed=0
+    follow_run || status=$?
+  elif (( status == 0 )); then
     RUN_ID="$RUN_NAME"
     (( attempt == 0 )) || RUN_ID="$RUN_NAME-$attempt"
     tpu tpu-vm ssh "$NAME" --worker=all --command="$WORKER start $RUN_ID$MAIN_ARGS" || status=$?
@@ -224,5 +227,11 @@ while true; do
   elif tpu tpu-vm ssh "$NAME" --worker=0 --command="test -e $STOP_MARKER" 2>/dev/null; then
     echo "run.sh: the run was stopped with stop.sh; not rerunning it" >&2
     exit "$status"
+  elif tpu tpu-vm ssh "$NAME" --worker=all --command="$WORKER state $RUN_ID" 2>/dev/null \
+      | grep -q ': running$'; then
+    # A restarted host's startup script (or the workers themselves) resumed it.
+    echo "run.sh: run $RUN_ID goes on again on the workers (resumed after a restart of a" \
+      "host); following it" >&2
+    resumed=1 attempt=$((attempt - 1))
   fi
 done

@@ -12,6 +12,10 @@ the object: the log is never uploaded again whole). Once the process
 ended: its exit status (from `--status_file`), the last training step it
 logged, and why (`finished`, `stopped to be resumed`, the error's line, ...).
 `launch/logs.sh --workdir=...` reads both when the slice is gone.
+
+A run resumed after a restart of its host goes on in the same log, and its
+copier goes on from what `<to>.log` holds already. A SIGTERM (the host going
+down) sends what is left and stops, with no `<to>.json`: the run has not ended.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
+import threading
 import time
 
 from absl import flags
@@ -74,14 +80,32 @@ def ending(log_tail: str, status: int | None) -> dict[str, object]:
           "total_steps": int(steps[-1][1]) if steps else None, "reason": reason}
 
 
-def ship(log: str, to: str, until_pid: int, status_file: str | None,
-         every_s: float) -> dict[str, object]:
-  """Copies `log` to `<to>.log` until `until_pid` ends, then writes `<to>.json`."""
+def _shipped(target: str, log: str) -> int:
+  """The bytes of `log` that `target` holds already: an earlier copier's, before
+  this host restarted (0 when `target` is not a copy of this log's start)."""
+  import fsspec
+
+  fs, name = fsspec.core.url_to_fs(target)
+  try:
+    size = fs.size(name)
+  except FileNotFoundError:
+    return 0
+  return size if size <= (os.path.getsize(log) if os.path.exists(log) else 0) else 0
+
+
+def ship(log: str, to: str, until_pid: int, status_file: str | None, every_s: float,
+         stop: threading.Event | None = None) -> dict[str, object] | None:
+  """Copies `log` to `<to>.log` until `until_pid` ends, then writes `<to>.json`.
+
+  Returns what `<to>.json` says, or None when `stop` was set first (the host is
+  going down: what was copied is kept, and the run has not ended).
+  """
+  stop = stop or threading.Event()
   target = metrics.AppendFile(f"{to}.log", flush_every_s=every_s)
-  offset, tail = 0, ""
+  offset, tail = _shipped(f"{to}.log", log), ""
   try:
     while True:
-      running = _running(until_pid)
+      running = _running(until_pid) and not stop.is_set()
       if os.path.exists(log):
         with open(log, "rb") as f:
           f.seek(offset)
@@ -92,9 +116,11 @@ def ship(log: str, to: str, until_pid: int, status_file: str | None,
           tail = (tail + data.decode("utf-8", "replace"))[-20_000:]
       if not running:
         break
-      time.sleep(min(every_s, 1.0))
+      stop.wait(min(every_s, 1.0))
   finally:
     target.close()
+  if stop.is_set():
+    return None
   status = None
   if status_file and os.path.exists(status_file):
     text = open(status_file, encoding="utf-8").read().strip()
@@ -107,7 +133,9 @@ def ship(log: str, to: str, until_pid: int, status_file: str | None,
 
 def main(argv):
   del argv
-  ship(_LOG.value, _TO.value, _UNTIL_PID.value, _STATUS_FILE.value, _EVERY_S.value)
+  stop = threading.Event()
+  signal.signal(signal.SIGTERM, lambda *_: stop.set())  # the host going down
+  ship(_LOG.value, _TO.value, _UNTIL_PID.value, _STATUS_FILE.value, _EVERY_S.value, stop)
 
 
 if __name__ == "__main__":

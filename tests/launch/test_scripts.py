@@ -4,6 +4,7 @@ stand-in `gcloud` whose "workers" are this machine (a temporary HOME)."""
 
 import glob
 import os
+import pathlib
 import re
 import shlex
 import shutil
@@ -20,6 +21,7 @@ SETTINGS = ["--project=my-project", "--zone=us-central2-b", "--name=bert"]
 SCOPE = ["--zone=us-central2-b", "--project=my-project"]
 WORKER = ["bash", "~/bertjax/launch/worker.sh"]
 HOST = subprocess.run(["hostname"], capture_output=True, text=True).stdout.strip()
+STARTUP = f"--metadata-from-file=startup-script={ROOT}/launch/startup.sh"
 
 
 def _clean_env(env=None):
@@ -44,13 +46,13 @@ def test_create_directly_or_queued():
   assert dry_run("create.sh", *SETTINGS, "--accelerator-type=v4-32",
                  "--runtime-version=tpu-ubuntu2204-base", "--spot") == [
       ["gcloud", "compute", "tpus", "tpu-vm", "create", "bert", "--accelerator-type=v4-32",
-       "--version=tpu-ubuntu2204-base", "--spot", *SCOPE]]
+       "--version=tpu-ubuntu2204-base", "--spot", STARTUP, *SCOPE]]
   env = {"BERTJAX_PROJECT": "my-project", "BERTJAX_ZONE": "us-central2-b",
          "BERTJAX_TPU_NAME": "bert", "BERTJAX_ACCELERATOR_TYPE": "v5p-64",
          "BERTJAX_RUNTIME_VERSION": "v2-alpha-tpuv5"}
   assert dry_run("create.sh", "--queued", env=env) == [
       ["gcloud", "compute", "tpus", "queued-resources", "create", "bert", "--node-id=bert",
-       "--accelerator-type=v5p-64", "--runtime-version=v2-alpha-tpuv5", *SCOPE],
+       "--accelerator-type=v5p-64", "--runtime-version=v2-alpha-tpuv5", STARTUP, *SCOPE],
       ["gcloud", "compute", "tpus", "queued-resources", "describe", "bert",
        "--format=value(state.state)", *SCOPE]]
 
@@ -71,13 +73,15 @@ def test_create_reserved_internal_ips_and_more_gcloud_flags_with_spaced_values()
                  "--name", "bert", "--accelerator-type", "v6e-16", "--reserved",
                  "--internal-ips", "--", "--network=net", "--subnetwork", "sub") == [
       ["gcloud", "compute", "tpus", "tpu-vm", "create", "bert", "--accelerator-type=v6e-16",
-       "--version=v2-alpha-tpuv6e", "--reserved", "--internal-ips", "--network=net",
+       "--version=v2-alpha-tpuv6e", "--reserved", "--internal-ips", STARTUP, "--network=net",
        "--subnetwork", "sub", *SCOPE]]
   assert dry_run("create.sh", *SETTINGS, "--accelerator-type=v5litepod-16", "--queued",
                  "--reserved", "--internal-ips")[0] == [
       "gcloud", "compute", "tpus", "queued-resources", "create", "bert", "--node-id=bert",
       "--accelerator-type=v5litepod-16", "--runtime-version=v2-alpha-tpuv5-lite", "--reserved",
-      "--internal-ips", *SCOPE]
+      "--internal-ips", STARTUP, *SCOPE]
+  assert STARTUP not in dry_run("create.sh", *SETTINGS, "--accelerator-type=v4-8",
+                                "--no-startup-script")[0]
 
 
 def test_setup_copies_the_committed_tree_and_installs_into_its_own_python():
@@ -191,7 +195,7 @@ def test_help(script):
   source = open(os.path.join(ROOT, "launch", script)).read()
   for flag in re.findall(r"^\s+(--[\w-]+)(?:=\*)?\)", source, re.M):
     assert flag in result.stdout, (script, flag)
-  if script != "worker.sh":  # the worker side only runs over SSH
+  if script not in ("worker.sh", "startup.sh"):  # the worker side: over SSH, or at boot
     assert "--dry-run" in result.stdout
 
 
@@ -374,9 +378,12 @@ def _run_with_stub(tmp_path, body, run, *flags, restarts=3):
 
 
 # The first run exits 143 (as a stopped or preempted run does), the next with 0.
+# A preemption: the host goes down, its processes get SIGTERM (the run's whole
+# session here), and the run "saves" and exits 143.
+_PREEMPTED = "kill -TERM 0; sleep 5"
 _FIRST_RUN_FAILS = """n=$(cat ~/runs 2>/dev/null || echo 0); echo $((n + 1)) > ~/runs
 echo "run $n in $PWD: $*"
-(( n >= 1 )) || exit 143"""
+(( n >= 1 )) || { %s; }""" % _PREEMPTED
 
 
 def test_run_recreates_a_preempted_tpu_and_reruns(tmp_path):
@@ -410,7 +417,7 @@ def test_run_reports_a_failed_recreation_and_tries_again(tmp_path):
   *"tpu-vm describe"*) echo PREEMPTED ;;
 """ + _queued_states("FAILED") + """
   *"tpu-vm ssh"*) remote "$@" ;;
-esac""", "exit 143", "--create-flags=--queued --accelerator-type=v4-8", restarts=2)
+esac""", _PREEMPTED, "--create-flags=--queued --accelerator-type=v4-8", restarts=2)
   assert result.returncode == 1
   assert "queued resource bert is FAILED" in result.stderr
   assert result.stderr.count("run.sh: recreating or setting up the TPU failed (1)") == 2
@@ -470,8 +477,29 @@ def test_run_reruns_on_a_ready_tpu_without_the_stop_marker(tmp_path):
 esac""", _FIRST_RUN_FAILS)
   assert result.returncode == 0, result.stderr
   assert calls == ["tpu-vm ssh start", "tpu-vm ssh follow", "tpu-vm ssh state",
-                   "tpu-vm describe", "tpu-vm ssh stop-marker", "tpu-vm ssh start",
-                   "tpu-vm ssh follow"]
+                   "tpu-vm describe", "tpu-vm ssh stop-marker", "tpu-vm ssh state",
+                   "tpu-vm ssh start", "tpu-vm ssh follow"]
+
+
+def test_run_follows_a_run_that_a_restarted_host_resumed_itself(tmp_path):
+  """The host restarted (a maintenance event) and its startup script resumed
+  the run before run.sh looked: run.sh follows it, and starts nothing."""
+  home = tmp_path / "homes" / "worker"
+  home.mkdir(parents=True)
+  _worker_home(home, _FIRST_RUN_FAILS + "\nsleep 2")  # the resumed run goes on a while
+  env = _gcloud_stub(tmp_path, """case "$*" in
+  *"tpu-vm describe"*) bash %s > /dev/null; echo READY ;;
+  *"tpu-vm ssh"*) remote "$@" ;;
+esac""" % os.path.join(ROOT, "launch", "startup.sh"))
+  env |= {"HOME": str(home), "BERTJAX_HOMES": str(tmp_path / "homes")}
+  result = _script("run.sh", "--config=configs/demo.py", "--workdir=gs://bucket/run",
+                   "--run-id=demo", "--restarts=3", cwd=tmp_path, env=env, timeout=120)
+  assert result.returncode == 0, result.stderr
+  assert "goes on again on the workers (resumed after a restart of a host)" in result.stderr
+  assert _calls(tmp_path) == [
+      "tpu-vm ssh start", "tpu-vm ssh follow", "tpu-vm ssh state", "tpu-vm describe",
+      "tpu-vm ssh stop-marker", "tpu-vm ssh state", "tpu-vm ssh follow"]
+  assert (home / "runs").read_text() == "2\n"
 
 
 def _wait_for(condition, timeout=30):
@@ -555,6 +583,86 @@ for i in $(seq 600); do echo "step $i"; sleep 0.1; done""")
   assert re.search(rf"^{re.escape(HOST)}: saved at step \d+$", result.stdout, re.M)
   assert (logs / f"{run_id}.status").read_text() == "143\n"
   assert (tmp_path / "bertjax.stop").exists()  # run.sh --restarts will not restart it
+
+
+# A stand-in run that notes each start (its flags, its pid), logs 40 steps and,
+# on SIGTERM, "saves" and exits 143 as bertjax.main does.
+_RESUMABLE_RUN = """echo "$*" >> ~/attempts.txt
+echo $$ > ~/python.pid
+trap 'echo "saved at step $i"; exit 143' TERM
+for i in $(seq 40); do echo "step $i"; sleep 0.1; done"""
+
+
+def _attempts(home):
+  path = home / "attempts.txt"
+  return path.read_text().splitlines() if path.exists() else []
+
+
+def _start_detached(tmp_path, env):
+  """run.sh --detach, until the run has logged step 3: (its logs folder, its id)."""
+  result = _script("run.sh", "--config=configs/demo.py", "--workdir=gs://bucket/run",
+                   "--detach", env=env, cwd=tmp_path)
+  assert result.returncode == 0, result.stderr
+  logs = pathlib.Path(env["HOME"]) / "bertjax-logs"
+  run_id = (logs / "latest").read_text().strip()
+  _wait_for(lambda: "step 3" in (logs / f"{run_id}.log").read_text())
+  return logs, run_id
+
+
+def test_a_run_resumes_by_itself_when_another_host_restarts(tmp_path):
+  """Another host of the slice restarting: its SIGTERM reaches this host's
+  training loop too (JAX's preemption sync point), which saves and exits 143.
+  This host goes on, so worker.sh starts the run again at once, waiting longer
+  for the hosts to join; nobody watches (run.sh --detach)."""
+  _worker_home(tmp_path, _RESUMABLE_RUN)
+  env = _gcloud_stub(tmp_path, 'case "$*" in *"tpu-vm ssh"*) remote "$@" ;; esac')
+  logs, run_id = _start_detached(tmp_path, env)
+  os.kill(int((tmp_path / "python.pid").read_text()), signal.SIGTERM)
+  _wait_for(lambda: (logs / f"{run_id}.status").exists(), timeout=60)
+  assert (logs / f"{run_id}.status").read_text() == "0\n"
+  first, second = _attempts(tmp_path)
+  assert "--initialization_timeout_s" not in first
+  assert second == first + " --initialization_timeout_s=1800"
+  log = (logs / f"{run_id}.log").read_text()
+  assert "saved at step" in log and "starting it again (attempt 2)" in log
+  assert log.count("step 40") == 1
+
+
+def test_a_restarted_host_resumes_its_run_from_the_startup_script(tmp_path):
+  """The host going down (SIGTERM to everything: the run saves and exits 143)
+  does not start the run again there; at the next boot the slice's startup
+  script does, as the user who started it, in the same log. A run that ended
+  is left as it is at the boot after."""
+  home = tmp_path / "homes" / "worker"
+  home.mkdir(parents=True)
+  _worker_home(home, _RESUMABLE_RUN)
+  boot_id = tmp_path / "boot_id"
+  boot_id.write_text("boot-1\n")
+  env = _gcloud_stub(tmp_path, 'case "$*" in *"tpu-vm ssh"*) remote "$@" ;; esac')
+  env |= {"HOME": str(home), "BERTJAX_BOOT_ID_FILE": str(boot_id),
+          "BERTJAX_HOMES": str(tmp_path / "homes")}
+  logs, run_id = _start_detached(tmp_path, env)
+  os.killpg(int((logs / f"{run_id}.pid").read_text()), signal.SIGTERM)  # the shutdown
+  _wait_for(lambda: (logs / f"{run_id}.status").exists())
+  assert (logs / f"{run_id}.status").read_text() == "143\n"
+  time.sleep(0.5)
+  assert len(_attempts(home)) == 1  # not started again on a host going down
+
+  boot_id.write_text("boot-2\n")
+  startup = [os.path.join(ROOT, "launch", "startup.sh")]
+  result = subprocess.run(startup, capture_output=True, text=True, env=env, timeout=60)
+  assert result.returncode == 0, result.stderr
+  assert f"resumed run {run_id}" in result.stdout
+  _wait_for(lambda: (logs / f"{run_id}.status").exists(), timeout=60)
+  assert (logs / f"{run_id}.status").read_text() == "0\n"
+  first, second = _attempts(home)
+  assert second == first + " --initialization_timeout_s=1800"
+  log = (logs / f"{run_id}.log").read_text()
+  assert log.index("saved at step") < log.index("started again") < log.index("step 40")
+
+  result = subprocess.run(startup, capture_output=True, text=True, env=env, timeout=60)
+  assert f"run {run_id} ended with exit status 0: nothing to resume" in result.stdout
+  assert len(_attempts(home)) == 2
 
 
 def test_stop_signals_the_run_on_every_worker_and_waits():

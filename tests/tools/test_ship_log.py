@@ -2,8 +2,10 @@
 (bertjax.tools.ship_log): against a real GCS API server (fake-gcs-server)."""
 
 import json
+import signal
 import subprocess
 import sys
+import time
 
 from bertjax import files
 from bertjax.tools import ship_log
@@ -39,3 +41,28 @@ def test_how_a_run_ended_is_read_from_its_status_and_log():
   assert ship_log.ending("", 0) == {"exit_status": 0, "last_step": None, "total_steps": None,
                                     "reason": "finished"}
   assert ship_log.ending(tail, None)["reason"].startswith("ended without an exit status")
+
+
+def test_a_host_going_down_keeps_what_was_copied_and_a_resumed_copy_goes_on(gcs, tmp_path):
+  """SIGTERM (the host shutting down): the copier sends what it has and stops
+  without saying the run ended. After the restart the run appends to its log,
+  and the next copier goes on from what the workdir holds: no line twice."""
+  log = tmp_path / "run.log"
+  log.write_text("step 1/10  loss 3.0\nstep 2/10  loss 2.9\n")
+  to = gcs.url_of("runs/demo/logs/r2/host-0")
+  runner = subprocess.Popen(["sleep", "60"])
+  copier = subprocess.Popen(
+      [sys.executable, "-m", "bertjax.tools.ship_log", f"--log={log}", f"--to={to}",
+       f"--until_pid={runner.pid}", "--every_s=60"], cwd=tmp_path)
+  time.sleep(3)  # started, and the two lines read (sent at the latest on stopping)
+  copier.send_signal(signal.SIGTERM)
+  assert copier.wait(timeout=60) == 0
+  runner.kill()
+  runner.wait()
+  assert files.read_bytes(f"{to}.log") == log.read_bytes()
+  assert not files.exists(f"{to}.json")
+  with open(log, "a") as f:  # the run resumed, after the restart
+    f.write("worker.sh: resuming run r1\nstep 3/10  loss 2.8\n")
+  record = ship_log.ship(str(log), to, runner.pid, None, every_s=0.2)
+  assert files.read_bytes(f"{to}.log") == log.read_bytes()
+  assert record["last_step"] == 3
