@@ -17,6 +17,7 @@ Each command's module ends with `usage.run_main(main)`, which
 
 from __future__ import annotations
 
+import logging as std_logging
 import os
 import re
 import signal
@@ -34,9 +35,18 @@ EXIT_CODE = 2
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT
 
 
+def _last_line(line: str) -> None:
+  """Prints the command's last line to stderr, after silencing the logs: a
+  background thread being abandoned (an orbax save) may log on its way out,
+  and the line that says what happened stays the last one."""
+  logging.set_verbosity(logging.FATAL)
+  std_logging.disable(std_logging.CRITICAL)
+  print(line, file=sys.stderr, flush=True)
+
+
 def fail(message: str) -> NoReturn:
   """Prints `error: message` (one line) to stderr and exits with status 2."""
-  print(f"error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
+  _last_line(f"error: {' '.join(str(message).split())}")
   sys.exit(EXIT_CODE)
 
 
@@ -61,7 +71,7 @@ def run(fn: Callable[[], T], interrupted: str = "nothing was left half-written")
   except KeyboardInterrupt:
     if verbose:
       raise
-    print(f"error: interrupted (Ctrl-C): {interrupted}", file=sys.stderr, flush=True)
+    _last_line(f"error: interrupted (Ctrl-C): {interrupted}")
     sys.stdout.flush()
     os._exit(INTERRUPTED_EXIT_CODE)  # pylint: disable=protected-access
   except Exception as e:  # pylint: disable=broad-except
