@@ -38,6 +38,8 @@ Features = dict[str, np.ndarray]  # name -> [examples, ...]
 
 # How the output layer is trained; each names the labels its features carry.
 KINDS = ("classification", "regression", "multiple_choice", "span", "token")
+# The attention implementations that apply attention dropout (`models.attention.choose`).
+_WITH_ATTENTION_DROPOUT = ("auto", "xla")
 _MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
@@ -121,9 +123,12 @@ def load_model(config: ml_collections.ConfigDict, task: str,
                labels: list[str] | None = None) -> Pretrained:
   """The pretrained bundle of `config.init_checkpoint` in a task model.
 
-  The computation dtype and any dropout given in `config.model` (negative:
-  the checkpoint's) apply; the bundle must bring its tokenizer, and the
-  checkpoint's position table must cover `config.max_seq_length`.
+  The computation dtype and the dropout given in `config.model` (negative:
+  the checkpoint's) apply. Attention dropout needs an attention kernel that
+  has it: a checkpoint that names a fused kernel without it (splash, cuDNN)
+  runs "auto", which picks XLA's attention while dropout is on. The bundle
+  must bring its tokenizer, and the checkpoint's position table must cover
+  `config.max_seq_length`.
   """
   if not config.init_checkpoint:
     raise errors.UsageError("config.init_checkpoint is empty: give the pre-trained model to "
@@ -134,6 +139,11 @@ def load_model(config: ml_collections.ConfigDict, task: str,
              if config.model[name] >= 0}
   bundle = load_pretrained(config.init_checkpoint, task=task, labels=labels, seed=config.seed,
                            dtype=config.model.dtype, **dropout)
+  if (bundle.config.attention_dropout_prob > 0
+      and bundle.config.attention_impl not in _WITH_ATTENTION_DROPOUT):
+    logging.info("attention_impl %r has no attention dropout: fine-tuning runs 'auto' (XLA's "
+                 "attention while dropout is on)", bundle.config.attention_impl)
+    bundle.config = bundle.config.replace(attention_impl="auto")
   if bundle.tokenizer is None:
     raise errors.UsageError(f"{config.init_checkpoint}: no tokenizer (vocab.txt) beside the "
                             "weights; fine-tuning needs the one the model was pre-trained with")

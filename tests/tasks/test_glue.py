@@ -232,3 +232,31 @@ def test_sharded_mesh_fine_tunes_like_data_parallel(pretrained_run, tmp_path):
   # Parameters sharded over fsdp and tensor give the data-parallel run's losses.
   np.testing.assert_allclose(runs["mixed"]["losses"], runs["data"]["losses"], rtol=1e-4)
   assert len(runs["data"]["losses"]) == 8
+
+
+def test_fine_tuning_takes_the_papers_dropout_whatever_the_checkpoint_says(pretrained_run,
+                                                                           tmp_path):
+  """bertjax's pre-training leaves attention dropout out (the fused kernels
+  have none); fine-tuning runs the paper's 0.1 on every layer and on the
+  attention probabilities, on an attention kernel that has it. A negative
+  setting keeps the checkpoint's."""
+  import bertjax
+  from bertjax.tasks import finetune
+
+  data = str(tmp_path / "SST-2")
+  config = _glue_config("sst2", pretrained_run, data)
+  assert bertjax.load_pretrained(pretrained_run).config.attention_dropout_prob == 0.0
+  bundle = finetune.load_model(config, "sequence_classification", ["0", "1"])
+  assert (bundle.config.hidden_dropout_prob, bundle.config.attention_dropout_prob) == (0.1, 0.1)
+  config.model.attention_dropout_prob = -1.0
+  assert finetune.load_model(config, "sequence_classification",
+                             ["0", "1"]).config.attention_dropout_prob == 0.0
+
+  # A model saved to run the splash kernel (no attention dropout) fine-tunes on "auto".
+  splash = bertjax.load_pretrained(pretrained_run)
+  splash.config = splash.config.replace(attention_impl="splash")
+  bertjax.save_pretrained(splash, str(tmp_path / "splash"))
+  config = _glue_config("sst2", str(tmp_path / "splash"), data)
+  bundle = finetune.load_model(config, "sequence_classification", ["0", "1"])
+  assert bundle.config.attention_impl == "auto"
+  assert bundle.config.attention_dropout_prob == 0.1
