@@ -120,10 +120,13 @@ def make_optimizer(config: Any) -> tuple[optax.GradientTransformation, optax.Sch
   """(optimizer, learning-rate schedule) of a run's `config.optimizer` and
   `config.train.total_steps` (an `ml_collections.ConfigDict`)."""
   opt = config.optimizer
+  if "bias_correction" not in opt:  # no silent default: the original runs without it
+    raise errors.UsageError("config.optimizer.bias_correction is missing: False for the "
+                            "original BERT's Adam (the paper's configs), True for optax's")
   schedule = learning_rate_schedule(opt.learning_rate, opt.warmup_steps,
                                     config.train.total_steps)
   optimizer = create_optimizer(opt.name, schedule, weight_decay=opt.weight_decay,
                                b1=opt.b1, b2=opt.b2, eps=opt.eps,
                                max_grad_norm=opt.max_grad_norm,
-                               bias_correction=opt.get("bias_correction", True))
+                               bias_correction=opt.bias_correction)
   return optimizer, schedule

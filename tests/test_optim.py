@@ -147,3 +147,50 @@ def test_the_papers_configs_use_the_original_optimizer():
   assert base_pretrain.get_config("lamb").optimizer.bias_correction  # LAMB's own
   assert not glue.get_config("mrpc").train.bias_correction
   assert not squad.get_config("v1.1").train.bias_correction
+
+
+def _updates(optimizer, steps=3):
+  params = {"kernel": jnp.ones((3, 4)), "bias": jnp.zeros(4)}
+  state, sizes = optimizer.init(params), []
+  for step in range(steps):
+    grads = {"kernel": jnp.full((3, 4), 0.3 + 0.1 * step), "bias": jnp.full(4, -0.2)}
+    updates, state = optimizer.update(grads, state, params)
+    sizes.append(np.asarray(updates["kernel"]))
+  return np.stack(sizes)
+
+
+def test_a_pretraining_run_builds_the_optimizer_its_config_names():
+  """`make_optimizer` follows config.optimizer.bias_correction (the paper's
+  configs: the original's Adam, no correction), and a config without the key
+  is an error, not optax's corrected Adam."""
+  from bertjax import errors
+  from bertjax.configs import base_pretrain
+
+  config = base_pretrain.get_config()
+  config.train.total_steps, config.optimizer.warmup_steps = 100, 2
+  opt = config.optimizer
+  optimizer, _ = optim.make_optimizer(config)
+  schedule = optim.learning_rate_schedule(opt.learning_rate, 2, 100)
+  same = dict(weight_decay=opt.weight_decay, b1=opt.b1, b2=opt.b2, eps=opt.eps,
+              max_grad_norm=opt.max_grad_norm)
+  original = optim.create_optimizer(opt.name, schedule, bias_correction=False, **same)
+  corrected = optim.create_optimizer(opt.name, schedule, bias_correction=True, **same)
+  np.testing.assert_array_equal(_updates(optimizer), _updates(original))
+  assert not np.allclose(_updates(optimizer), _updates(corrected))
+  del config.optimizer.bias_correction
+  with pytest.raises(errors.UsageError, match="config.optimizer.bias_correction is missing"):
+    optim.make_optimizer(config)
+
+
+def test_a_fine_tuning_recipe_takes_every_setting_from_its_config():
+  from bertjax import errors
+  from bertjax.configs import glue
+  from bertjax.tasks import finetune
+
+  config = glue.get_config("mrpc")
+  assert finetune.Recipe.from_config(config).bias_correction is False
+  config.train.bias_correction = True
+  assert finetune.Recipe.from_config(config).bias_correction is True
+  del config.train.bias_correction
+  with pytest.raises(errors.UsageError, match="config.train is missing bias_correction"):
+    finetune.Recipe.from_config(config)

@@ -235,6 +235,11 @@ class Recipe:
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> Recipe:
+    """The settings of `config.train`, each one required (no silent default)."""
+    missing = [f.name for f in dataclasses.fields(cls) if f.name not in config.train]
+    if missing:
+      raise errors.UsageError(f"config.train is missing {', '.join(missing)} (the task "
+                              "configs in configs/ set every one)")
     return cls(**{f.name: config.train[f.name] for f in dataclasses.fields(cls)})
 
 

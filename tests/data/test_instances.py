@@ -99,9 +99,23 @@ def test_instances_are_distributed_as_the_originals():
   expected = _original_statistics(documents, 64, 0.1, seed=5)
   # Seed to seed, each statistic moves by up to about 1.5% at this size.
   np.testing.assert_allclose(statistics, expected, rtol=0.03)
-  # A one-sentence document gives one instance, a random-next pair.
-  single = [ours[d] for d in range(0, 4000, 10)]
+
+
+def test_a_one_sentence_document_gives_one_random_next_instance():
+  """As the original's loop (which needs no TensorFlow to say so): a document
+  of one sentence is kept, as one instance whose B is a random sentence."""
+  rng = np.random.default_rng(4)
+  documents = [[np.arange(rng.integers(3, 30), dtype=np.int32) + d * 10000 + 100 + 30 * s
+                for s in range(1 if d % 10 == 0 else int(rng.integers(2, 25)))]
+               for d in range(400)]
+  ours = _instances(documents, 64, 0.1)
+  single = [ours[d] for d in range(0, 400, 10)]
   assert all(len(c) == 1 and c[0].next_sentence_label == 1 for c in single)
+  for (instance,), d in zip(single, range(0, 400, 10)):
+    first = instance.token_ids[1:instance.num_first - 1]
+    assert np.all(first // 10000 == d)  # A: the document's sentence
+    second = instance.token_ids[instance.num_first:-1]
+    assert np.all(second // 10000 != d)  # B: from another document
 
 
 def test_next_sentence_coin_is_fair():

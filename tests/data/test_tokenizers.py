@@ -93,8 +93,18 @@ def test_tokens_and_ids_match_the_original(vocab_file, do_lower_case):
     assert ours.tokenize(text) == original.tokenize(text), text
     assert ours.encode_pieces([text])[0] == original.convert_tokens_to_ids(
         original.tokenize(text)), text
-  pieces = ours.tokenize("x [MASK] y")
-  assert pieces[1] == "[" and pieces[-2:] == ["]", "y"] and "[MASK]" not in pieces
+
+
+@pytest.mark.parametrize("do_lower_case", [True, False])
+def test_special_tokens_written_in_text_are_plain_text(vocab_file, do_lower_case):
+  """As the original FullTokenizer (which needs no TensorFlow to say so):
+  "[MASK]" typed in the text is the pieces `[`, `mask`, `]`, never the
+  [MASK] token, so that text cannot forge a mask, a separator or a class."""
+  ours = WordPieceTokenizer(vocab_file, do_lower_case=do_lower_case)
+  for special in ("[MASK]", "[SEP]", "[CLS]"):
+    pieces = ours.tokenize(f"x {special} y")
+    assert pieces[1] == "[" and pieces[-2:] == ["]", "y"] and special not in pieces
+    assert ours.token_to_id(special) not in ours.encode_pieces([f"x {special} y"])[0]
 
 
 def test_word_length_limits(vocab_file):

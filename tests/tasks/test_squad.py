@@ -3,6 +3,7 @@ learnable SQuAD files (v1.1 and v2.0) from a Hugging Face checkpoint."""
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -115,15 +116,24 @@ def _config(version, checkpoint, **files):
                      **{f"data.{name}": value for name, value in files.items()})
 
 
-def test_squad_v1_fine_tunes_and_scores_like_the_official_script(tiny_hf_checkpoint, tmp_path):
+def test_squad_v1_fine_tunes_and_scores_like_the_official_script(tiny_hf_checkpoint, tmp_path,
+                                                                   absl_caplog):
   from bertjax.evaluation import squad as squad_eval
 
   train = write_squad(tmp_path / "train.json", 400, 0, "1.1")
   dev = write_squad(tmp_path / "dev.json", 100, 1, "1.1")
   workdir = str(tmp_path / "run")
-  results = squad.run(_config("v1.1", tiny_hf_checkpoint, train_file=train, predict_file=dev),
-                      workdir)
+  with absl_caplog.at_level("INFO"):
+    results = squad.run(_config("v1.1", tiny_hf_checkpoint, train_file=train,
+                                predict_file=dev), workdir)
   assert results["dev"]["exact_match"] > 90.0, results
+  # run_squad.py's step count: questions, not the windows of the longer
+  # passages (int(400 / 32 * 6) = 75).
+  questions, windows, steps = map(int, re.search(
+      r"(\d+) training questions, (\d+) windows, (\d+) steps", absl_caplog.text).groups())
+  assert (questions, steps) == (400, 75) and windows > 450
+  logged = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+  assert max(row["step"] for row in logged if "step" in row) == 75
   predictions = json.load(open(os.path.join(workdir, "predictions.json")))
   assert len(predictions) == 100
   dataset = json.load(open(dev))["data"]
