@@ -88,6 +88,10 @@ def pretrain_config(size: str = "bert_base") -> ml_collections.ConfigDict:
   config.data.mask_rate = 0.8
   config.data.random_rate = 0.1
   config.data.whole_word_masking = False
+  # "original": as create_pretraining_data.py, only [CLS] and [SEP] are never
+  # masked and random tokens come from the whole vocabulary; "excluded": no
+  # special token ([UNK], [MASK], [PAD] too) is masked or drawn.
+  config.data.masking_specials = "original"
   config.data.short_seq_prob = 0.1
   # Instances shuffled together: a batch of 256 from a 50,000 window holds
   # instances of 248 documents at ~11 instances a document (254 fully shuffled,

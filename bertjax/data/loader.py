@@ -301,9 +301,8 @@ def make_dataset(config: LoaderConfig, process_index: int = 0,
       kind = info["tokenizer"]["type"]
       tokens = tokenizer.convert_ids_to_tokens(range(tokenizer.vocab_size))
       continuation = masking.continuation_table(tokens, kind)
-    masker = masking.Masker(config.masking, tokenizer.vocab_size, tokenizer.mask_id,
-                            sorted(set(tokenizer.special_ids.values())), continuation,
-                            config.seed)
+    masker = masking.Masker(config.masking, tokenizer.vocab_size, tokenizer.special_ids,
+                            continuation, config.seed)
   if config.packed:
     stream = _packed_rows(stream, _MaskedExamples(config, masker), config, tokenizer.pad_id)
   else:

@@ -3,9 +3,12 @@
 As in the paper and the original code: 15% of the tokens of each sequence
 (`round(length * masked_lm_prob)`, at least one, at most `max_predictions`) are
 chosen in random order, never [CLS], [SEP] or padding; of them 80% become
-[MASK], 10% a random token and 10% stay as they are. With whole-word masking a
-word's pieces are chosen together, skipping words that would overflow the
-budget, as the original does.
+[MASK], 10% a random token and 10% stay as they are. As in the original
+`create_pretraining_data.py`, an [UNK] may be chosen like any word, and a
+random token is drawn from the whole vocabulary, special tokens included
+(`specials="original"`); `specials="excluded"` chooses and draws no special
+token at all. With whole-word masking a word's pieces are chosen together,
+skipping words that would overflow the budget, as the original does.
 
 Randomness is a counter-based hash of (seed, instance key, position), so an
 instance's mask depends only on its key: the same in any batch, after any
@@ -16,12 +19,14 @@ position).
 from __future__ import annotations
 
 import dataclasses
+from typing import Mapping
 
 import numpy as np
 
 from bertjax import errors
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+SPECIALS_RULES = ("original", "excluded")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +40,10 @@ class MaskingConfig:
     mask_rate: Fraction of predictions replaced by [MASK].
     random_rate: Fraction replaced by a random token; the rest stay unchanged.
     whole_word: Choose all pieces of a word together.
+    specials: "original": only [CLS] and [SEP] are never chosen (an [UNK] is,
+      like any word) and random tokens come from the whole vocabulary, as
+      `create_pretraining_data.py`; "excluded": no special token ([CLS],
+      [SEP], [PAD], [MASK], [UNK]) is chosen or drawn.
   """
 
   masked_lm_prob: float = 0.15
@@ -42,6 +51,7 @@ class MaskingConfig:
   mask_rate: float = 0.8
   random_rate: float = 0.1
   whole_word: bool = False
+  specials: str = "original"
 
   def __post_init__(self):
     if not 0 < self.masked_lm_prob < 1:
@@ -51,6 +61,9 @@ class MaskingConfig:
     if self.mask_rate < 0 or self.random_rate < 0 or self.mask_rate + self.random_rate > 1:
       raise errors.UsageError(f"mask_rate={self.mask_rate} and random_rate={self.random_rate} must "
                               "be non-negative and sum to at most 1")
+    if self.specials not in SPECIALS_RULES:
+      raise errors.UsageError(f"masking specials must be one of {SPECIALS_RULES}, got "
+                              f"{self.specials!r}")
 
   def check_length(self, max_seq_length: int) -> None:
     """Fails if `max_predictions` cannot hold the masked share of a full sequence."""
@@ -82,26 +95,30 @@ class Masker:
   """Masks batches of token ids.
 
   Args:
-    config: The masking rates.
-    vocab_size: Ids are drawn for random replacements from [0, vocab_size),
-      special tokens excluded.
-    mask_id: The [MASK] id.
-    special_ids: Ids never masked nor drawn ([CLS], [SEP], [PAD], [MASK], [UNK]).
+    config: The masking rates and rule for special tokens.
+    vocab_size: Random replacements are drawn from [0, vocab_size).
+    special_ids: The special tokens' ids by role: "cls", "sep", "pad", "mask",
+      "unk" (`Tokenizer.special_ids`).
     continuation: For whole-word masking, bool [vocab_size]: which tokens
       continue the previous word (`##x` for WordPiece, no leading `▁` for
       SentencePiece).
     seed: Mixed into every instance key.
   """
 
-  def __init__(self, config: MaskingConfig, vocab_size: int, mask_id: int,
-               special_ids: list[int], continuation: np.ndarray | None = None, seed: int = 0):
+  def __init__(self, config: MaskingConfig, vocab_size: int, special_ids: Mapping[str, int],
+               continuation: np.ndarray | None = None, seed: int = 0):
     if config.whole_word and continuation is None:
       raise errors.UsageError("whole-word masking needs the continuation table of the vocabulary")
     self.config = config
-    self.mask_id = mask_id
+    self.mask_id = special_ids["mask"]
+    excluded = (sorted(set(special_ids.values())) if config.specials == "excluded"
+                else [special_ids["cls"], special_ids["sep"]])
+    # Never chosen; with "excluded" also never drawn as a random replacement.
     self.is_special = np.zeros(vocab_size, bool)
-    self.is_special[special_ids] = True
-    self.replacements = np.flatnonzero(~self.is_special).astype(np.int32)
+    self.is_special[excluded] = True
+    self.replacements = np.flatnonzero(
+        ~self.is_special if config.specials == "excluded" else np.ones(vocab_size, bool)
+    ).astype(np.int32)
     self.continuation = continuation
     self.seed = np.uint64(int(_mix(np.array([seed], np.uint64))[0]))
 

@@ -80,7 +80,8 @@ def masking_config(config: ml_collections.ConfigDict, max_predictions: int) -> M
                        max_predictions=max_predictions,
                        mask_rate=config.data.mask_rate,
                        random_rate=config.data.random_rate,
-                       whole_word=config.data.whole_word_masking)
+                       whole_word=config.data.whole_word_masking,
+                       specials=config.data.masking_specials)
 
 
 def loader_config(config: ml_collections.ConfigDict, data_dir: str, phase: Phase,

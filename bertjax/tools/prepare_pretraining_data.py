@@ -76,6 +76,10 @@ _MAX_PREDICTIONS = flags.DEFINE_integer("max_predictions", 20,
 _MASKED_LM_PROB = flags.DEFINE_float("masked_lm_prob", 0.15, "Static instances: mask rate.")
 _WHOLE_WORD_MASKING = flags.DEFINE_bool("whole_word_masking", False,
                                         "Static instances: mask whole words.")
+_MASKING_SPECIALS = flags.DEFINE_enum(
+    "masking_specials", "original", ["original", "excluded"], "Static instances: 'original' "
+    "masks any token but [CLS] and [SEP] and draws random tokens from the whole vocabulary, "
+    "as create_pretraining_data.py; 'excluded' masks and draws no special token.")
 _SHORT_SEQ_PROB = flags.DEFINE_float("short_seq_prob", 0.1,
                                      "Static instances: probability of a shorter length.")
 _SEED = flags.DEFINE_integer("seed", 12345, "Static instances: random seed.")
@@ -106,7 +110,8 @@ def main(argv):
         _OUTPUT_DIR.value, objective=_OBJECTIVE.value, max_seq_length=_MAX_SEQ_LENGTH.value,
         masking=MaskingConfig(masked_lm_prob=_MASKED_LM_PROB.value,
                               max_predictions=_MAX_PREDICTIONS.value,
-                              whole_word=_WHOLE_WORD_MASKING.value),
+                              whole_word=_WHOLE_WORD_MASKING.value,
+                              specials=_MASKING_SPECIALS.value),
         dupe_factor=_STATIC_DUPE_FACTOR.value, short_seq_prob=_SHORT_SEQ_PROB.value,
         seed=_SEED.value, eval_percent=_EVAL_PERCENT.value,
         num_workers=_NUM_WORKERS.value or os.cpu_count() or 1,
