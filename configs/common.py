@@ -158,7 +158,8 @@ def apply_options(config: ml_collections.ConfigDict, options: dict[str, str]) ->
     (half with a random second segment), the masked LM alone;
   - `no_nsp_packed`: "No NSP" on contiguous text packed to the length, with no
     random segments (RoBERTa's FULL-SENTENCES);
-  - `ltr`: "LTR & No NSP" (a left-to-right LM, causal attention);
+  - `ltr`: "LTR & No NSP" (a left-to-right LM, causal attention, on the No
+    NSP pairs with both segment embeddings: the paper's input representation);
   - `static`: the original's static masking (`data.static`): each phase's
     instances masked once, 10 copies;
   - `packed`: rows of up to 3 sequences that do not attend to each other

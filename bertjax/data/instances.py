@@ -11,7 +11,9 @@
 - `mlm` ("No NSP", packed): `PackedSequences` packs contiguous sentences up to
   the length, crossing documents with a `[SEP]` between them: `[CLS] ... [SEP]`
   (no random segments; RoBERTa's FULL-SENTENCES input).
-- `ltr` ("LTR & No NSP"): packed like `mlm`; the targets are the next tokens.
+- `ltr` ("LTR & No NSP"): the `mlm_pairs` pairs, `[CLS] A [SEP] B [SEP]` with
+  A's and B's segment embeddings ("our input representation", section 5.1);
+  the targets are the next tokens.
 
 Randomness comes from a `numpy.random.Generator` per document (seeded by the
 dataset seed, epoch and document), so an instance never depends on what came
@@ -27,7 +29,8 @@ import grain
 import numpy as np
 
 OBJECTIVES = ("mlm_nsp", "mlm_pairs", "mlm", "ltr")
-PAIR_OBJECTIVES = ("mlm_nsp", "mlm_pairs")  # instances from the next-sentence generator
+# Instances from the next-sentence generator; the others pack contiguous text.
+PAIR_OBJECTIVES = ("mlm_nsp", "mlm_pairs", "ltr")
 
 Sentences = list[np.ndarray]  # one int32 array of token ids per sentence
 

@@ -47,7 +47,8 @@ class LoaderConfig:
   Attributes:
     data_dir: A directory written by `bertjax.tools.prepare_pretraining_data`.
     objective: "mlm_nsp" (the paper), "mlm_pairs" (No NSP: its pairs, no NSP
-      labels), "mlm" (No NSP on packed sequences) or "ltr" (LTR & No NSP).
+      labels), "mlm" (No NSP on packed sequences) or "ltr" (LTR & No NSP: the
+      No NSP pairs, next-token targets).
     max_seq_length: Tokens per sequence (128, then 512 in the paper).
     batch_size: Rows per batch on this process (a sequence each, unpacked).
     masking: Masking rates (ignored by "ltr").
@@ -150,7 +151,7 @@ class DocumentSource:
 
 
 class _NextSentenceInstances(grain.experimental.FlatMapTransform):
-  """A document -> its `mlm_nsp` instances (the original generator)."""
+  """A document -> its sentence-pair instances (the original generator)."""
 
   def __init__(self, source: DocumentSource, config: LoaderConfig, cls_id: int, sep_id: int):
     self.source, self.config = source, config

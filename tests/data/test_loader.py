@@ -100,7 +100,7 @@ def test_restore_with_worker_processes(prepared_dir):
 def test_masks_differ_between_epochs(prepared_dir):
   config = loader.LoaderConfig(prepared_dir, objective="mlm", batch_size=1, shuffle_window=1,
                                seed=3)
-  per_epoch = loader.LoaderConfig(prepared_dir, objective="ltr", batch_size=1,
+  per_epoch = loader.LoaderConfig(prepared_dir, objective="mlm", batch_size=1,
                                   shuffle_window=1, seed=3, num_epochs=1)
   batches_per_epoch = sum(1 for _ in loader.make_dataset(per_epoch))
   iterator = iter(loader.make_dataset(config))
@@ -151,6 +151,29 @@ def test_random_next_segments_stay_in_their_split(prepared_dir, split):
   assert random_next > 20
 
 
+def test_ltr_reads_the_no_nsp_pairs_with_both_segment_embeddings(prepared_dir):
+  """LTR & No NSP: the paper's input representation ([CLS] A [SEP] B [SEP],
+  token types 0 and 1), so that the segment-B embedding is trained for the
+  pair tasks; the targets are each token's successor within the pair."""
+  config = dict(batch_size=16, seed=2)
+  pairs = _take(iter(loader.make_dataset(loader.LoaderConfig(
+      prepared_dir, objective="mlm_pairs", **config))), 4)
+  ltr = _take(iter(loader.make_dataset(loader.LoaderConfig(
+      prepared_dir, objective="ltr", **config))), 4)
+  for masked, left_to_right in zip(pairs, ltr):
+    original = masked["input_ids"].copy()
+    rows = np.arange(len(original))[:, None]
+    weights = masked["masked_weights"].astype(bool)
+    positions = np.where(weights, masked["masked_positions"], 0)
+    original[rows, positions] = np.where(weights, masked["masked_ids"], original[rows, positions])
+    np.testing.assert_array_equal(left_to_right["input_ids"], original)
+    np.testing.assert_array_equal(left_to_right["token_type_ids"], masked["token_type_ids"])
+    assert left_to_right["token_type_ids"].any(axis=1).all()
+    ids, weights = left_to_right["input_ids"], left_to_right["lm_weights"].astype(bool)
+    np.testing.assert_array_equal(left_to_right["lm_labels"][:, :-1][weights[:, :-1]],
+                                  ids[:, 1:][weights[:, :-1]])
+
+
 def test_no_nsp_pairs_are_the_next_sentence_pairs_without_labels(prepared_dir):
   """The paper's "No NSP": the same pairs and masks as mlm_nsp (half with a
   random B), only the next-sentence labels left out."""
@@ -163,14 +186,17 @@ def test_no_nsp_pairs_are_the_next_sentence_pairs_without_labels(prepared_dir):
   assert all(b["token_type_ids"].any(axis=1).all() for b in batches["mlm_pairs"])  # pairs
 
 
-def test_one_epoch_of_ltr_holds_every_token(prepared_dir):
-  config = loader.LoaderConfig(prepared_dir, objective="ltr", batch_size=1, num_epochs=1,
+def test_one_epoch_of_packed_text_holds_every_token(prepared_dir):
+  config = loader.LoaderConfig(prepared_dir, objective="mlm", batch_size=1, num_epochs=1,
                                shuffle_window=1, short_seq_prob=0.0)
   tokenizer = tokenizer_from_settings(prepared_dir, shards.read_info(prepared_dir)["tokenizer"])
   specials = list(tokenizer.special_ids.values())
   count = 0
   for batch in loader.make_dataset(config):
-    ids = batch["input_ids"][0][:batch["attention_mask"][0].sum()]
+    ids = batch["input_ids"][0].copy()
+    weights = batch["masked_weights"][0].astype(bool)
+    ids[batch["masked_positions"][0][weights]] = batch["masked_ids"][0][weights]  # unmasked
+    ids = ids[:batch["attention_mask"][0].sum()]
     count += int((~np.isin(ids, specials)).sum())
   assert count == shards.read_stats(prepared_dir).tokens
 
