@@ -19,9 +19,14 @@ import fsspec.config as _fsspec_config
 for _protocol in ("gs", "gcs"):
   _fsspec_config.conf.setdefault(_protocol, {}).setdefault("use_listings_cache", False)
 
-from bertjax.inference import encode
-from bertjax.models import BertConfig
-from bertjax.pretrained import Pretrained, export_hf, load_pretrained, save_pretrained
+from bertjax import lazy
 
-__all__ = ["BertConfig", "Pretrained", "encode", "export_hf", "load_pretrained",
-           "save_pretrained"]
+# The public API, imported when first used: `import bertjax.data...` (the data
+# tools) then starts without JAX and Flax, which take seconds to import.
+_API = {"BertConfig": "bertjax.models", "Pretrained": "bertjax.pretrained",
+        "encode": "bertjax.inference", "export_hf": "bertjax.pretrained",
+        "load_pretrained": "bertjax.pretrained", "save_pretrained": "bertjax.pretrained"}
+__all__ = sorted(_API)
+
+
+__getattr__, __dir__ = lazy.api(__name__, _API)

@@ -26,7 +26,6 @@ import glob
 import os
 
 from absl import flags, logging
-import jax
 from ml_collections import config_flags
 
 from bertjax import paths, tasks, usage
@@ -58,6 +57,8 @@ def _on_cloud_tpu() -> bool:
 
 def main(argv):
   del argv  # settings go in --config.<field>=<value>
+  import jax  # here, not above: --help and a flag mistake answer without JAX's start
+
   if _COORDINATOR.value or _NUM_PROCESSES.value:
     jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                                initialization_timeout=_INITIALIZATION_TIMEOUT_S.value)

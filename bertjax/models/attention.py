@@ -38,11 +38,13 @@ import jax
 import jax.numpy as jnp
 
 from bertjax import errors
+from bertjax.models.config import ATTENTION_FUSED, ATTENTION_IMPLEMENTATIONS
 
 Array = jax.Array
 
-FUSED = ("dot_product", "cudnn", "splash")
-IMPLEMENTATIONS = ("auto", "xla", *FUSED)
+# The kernels by name (`BertConfig.attention_impl`), kept with the config.
+FUSED = ATTENTION_FUSED
+IMPLEMENTATIONS = ATTENTION_IMPLEMENTATIONS
 # Splash attention's tiles: its sequence length must be a multiple of this.
 SPLASH_BLOCK = 128
 

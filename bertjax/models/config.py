@@ -11,7 +11,12 @@ import dataclasses
 from typing import Any
 
 from bertjax import errors
-from bertjax.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
+
+# The attention kernels by name (`bertjax.models.attention` runs them): "auto"
+# picks the fastest the call allows, "xla" is XLA's attention, the fused ones
+# are kernels of their own.
+ATTENTION_FUSED = ("dot_product", "cudnn", "splash")
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", *ATTENTION_FUSED)
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
 # Names of `jax.checkpoint_policies` members, plus "none" (no remat) and "full"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from absl import flags
 
-from bertjax import files, paths, pretrained, usage
+from bertjax import files, paths, usage
 
 _INPUT = paths.DEFINE_path("input", None, "Model directory (or TF checkpoint prefix), a "
                            "pre-training workdir or a Hugging Face Hub id.", kind="model",
@@ -31,6 +31,8 @@ _OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace an existing --output
 
 def main(argv):
   del argv
+  from bertjax import pretrained  # JAX and Flax: not for --help or a flag mistake
+
   source_is_bertjax = files.isfile(files.join(_INPUT.value, pretrained.BERTJAX_FILE))
   target = _TO.value or ("hf" if source_is_bertjax else "bertjax")
   bundle = pretrained.load_pretrained(_INPUT.value, task=_TASK.value,
