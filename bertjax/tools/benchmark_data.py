@@ -6,8 +6,12 @@ r"""Throughput of the pre-training data path on one core, and what devices consu
   python -m bertjax.tools.benchmark_data --config=configs/large_pretrain.py --accelerator=v4-32
 
 Prints one JSON line per measurement:
-- `builder`: end-to-end tokens/s of `prepare_pretraining_data` with one worker
+- `builder`: tokens/s of `prepare_pretraining_data`'s work with one worker
   (read, split, tokenise, write) on raw text in the original format;
+- `builder_command` and `tokenizers_alone`: end to end, from process start to
+  exit, the `prepare_pretraining_data` command (one worker) against a script
+  that only reads the same text and tokenises its lines with the `tokenizers`
+  library (one thread), and the ratio of their tokens/s;
 - `loader`: sequences/s one loader process delivers (instances, shuffle,
   packing, masking, batching), per length: the `mlm_nsp` pipeline at
   `--lengths`, or with `--config` that config's objective, masking and packing
@@ -29,6 +33,8 @@ import dataclasses
 import json
 import math
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from typing import TYPE_CHECKING
@@ -38,7 +44,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from bertjax import errors, flops, paths, throughput, usage
-from bertjax.data import builder, corpus, loader, packing, vocabulary
+from bertjax.data import builder, corpus, loader, packing, shards, vocabulary
 from bertjax.data.masking import MaskingConfig
 from bertjax.data.tokenizers import tokenizer_from_vocab_file
 
@@ -133,6 +139,8 @@ def main(argv):
                       "tokens_per_s": round(stats.tokens / seconds),
                       "vocab_size": tokenizer.vocab_size}))
 
+    print(json.dumps(_against_tokenizers(raw, vocab, scratch)))
+
     for phase, length in _loaders(config):
       if config is None:
         settings = loader.LoaderConfig(
@@ -152,6 +160,41 @@ def main(argv):
                         "max_sequences_per_row": settings.max_sequences_per_row, **rates}))
       if target is not None and config is not None:
         print(json.dumps(_consumption(config, phase, target, rates, settings)))
+
+
+# Only what the data builder cannot do without: read the text, tokenise its
+# lines with the Rust tokenizer.
+_TOKENIZERS_ALONE = """
+import sys
+from tokenizers import BertWordPieceTokenizer
+tokenizer = BertWordPieceTokenizer(sys.argv[2], lowercase=True)
+text = open(sys.argv[1], encoding="utf-8").read()
+lines = [line for line in text.split("\\n") if line.strip()]
+print(sum(len(e.ids) for e in tokenizer.encode_batch(lines, add_special_tokens=False)))
+"""
+
+
+def _timed(command: list[str]) -> tuple[float, str]:
+  start = time.perf_counter()
+  result = subprocess.run(command, capture_output=True, text=True, check=True,
+                          env={**os.environ, "RAYON_NUM_THREADS": "1"})
+  return time.perf_counter() - start, result.stdout
+
+
+def _against_tokenizers(raw: str, vocab: str, scratch: str) -> dict:
+  """The builder command and the tokenizers library alone, end to end."""
+  out = os.path.join(scratch, "command")
+  builder_s, _ = _timed([sys.executable, "-m", "bertjax.tools.prepare_pretraining_data",
+                         f"--input={raw}", f"--vocab={vocab}", f"--output_dir={out}",
+                         "--num_shards=4", "--num_workers=1"])
+  tokens = shards.read_stats(out).tokens
+  alone_s, printed = _timed([sys.executable, "-c", _TOKENIZERS_ALONE, raw, vocab])
+  alone_tokens = int(printed.split()[-1])
+  return {"stage": "builder_command", "cores": 1, "seconds": round(builder_s, 2),
+          "tokens_per_s": round(tokens / builder_s),
+          "tokenizers_alone_seconds": round(alone_s, 2),
+          "tokenizers_alone_tokens_per_s": round(alone_tokens / alone_s),
+          "ratio": round((tokens / builder_s) / (alone_tokens / alone_s), 3)}
 
 
 def _measure(settings: loader.LoaderConfig) -> dict:
