@@ -35,18 +35,9 @@ EXIT_CODE = 2
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT
 
 
-def _last_line(line: str) -> None:
-  """Prints the command's last line to stderr, after silencing the logs: a
-  background thread being abandoned (an orbax save) may log on its way out,
-  and the line that says what happened stays the last one."""
-  logging.set_verbosity(logging.FATAL)
-  std_logging.disable(std_logging.CRITICAL)
-  print(line, file=sys.stderr, flush=True)
-
-
 def fail(message: str) -> NoReturn:
   """Prints `error: message` (one line) to stderr and exits with status 2."""
-  _last_line(f"error: {' '.join(str(message).split())}")
+  print(f"error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
   sys.exit(EXIT_CODE)
 
 
@@ -71,7 +62,12 @@ def run(fn: Callable[[], T], interrupted: str = "nothing was left half-written")
   except KeyboardInterrupt:
     if verbose:
       raise
-    _last_line(f"error: interrupted (Ctrl-C): {interrupted}")
+    # The process ends at once: the logs are silenced first, so that a
+    # background thread being abandoned (an orbax save) cannot log after the
+    # line that says what happened.
+    logging.set_verbosity(logging.FATAL)
+    std_logging.disable(std_logging.CRITICAL)
+    print(f"error: interrupted (Ctrl-C): {interrupted}", file=sys.stderr, flush=True)
     sys.stdout.flush()
     os._exit(INTERRUPTED_EXIT_CODE)  # pylint: disable=protected-access
   except Exception as e:  # pylint: disable=broad-except
