@@ -13,7 +13,6 @@ transformers' `run_mlm_flax.py`, `FlaxBertForPreTraining` scores every position
 against the vocabulary and the loss keeps the masked ones. Prints one JSON line.
 """
 
-import argparse
 import json
 import statistics
 import time
@@ -24,16 +23,12 @@ import numpy as np
 import optax
 import transformers
 
+import peer_flags
+
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  for name, default in (("layers", 4), ("hidden", 256), ("heads", 4), ("intermediate", None),
-                        ("vocab", 30522), ("seq_len", 128), ("batch", 32),
-                        ("max_predictions", None), ("steps", 20), ("warmup", 2)):
-    parser.add_argument(f"--{name}", type=int, default=default)
-  args = parser.parse_args()
-  intermediate = args.intermediate or 4 * args.hidden
-  max_predictions = args.max_predictions or -(-15 * args.seq_len // 100)
+  args = peer_flags.parse(__doc__.split("\n")[0])
+  intermediate, max_predictions = args.intermediate, args.max_predictions
 
   config = transformers.BertConfig(
       vocab_size=args.vocab, hidden_size=args.hidden, num_hidden_layers=args.layers,

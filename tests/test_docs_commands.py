@@ -176,11 +176,12 @@ def test_a_bad_override_or_flag_is_caught():
 
 
 def test_benchmark_script_commands_use_its_flags():
-  source = open(os.path.join(ROOT, "benchmarks", "hf_flax_bert.py"), encoding="utf-8").read()
-  # Its flags are defined in a loop over (name, default) pairs.
+  source = open(os.path.join(ROOT, "benchmarks", "peer_flags.py"), encoding="utf-8").read()
+  # The peers' flags are defined in a loop over (name, default) pairs.
   defined = {f"--{name}" for name in re.findall(r"\(\"(\w+)\", (?:\d+|None)\)", source)}
-  commands = [c for _, c, _ in COMMANDS if c.startswith("python benchmarks/hf_flax_bert.py")]
-  assert commands
+  commands = [c for _, c, _ in COMMANDS if c.startswith(("python benchmarks/hf_flax_bert.py",
+                                                          "python benchmarks/hf_torch_bert.py"))]
+  assert len({c.split()[1] for c in commands}) == 2
   for command in commands:
     used = {w.split("=")[0] for w in shlex.split(command) if w.startswith("--")}
     assert used <= defined, (command, used - defined)
