@@ -67,10 +67,12 @@ resolve() {
 }
 
 # Whether run $1 is still going: no exit status yet, and its shell is alive
-# (in this boot of the host: after a restart, its pid may be another process's).
+# (in this boot of the host: after a restart, its pid may be another process's;
+# a run that recorded no boot, started by an earlier worker.sh, is taken as of
+# this one).
 alive() {
   [[ ! -e "$LOGS/$1.status" ]] && kill -0 "$(cat "$LOGS/$1.pid")" 2>/dev/null \
-    && [[ "$(cat "$LOGS/$1.boot" 2>/dev/null || true)" == "$BOOT_ID" ]]
+    && { [[ ! -e "$LOGS/$1.boot" ]] || [[ "$(cat "$LOGS/$1.boot")" == "$BOOT_ID" ]]; }
 }
 
 # Waits (10 s at most) for run $1's shell to record its pid; fails, saying so, if it does not.

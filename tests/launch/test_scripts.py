@@ -665,6 +665,33 @@ def test_a_restarted_host_resumes_its_run_from_the_startup_script(tmp_path):
   assert len(_attempts(home)) == 2
 
 
+def test_a_run_is_alive_only_in_the_boot_that_started_it(tmp_path):
+  """After a restart, a recorded pid may be another process's: a run is going
+  only if its shell lives and it was started in this boot (or recorded none,
+  as a run started by an earlier worker.sh)."""
+  logs = tmp_path / "bertjax-logs"
+  logs.mkdir()
+  shell = subprocess.Popen(["sleep", "60"])
+  try:
+    (logs / "r1.pid").write_text(f"{shell.pid}\n")
+    boot_id = tmp_path / "boot_id"
+    boot_id.write_text("boot-2\n")
+    env = _clean_env({"HOME": str(tmp_path), "BERTJAX_BOOT_ID_FILE": str(boot_id)})
+
+    def state():
+      return subprocess.run(["bash", os.path.join(ROOT, "launch", "worker.sh"), "state", "r1"],
+                            capture_output=True, text=True, env=env, timeout=30).stdout.strip()
+
+    assert state() == f"{HOST}: running"  # no boot recorded
+    (logs / "r1.boot").write_text("boot-2\n")
+    assert state() == f"{HOST}: running"
+    (logs / "r1.boot").write_text("boot-1\n")
+    assert state() == f"{HOST}: ended without an exit status"
+  finally:
+    shell.kill()
+    shell.wait()
+
+
 def test_stop_signals_the_run_on_every_worker_and_waits():
   ssh = dry_run("stop.sh", *SETTINGS, "--timeout", "30")[0]
   assert ssh[:7] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "bert", "--worker=all"]
