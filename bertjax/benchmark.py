@@ -28,13 +28,11 @@ import statistics
 import time
 
 from absl import flags
-import flax.linen as nn
-import jax
 import numpy as np
 
-from bertjax import errors, flops, optim, paths, sharding, train, usage
-from bertjax.models import PRESETS, BertConfig
-from bertjax.models.attention import IMPLEMENTATIONS
+from bertjax import errors, paths, usage
+from bertjax.models.config import ATTENTION_IMPLEMENTATIONS as IMPLEMENTATIONS
+from bertjax.models.config import PRESETS, BertConfig
 
 _SIZE = flags.DEFINE_string("size", None, "A model preset (bert_base, bert_large, ...); "
                             "overrides --layers/--hidden/--heads/--intermediate.")
@@ -108,6 +106,11 @@ def run(config: BertConfig, seq_len: int, batch_size: int, max_predictions: int,
   Args:
     batches: Host batches to cycle through; default two random ones.
   """
+  import flax.linen as nn  # here: --help and a flag mistake answer without JAX's start
+  import jax
+
+  from bertjax import flops, optim, sharding, train
+
   devices = jax.devices()
   if batch_size % len(devices):
     raise errors.UsageError(f"--batch={batch_size} is not divisible by the {len(devices)} devices")
@@ -175,6 +178,8 @@ def run(config: BertConfig, seq_len: int, batch_size: int, max_predictions: int,
 
 def main(argv):
   del argv
+  import jax
+
   on_cpu = jax.devices()[0].platform == "cpu"
   dtype = _DTYPE.value or ("float32" if on_cpu else "bfloat16")
   attention_dropout = _ATTENTION_DROPOUT.value
