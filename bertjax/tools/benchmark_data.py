@@ -43,12 +43,13 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
-from bertjax import errors, flops, paths, throughput, usage
-from bertjax.data import builder, corpus, loader, packing, shards, vocabulary
+from bertjax import errors, paths, throughput, usage
+from bertjax.data import builder, corpus, shards, vocabulary
 from bertjax.data.masking import MaskingConfig
 from bertjax.data.tokenizers import tokenizer_from_vocab_file
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # JAX and grain come in with the loader: imported where measured
+  from bertjax.data import loader
   from bertjax.tasks.pretrain_data import Phase
 
 _INPUT = paths.DEFINE_path("input", None, "Raw text (files/globs); default: the demo corpus "
@@ -85,7 +86,7 @@ def accelerator(name: str, devices_per_host: int) -> tuple[str, int, float]:
   Raises:
     ValueError: neither, naming both kinds.
   """
-  from bertjax import topology
+  from bertjax import flops, topology
 
   tpu_keys = {"v4": "TPU v4", "v5e": "TPU v5 lite", "v5p": "TPU v5p", "v6e": "TPU v6 lite"}
   try:
@@ -115,6 +116,7 @@ def _loaders(config: ml_collections.ConfigDict | None) -> list[tuple[Phase | Non
 
 def main(argv):
   del argv
+  from bertjax.data import loader  # with JAX and grain: not for --help
   os.environ["RAYON_NUM_THREADS"] = "1"  # one core for the Rust tokenizer too
   config = _CONFIG.value
   target = (accelerator(_ACCELERATOR.value, _DEVICES_PER_HOST.value)
@@ -200,6 +202,8 @@ def _against_tokenizers(raw: str, vocab: str, scratch: str) -> dict:
 def _measure(settings: loader.LoaderConfig) -> dict:
   """Rates of the loader over --batches batches (at least two packing windows'
   worth: a window is packed at once, when its first row is asked for)."""
+  from bertjax.data import loader, packing
+
   batches = _BATCHES.value
   if settings.packed:
     batches = max(batches, math.ceil(2 * settings.packing_window / settings.batch_size))
@@ -225,6 +229,7 @@ def _consumption(config: ml_collections.ConfigDict, phase: Phase,
                  settings: loader.LoaderConfig) -> dict:
   """What the target's devices consume of the phase's rows a second at each
   MFU, and the loader processes that takes at the rate measured (`rates`)."""
+  from bertjax import flops
   from bertjax.models import BertConfig
 
   key, devices, peak = target
