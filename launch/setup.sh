@@ -71,6 +71,8 @@ if [[ -n "$WHEELHOUSE" ]]; then
   INSTALL="rm -rf ~/bertjax && mkdir ~/bertjax && tar -xzf ~/bertjax.tar.gz -C ~/bertjax \
 && W=\$HOME/bertjax-wheelhouse && rm -rf \$W && mkdir -p \$W \
 && gcloud storage rsync --recursive ${WHEELHOUSE%/} \$W \
+&& { test -e \$W/complete || { echo \"\$(hostname): $WHEELHOUSE is not a whole wheelhouse \
+(no 'complete' marker): run launch/wheelhouse.sh --to=$WHEELHOUSE again\" >&2; false; }; } \
 && python3 -c 'import glob, os, sys, zipfile; w = zipfile.ZipFile(glob.glob(sys.argv[1] + \"/uv-*.whl\")[0]); m = next(n for n in w.namelist() if n.endswith(\".data/scripts/uv\")); open(sys.argv[1] + \"/uv\", \"wb\").write(w.read(m)); os.chmod(sys.argv[1] + \"/uv\", 0o755)' \$W \
 && sed \"s|@WHEELHOUSE@|\$W|g\" \$W/python-downloads.json > \$W/python-downloads.here.json \
 && rm -rf ~/bertjax-venv \

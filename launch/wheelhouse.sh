@@ -23,7 +23,7 @@ curl). It gathers into one folder, then copies to --to (gcloud storage rsync):
 Then "launch/setup.sh --wheelhouse=gs://BUCKET/PATH" installs from it alone.
 Build it again when setup.py's requirements change.
 
-  --to gs://...|DIR       where the wheelhouse goes (a local folder is kept as it is)
+  --to gs://...|DIR       where the wheelhouse goes (a local folder is replaced whole)
   --python VERSION        the workers' Python (default 3.11)
   --python-archive FILE   a CPython build of your own (python-build-standalone's install_only
                           layout: python/bin/python3.X, python/lib/...) instead of uv's
@@ -57,11 +57,12 @@ require "$TO" "--to"
 [[ "$EXTRAS" =~ ^[a-z0-9,]*$ ]] || die "--extras takes names such as tpu or tpu,tf, got $EXTRAS"
 [[ -z "$ARCHIVE" ]] || ARCHIVE="$(cd "$(dirname "$ARCHIVE")" && pwd)/$(basename "$ARCHIVE")"
 
-# The folder: the destination itself when it is local, else a temporary one.
+# Built in a temporary folder, then put in place whole: an interrupted build
+# leaves the destination as it was (a local one), or without its "complete"
+# marker, which setup.sh requires (a bucket, where the marker goes last).
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
-OUT="$TO"
-[[ "$TO" != gs://* ]] || OUT="$WORK/wheelhouse"
+OUT="$WORK/wheelhouse"
 run mkdir -p "$OUT/python"
 
 # uv, where this script runs (to resolve and to find the Python build), and the
@@ -144,9 +145,20 @@ run python3 -m pip download -q --no-deps --dest="$OUT" "${PLATFORMS[@]}" \
   --python-version="$PYTHON" --implementation=cp --requirement="$OUT/requirements.txt" \
   setuptools wheel
 
+PACKAGES=0
+(( DRY_RUN )) || PACKAGES="$(find "$OUT" -maxdepth 1 \( -name '*.whl' -o -name '*.tar.gz' \) \
+  | wc -l)"
 if [[ "$TO" == gs://* ]]; then
   run gcloud storage rsync --recursive --delete-unmatched-destination-objects "$OUT" "$TO"
+  run touch "$WORK/complete"
+  run gcloud storage cp "$WORK/complete" "${TO%/}/complete"
+else
+  run touch "$OUT/complete"
+  run mkdir -p "$(dirname "$TO")"
+  run rm -rf "$TO.partial"
+  run cp -r "$OUT" "$TO.partial"
+  run rm -rf "$TO"
+  run mv "$TO.partial" "$TO"
 fi
 (( DRY_RUN )) || echo "wheelhouse.sh: $TO holds uv $UV_VERSION, CPython $PYTHON and" \
-  "$(find "$OUT" -maxdepth 1 \( -name '*.whl' -o -name '*.tar.gz' \) | wc -l) packages;" \
-  "launch/setup.sh --wheelhouse=$TO installs from it" >&2
+  "$PACKAGES packages; launch/setup.sh --wheelhouse=$TO installs from it" >&2

@@ -124,25 +124,30 @@ def test_run_starts_the_run_detached_on_every_worker_then_follows_it():
   assert supervisor[4] == "--run-id=r" and "--restarts=3" in supervisor
 
 
-def test_ssh_flags_reach_every_ssh_and_scp():
-  env = {"BERTJAX_SSH_FLAGS": "--internal-ip"}
+def _ssh_and_scp_commands(ssh_flags):
+  """The gcloud commands of every script that reaches the workers, dry run with
+  BERTJAX_SSH_FLAGS=ssh_flags."""
+  env = {"BERTJAX_SSH_FLAGS": ssh_flags}
   for script, args in [("setup.sh", []), ("stop.sh", []), ("logs.sh", ["--follow"]),
                        ("run.sh", ["--config=c.py", "--workdir=gs://b/r"])]:
-    for command in dry_run(script, *SETTINGS, *args, env=env):
-      if command[0] == "gcloud":
-        assert command[-3:] == ["--internal-ip", *SCOPE], command
+    yield from (c for c in dry_run(script, *SETTINGS, *args, env=env) if c[0] == "gcloud")
+
+
+def test_ssh_flags_reach_every_ssh_and_scp():
+  commands = list(_ssh_and_scp_commands("--internal-ip"))
+  assert len(commands) >= 5
+  for command in commands:
+    assert command[-3:] == ["--internal-ip", *SCOPE], command
 
 
 def test_iap_goes_through_the_gcloud_track_that_has_it_for_tpu_vms():
   """GA `tpu-vm ssh` and `scp` refuse --tunnel-through-iap; alpha takes it."""
-  env = {"BERTJAX_SSH_FLAGS": "--tunnel-through-iap"}
-  for script, args in [("setup.sh", []), ("stop.sh", []), ("logs.sh", ["--follow"]),
-                       ("run.sh", ["--config=c.py", "--workdir=gs://b/r"])]:
-    for command in dry_run(script, *SETTINGS, *args, env=env):
-      if command[0] == "gcloud":
-        assert command[:5] == ["gcloud", "alpha", "compute", "tpus", "tpu-vm"], command
-        assert command[5] in ("ssh", "scp") and command[-3:] == ["--tunnel-through-iap",
-                                                                  *SCOPE], command
+  commands = list(_ssh_and_scp_commands("--tunnel-through-iap"))
+  assert len(commands) >= 5
+  for command in commands:
+    assert command[:5] == ["gcloud", "alpha", "compute", "tpus", "tpu-vm"], command
+    assert command[5] in ("ssh", "scp") and command[-3:] == ["--tunnel-through-iap",
+                                                              *SCOPE], command
 
 
 def test_logs_follows_or_fetches_every_workers_log():

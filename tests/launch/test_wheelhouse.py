@@ -61,6 +61,8 @@ def test_the_wheelhouse_holds_uv_a_python_and_every_requirement(wheelhouse):
                   "setuptools-"):
     assert any(n.startswith(package) for n in names), package
   assert (wheelhouse / "wh" / "python-version").read_text() == _VERSION + "\n"
+  assert (wheelhouse / "wh" / "complete").exists()  # put in place whole
+  assert not (wheelhouse / "wh.partial").exists()
   assert "@WHEELHOUSE@/python/cpython-" in (wheelhouse / "wh" / "python-downloads.json"
                                             ).read_text()
 
@@ -102,6 +104,22 @@ esac""") | _NO_NETWORK
   assert result.returncode == 1
   assert "installing on the workers of bert from gs://bucket/none failed" in result.stderr
   assert "Private Google Access" in result.stderr
+
+
+def test_an_incomplete_wheelhouse_is_refused_before_anything_is_installed(tmp_path):
+  """A bucket whose wheelhouse.sh was interrupted has no 'complete' marker."""
+  partial = tmp_path / "bucket" / "wh"
+  partial.mkdir(parents=True)
+  (partial / "requirements.txt").write_text("jax==0.10.2\n")
+  env = _gcloud_stub(tmp_path, f"""case "$*" in
+  *"tpu-vm scp"*) cp "$5" "$HOME/bertjax.tar.gz" ;;
+  *"tpu-vm ssh"*) remote "$@" ;;
+  *"storage rsync"*) cp -r "{partial}/." "$5" ;;
+esac""") | _NO_NETWORK
+  result = _script("setup.sh", "--wheelhouse=gs://bucket/wh", env=env, cwd=tmp_path)
+  assert result.returncode == 1
+  assert "gs://bucket/wh is not a whole wheelhouse (no 'complete' marker)" in result.stderr
+  assert not (tmp_path / "bertjax-venv").exists()
 
 
 @pytest.mark.parametrize("args,message", [
