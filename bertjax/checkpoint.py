@@ -216,6 +216,7 @@ class Checkpointer:
                create: bool = True):
     self.directory = os.fspath(directory)
     self._closed = False
+    self._async = async_save
     # The step of the save started and not yet waited for (orbax's own flag
     # stays set when a save fails before its background part starts).
     self._in_flight: int | None = None
@@ -253,6 +254,9 @@ class Checkpointer:
     if step in self._manager.all_steps():
       return False
     self._last_step = step
+    # In flight from before orbax is called: orbax lists the step among its steps
+    # as the save starts, and a Ctrl-C may land anywhere inside the call.
+    self._in_flight = step
     try:
       started = self._manager.save(step, args=ocp.args.Composite(**{
           STATE: ocp.args.StandardSave(state),
@@ -260,11 +264,13 @@ class Checkpointer:
           META: ocp.args.JsonSave(meta),
       }), force=True)
     except Exception as e:  # pylint: disable=broad-except
+      self._in_flight = None  # nothing left to wait for (a Ctrl-C leaves it in flight)
       if not _storage_failure(e):
         raise
       self._failure = self._save_failed(step, e)
       raise self._failure from e
-    self._in_flight = step
+    if not self._async:
+      self._in_flight = None  # written when the call returned
     return started
 
   def _save_failed(self, step: int | None, error: Exception) -> CheckpointSaveError:
@@ -301,8 +307,9 @@ class Checkpointer:
         shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
 
   def all_steps(self) -> list[int]:
-    """The finished steps, oldest first."""
-    return sorted(self._manager.all_steps())
+    """The finished steps, oldest first: not the save in flight, which orbax
+    lists from the moment it starts."""
+    return sorted(s for s in self._manager.all_steps() if s != self._in_flight)
 
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     """(state, this host's data state, metadata) of a step.
@@ -395,8 +402,8 @@ class Checkpointer:
           "another --workdir or the config the checkpoint was made with")
 
   def saving(self) -> bool:
-    """Whether a save is still being written."""
-    return self._in_flight is not None and self._manager.is_saving_in_progress()
+    """Whether a save has started and not yet been waited for (`wait`)."""
+    return self._in_flight is not None
 
   def wait(self) -> None:
     """Waits for the save in flight.
@@ -409,7 +416,7 @@ class Checkpointer:
       CheckpointSaveError: the storage failed the save (raised by the wait
         that finds it; later ones return).
     """
-    while self.saving():
+    while self._in_flight is not None and self._manager.is_saving_in_progress():
       time.sleep(0.05)
     step, self._in_flight = self._in_flight, None
     try:

@@ -56,6 +56,47 @@ def test_a_step_saved_already_is_not_saved_again(tmp_path):
   assert checkpoint.Checkpointer(str(tmp_path)).all_steps() == [5]
 
 
+def test_a_save_in_flight_is_not_among_the_finished_steps(tmp_path, monkeypatch):
+  """orbax lists a step from the moment its save starts; a second Ctrl-C that
+  lands while it is written must not tell a rerun to resume from it."""
+  import threading
+  import orbax.checkpoint as ocp
+
+  mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
+  state, _ = _state(CONFIG, mesh)
+  release = threading.Event()
+  finalize = ocp.CheckpointManager._finalize
+
+  def held_finalize(self, step, *args, **kwargs):
+    if step == 10:
+      release.wait(60)
+    return finalize(self, step, *args, **kwargs)
+
+  monkeypatch.setattr(ocp.CheckpointManager, "_finalize", held_finalize)
+  manager = checkpoint.Checkpointer(str(tmp_path))
+  manager.save(5, state, {"phase": 0, "loader": None}, {})
+  manager.wait()
+  manager.save(10, state, {"phase": 0, "loader": None}, {})
+  assert manager._manager.all_steps() == [5, 10]  # orbax's own list
+  assert manager.saving()
+  assert manager.all_steps() == [5]
+  release.set()
+  manager.wait()
+  assert not manager.saving()
+  assert manager.all_steps() == [5, 10]
+  manager.close()
+
+
+def test_a_synchronous_save_is_finished_when_it_returns(tmp_path):
+  mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
+  state, _ = _state(CONFIG, mesh)
+  manager = checkpoint.Checkpointer(str(tmp_path), async_save=False)
+  manager.save(5, state, {"phase": 0, "loader": None}, {})
+  assert not manager.saving()
+  assert manager.all_steps() == [5]
+  manager.close()
+
+
 def test_a_bug_in_a_save_is_raised_as_it_is(tmp_path):
   """What is not the storage failing keeps its type and traceback: a rerun
   would fail the same way, so no 'rerun to resume' line stands for it."""

@@ -194,7 +194,7 @@ class _Trainer:
         in_flight = self.checkpointer.saving()
         logging.error("Aborted: %s; a rerun resumes from step %s",
                       f"the save of step {self.saving} is abandoned" if in_flight
-                      else "no checkpoint save was in flight", self._resumable_step(in_flight))
+                      else "no checkpoint save was in flight", self._resumable_step())
         raise
       except BaseException as e:  # an error, or the stop after a preemption's save
         if not isinstance(e, SystemExit) and self.checkpointer.saving():
@@ -245,8 +245,8 @@ class _Trainer:
     logging.warning("Step %s holds weights whose loss was out of range: moved to %s",
                     ", ".join(map(str, diverged)), aside)
 
-  def _resumable_step(self, in_flight: bool) -> int | str:
-    finished = [s for s in self.checkpointer.all_steps() if not (in_flight and s == self.saving)]
+  def _resumable_step(self) -> int | str:
+    finished = self.checkpointer.all_steps()  # not the save in flight
     return finished[-1] if finished else "0 (no finished checkpoint)"
 
   def _restore_or_init(self, abstract, shardings):
