@@ -89,6 +89,32 @@ def flops_per_token(config: BertConfig, seq_len: int, max_predictions: int,
   return model_flops(config, seq_len, seq_len ** 2, max_predictions, 1, training) / seq_len
 
 
+def row_work(objective: str, real_tokens: float, max_predictions: int,
+             masked_lm_prob: float) -> dict[str, float]:
+  """The useful work of a row holding one sequence of `real_tokens` tokens,
+  as `bertjax.train.batch_work` counts a batch's (`model_flops`' arguments).
+
+  Masked LM predicts `masked_lm_prob` of the tokens, rounded, at least one
+  and at most `max_predictions` (the original's rule); left-to-right LM
+  predicts each token's next one.
+
+  Args:
+    objective: "mlm_nsp", "mlm" or "ltr".
+    real_tokens: Tokens of the sequence ([CLS] and [SEP] included).
+    max_predictions: Prediction slots of a row.
+    masked_lm_prob: The share of tokens masked.
+  """
+  causal = objective == "ltr"
+  if causal:
+    predictions = max(real_tokens - 1, 0.0)
+  else:
+    predictions = min(max_predictions, max(1, round(real_tokens * masked_lm_prob)))
+  return {"real_tokens": real_tokens, "sequences": 1.0,
+          "token_pairs": real_tokens * (real_tokens + 1) / 2 if causal else real_tokens ** 2,
+          "predictions": float(predictions),
+          "nsp_pairs": 1.0 if objective == "mlm_nsp" else 0.0}
+
+
 def measure_matmul_tflops(dtype: str = "float32", size: int = 2048, repeats: int = 5) -> float:
   """The device's achieved TFLOP/s on a large square matmul (the CPU's 'peak')."""
   device = jax.local_devices()[0]

@@ -3,6 +3,8 @@ r"""Compiles the pre-training step for a Cloud TPU slice ahead of time, on any h
   python -m bertjax.tools.compile --config=configs/large_pretrain.py --topology=v4-32
   python -m bertjax.tools.compile --config=configs/base_pretrain.py --topology=v5litepod-16 \
       --config.train.accumulation_steps=2 --find_max_batch
+  python -m bertjax.tools.compile --config=configs/base_pretrain.py --topology=v5p-8 \
+      --data_dir=gs://my-bucket/data
 
 The training step and the evaluation step of each phase (length 128, then 512
 in the paper's recipe) are compiled by libtpu for the slice's chips, on the
@@ -15,13 +17,16 @@ abstract shapes only: nothing is allocated, no TPU is needed (`pip install
 Prints a line per compiled step, then, as the last line, one JSON object:
 `topology`, `chips`, `hosts`, `mesh`, `hbm_bytes` (a chip's), `per_chip_bytes`
 (arguments, outputs, aliased, temporaries, generated code and their total,
-per step), `fits`, `flops_per_step` (for all chips: the step's matrix
-products traced, every loop iteration counted; XLA's cost analysis of the
-compiled step, which counts a loop's body once; `bertjax.flops`' model
-count), `collectives` (count and bytes a chip of each kind the compiled step
-runs, loops unrolled) and, with `--find_max_batch`, the largest per-chip
-batch of each phase that fits and the fewest accumulation steps with which
-the configured batch fits (checked by compiling them).
+per step), `fits`, `flops_per_step` (for all chips: `matmuls`, the step's
+matrix products traced, every loop iteration and the attention kernels'
+blocks counted; `model`, `bertjax.flops`' count of full rows; with
+`--padding` or `--data_dir`, `model_real`, that of the real tokens; XLA's
+`cost_analysis` of the compiled step, which counts a loop's body once),
+`collectives` (count and bytes a chip of each kind the compiled step runs,
+loops unrolled) and, with `--find_max_batch`, the largest per-chip batch of
+each phase that fits and the fewest accumulation steps with which the
+configured batch fits (checked by compiling them). docs/tpu.md defines
+every field.
 Exit status: 0 when every step fits, 1 when one does not, 2 for a setting to
 change (said in one line). See docs/tpu.md.
 """
@@ -40,7 +45,7 @@ from typing import Any
 from absl import flags, logging
 from ml_collections import config_flags
 
-from bertjax import errors, usage
+from bertjax import errors, paths, usage
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Pre-training config file.",
                                           lock_config=True)
@@ -51,7 +56,19 @@ _NUM_SLICES = flags.DEFINE_integer("num_slices", 1, "Slices joined over the data
 _FIND_MAX_BATCH = flags.DEFINE_bool("find_max_batch", False, "Also search the largest "
                                     "per-chip batch of each phase that fits (more compiles).")
 _EVAL = flags.DEFINE_bool("eval", True, "Compile the evaluation steps too.")
+_PADDING = flags.DEFINE_float("padding", None, "The share of token slots that are padding in "
+                              "the data (the `padding` a run or benchmark_data reports): adds "
+                              "the FLOPs of the real tokens (`model_real`).")
+_DATA_DIR = paths.DEFINE_path("data_dir", None, "A prepared pre-training dataset: measures its "
+                              "tokens, sequences and predictions a row for `model_real`.")
+_DATA_BATCHES = flags.DEFINE_integer("data_batches", 16, "Batches of 64 rows read from "
+                                     "--data_dir at each phase's length.")
 flags.mark_flags_as_required(["config", "topology"])
+flags.register_validator("padding", lambda share: share is None or 0 <= share < 1,
+                         "--padding is a share of the token slots, in [0, 1)")
+flags.register_multi_flags_validator(
+    ["padding", "data_dir"], lambda given: given["padding"] is None or given["data_dir"] is None,
+    "give --padding or --data_dir, not both")
 
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 _BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2, "f16": 2, "s32": 4,
@@ -229,27 +246,87 @@ def collectives(hlo_text: str) -> dict[str, dict[str, int]]:
   return found
 
 
-def matmul_flops(jaxpr) -> float:
-  """FLOPs of the matrix products in a jaxpr (multiply-add = 2), every scan
-  iteration counted (XLA's cost analysis counts a loop's body once)."""
-  total = 0.0
+@dataclasses.dataclass
+class TracedFlops:
+  """Matrix-product FLOPs of a traced step, for all chips together.
+
+  Attributes:
+    matmuls: Every product the step computes (multiply-add = 2), each loop
+      iteration counted, the attention kernels' included.
+    kernel_flops: The part of `matmuls` computed inside Pallas kernels (the
+      splash attention kernels, forward and backward).
+    kernel_calls: How many times a step runs a Pallas kernel.
+  """
+
+  matmuls: float = 0.0
+  kernel_flops: float = 0.0
+  kernel_calls: float = 0.0
+
+  def __add__(self, other: TracedFlops) -> TracedFlops:
+    return TracedFlops(self.matmuls + other.matmuls, self.kernel_flops + other.kernel_flops,
+                       self.kernel_calls + other.kernel_calls)
+
+  def times(self, factor: float) -> TracedFlops:
+    return TracedFlops(self.matmuls * factor, self.kernel_flops * factor,
+                       self.kernel_calls * factor)
+
+
+def traced_flops(jaxpr, kernel_block_share: float = 1.0) -> TracedFlops:
+  """The matrix products of a jaxpr, every scan iteration counted (XLA's cost
+  analysis counts a loop's body once), with the Pallas kernels XLA cannot see.
+
+  A Pallas kernel's products are its body's, once per step of its grid: all
+  its blocks, times `kernel_block_share` for kernels that skip the blocks a
+  causal mask leaves out (splash attention skips them; blocks on the diagonal
+  are computed whole). The body of a `shard_map` runs once on every device of
+  its manual axes.
+
+  Args:
+    jaxpr: The step's jaxpr (`jax.jit(...).trace(...).jaxpr.jaxpr`).
+    kernel_block_share: The share of a kernel's grid that computes.
+  """
+  total = TracedFlops()
   for eqn in jaxpr.eqns:
-    if eqn.primitive.name == "dot_general":
+    name = eqn.primitive.name
+    if name == "dot_general":
       (contracting, _), _ = eqn.params["dimension_numbers"]
       lhs = eqn.invars[0].aval.shape
-      total += 2.0 * math.prod(eqn.outvars[0].aval.shape) * math.prod(lhs[d] for d in contracting)
-    inner = []
-    for value in eqn.params.values():
-      for item in value if isinstance(value, (tuple, list)) else (value,):
-        item = getattr(item, "jaxpr", item)  # a ClosedJaxpr's Jaxpr
-        if hasattr(item, "eqns"):
-          inner.append(matmul_flops(item))
-    if eqn.primitive.name == "cond":
-      total += max(inner, default=0.0)  # one branch runs
+      flops = 2.0 * math.prod(eqn.outvars[0].aval.shape) * math.prod(lhs[d] for d in contracting)
+      total += TracedFlops(matmuls=flops)
+      continue
+    inner = [traced_flops(item, kernel_block_share) for item in _sub_jaxprs(eqn)]
+    if name == "pallas_call":
+      grid = math.prod(eqn.params["grid_mapping"].grid)
+      body = sum(inner, TracedFlops()).matmuls * grid * kernel_block_share
+      total += TracedFlops(matmuls=body, kernel_flops=body, kernel_calls=1)
+    elif name == "cond":
+      total += max(inner, key=lambda flops: flops.matmuls, default=TracedFlops())  # one runs
+    elif name == "scan":
+      total += sum(inner, TracedFlops()).times(eqn.params["length"])
+    elif name == "shard_map":
+      mesh = eqn.params["mesh"]
+      copies = math.prod(mesh.shape[axis] for axis in eqn.params["newly_manual_axes"])
+      total += sum(inner, TracedFlops()).times(copies)
     else:
-      total += eqn.params.get("length", 1) * sum(inner) if eqn.primitive.name == "scan" \
-          else sum(inner)
+      total += sum(inner, TracedFlops())
   return total
+
+
+def _sub_jaxprs(eqn) -> list[Any]:
+  """The jaxprs an equation runs (a call's body, a cond's branches, ...)."""
+  found = []
+  for value in eqn.params.values():
+    for item in value if isinstance(value, (tuple, list)) else (value,):
+      item = getattr(item, "jaxpr", item)  # a ClosedJaxpr's Jaxpr
+      if hasattr(item, "eqns"):
+        found.append(item)
+  return found
+
+
+def causal_block_share(length: int, block: int) -> float:
+  """The share of a causal mask's square blocks at or below the diagonal."""
+  blocks = -(-length // block)
+  return (blocks + 1) / (2 * blocks)
 
 
 _SIZE = r"([\d.]+)([KMGT]?)i?B?"
@@ -276,9 +353,9 @@ def argument_bytes(args) -> int:
              for leaf in jax.tree.leaves(args))
 
 
-def compile_step(jitted, *args) -> dict[str, Any]:
+def compile_step(jitted, *args, kernel_block_share: float = 1.0) -> dict[str, Any]:
   """Compiles one step; its memory, FLOPs and collectives, or that XLA found
-  it too large for the chip."""
+  it too large for the chip (`kernel_block_share`: as for `traced_flops`)."""
   start = time.perf_counter()
   traced = jitted.trace(*args)
   lowered = traced.lower()
@@ -300,7 +377,7 @@ def compile_step(jitted, *args) -> dict[str, Any]:
   return {"compile_s": round(time.perf_counter() - start, 1),
           "per_chip_bytes": memory_bytes(compiled.memory_analysis()),
           "flops_per_chip": float((cost or {}).get("flops", 0.0)),
-          "matmul_flops": matmul_flops(traced.jaxpr.jaxpr),
+          "traced_flops": traced_flops(traced.jaxpr.jaxpr, kernel_block_share),
           "collectives": collectives(compiled.as_text())}
 
 
@@ -316,17 +393,82 @@ def _phase_programs(config) -> list[tuple[str, Any]]:
   return list(programs.items())
 
 
+# `bertjax.flops.model_flops`' counts, in its order.
+_WORK = ("real_tokens", "token_pairs", "predictions", "nsp_pairs")
+
+
+@dataclasses.dataclass
+class RealWork:
+  """The useful work of a row of each phase (by `Phase.index`), for the FLOPs
+  of the real tokens: `bertjax.train.batch_work`'s counts a row, the share of
+  padding slots, and where they come from."""
+
+  per_row: dict[int, dict[str, float]]
+  source: str
+
+  @classmethod
+  def given(cls, config, padding: float) -> RealWork:
+    """Rows of one sequence each, `padding` of their slots empty."""
+    from bertjax import flops
+    from bertjax.tasks import pretrain_data
+
+    per_row = {}
+    for phase in pretrain_data.phases(config):
+      row = flops.row_work(config.objective, (1 - padding) * phase.max_seq_length,
+                           phase.max_predictions, config.data.masked_lm_prob)
+      per_row[phase.index] = {**row, "padding": padding}
+    return cls(per_row, f"given: {padding:g} of the token slots are padding, one sequence a row")
+
+  @classmethod
+  def measured(cls, config, data_dir: str, batches: int, rows: int = 64) -> RealWork:
+    """What the run's loader makes of a prepared dataset: `batches` batches of
+    `rows` rows at each phase's length (masked afresh, as a run without
+    `data.static` does).
+
+    Raises:
+      errors.Error: the dataset is missing, unfinished or of a larger
+        vocabulary than the model's.
+    """
+    import numpy as np
+
+    from bertjax import train
+    from bertjax.data import loader, packing, shards
+    from bertjax.tasks import pretrain_data
+
+    if batches < 1:
+      raise errors.UsageError(f"--data_batches={batches}: read 1 or more batches")
+    shards.complete_shards(data_dir)  # names what is missing
+    local = shards.local_directory(data_dir)
+    pretrain_data.check_vocabulary(config, local)
+    per_row = {}
+    for phase in pretrain_data.phases(config):
+      settings = dataclasses.replace(
+          pretrain_data.loader_config(config, local, phase, "train", rows), static=False,
+          shuffle_window=min(config.data.shuffle_window, 4 * rows))
+      iterator = iter(loader.make_dataset(settings))
+      sums: dict[str, float] = {}
+      for _ in range(batches):
+        batch = next(iterator)
+        work = train.batch_work(batch, config.objective)
+        work["padding"] = packing.padding_share(batch)
+        for name, value in work.items():
+          sums[name] = sums.get(name, 0.0) + float(np.asarray(value))
+      per_row[phase.index] = {name: value / (batches if name == "padding" else batches * rows)
+                              for name, value in sums.items()}
+    return cls(per_row, f"measured: {batches} batches of {rows} rows of {data_dir}")
+
+
 class Compiler:
   """The steps of `config` on a target, compiled with the run's own functions."""
 
-  def __init__(self, config, target: Target):
+  def __init__(self, config, target: Target, real_work: RealWork | None = None):
     import flax.linen as nn
     import jax
 
     from bertjax import checkpoint, optim, sharding, train
     from bertjax.models import BertConfig
 
-    self.config, self.target = config, target
+    self.config, self.target, self.real_work = config, target, real_work
     self.bert = BertConfig.from_run_config(config)
     self.model = train.pretraining_model(self.bert, config.objective)
     self.optimizer, self.schedule = optim.make_optimizer(config)
@@ -361,23 +503,36 @@ class Compiler:
     import jax
 
     from bertjax import flops
+    from bertjax.models import attention
 
-    batch = batch_spec(self.config.objective, batch_size, phase.max_seq_length,
-                       phase.max_predictions, self.batch_sharding,
-                       self.config.data.max_sequences_per_row)
+    length = phase.max_seq_length
+    batch = batch_spec(self.config.objective, batch_size, length, phase.max_predictions,
+                       self.batch_sharding, self.config.data.max_sequences_per_row)
+    # Splash attention computes only the blocks a causal mask reaches.
+    share = (causal_block_share(length, attention.SPLASH_BLOCK)
+             if self.config.objective == "ltr" else 1.0)
     with jax.set_mesh(self.target.mesh), nn.logical_axis_rules(self.rules):
-      result = compile_step(step, self.state if training else self.state.params, batch)
+      result = compile_step(step, self.state if training else self.state.params, batch,
+                            kernel_block_share=share)
     total = result["per_chip_bytes"].get("total")
     result.setdefault("fits", total is not None
                       and total <= self.target.tpu_slice.generation.hbm_bytes)
     if "flops_per_chip" in result:
-      model = batch_size * phase.max_seq_length * flops.flops_per_token(
-          self.bert, phase.max_seq_length, phase.max_predictions, training=training)
+      model = batch_size * length * flops.flops_per_token(
+          self.bert, length, phase.max_predictions, training=training)
       compiled = result.pop("flops_per_chip") * self.target.chips
-      matmuls = result.pop("matmul_flops")
-      result["flops_per_step"] = {
-          "cost_analysis": compiled, "matmuls": matmuls, "model": model,
-          "ratio": round(matmuls / model, 3), "cost_analysis_ratio": round(compiled / model, 3)}
+      traced = result.pop("traced_flops")
+      counts = {
+          "matmuls": traced.matmuls, "attention_kernels": traced.kernel_flops,
+          "attention_kernel_calls": int(traced.kernel_calls), "model": model,
+          "ratio": round(traced.matmuls / model, 3), "cost_analysis": compiled,
+          "cost_analysis_ratio": round(compiled / model, 3)}
+      if self.real_work is not None:
+        row = self.real_work.per_row[phase.index]
+        real = flops.model_flops(self.bert, *(batch_size * row[name] for name in _WORK),
+                                 training=training)
+        counts.update(model_real=real, real_share=round(real / traced.matmuls, 3))
+      result["flops_per_step"] = counts
     return result
 
   def max_per_chip_batch(self, phase, start: int,
@@ -463,14 +618,17 @@ def accumulation_for(batch_size: int, data_shards: int, max_per_chip: int,
 
 
 def run(config, accelerator_type: str, num_slices: int = 1, find_max_batch: bool = False,
-        evaluate: bool = True) -> dict[str, Any]:
+        evaluate: bool = True, real_work: RealWork | None = None) -> dict[str, Any]:
   """Compiles every step of `config` for the slice(s); the report (JSON-ready).
+
+  Args:
+    real_work: The rows' useful work, for `model_real` (`RealWork`).
 
   Raises:
     errors.UsageError: a setting to change.
   """
   target = make_target(config, accelerator_type, num_slices)
-  compiler = Compiler(config, target)
+  compiler = Compiler(config, target, real_work)
   tpu_slice = target.tpu_slice
   train_config = config.train
   micro = train_config.batch_size // train_config.accumulation_steps
@@ -494,6 +652,10 @@ def run(config, accelerator_type: str, num_slices: int = 1, find_max_batch: bool
     report["phases"].append({"name": name, "steps": [phase.start, phase.end],
                              "max_seq_length": phase.max_seq_length,
                              "max_predictions": phase.max_predictions})
+    if real_work is not None:
+      report.setdefault("real_work", {"source": real_work.source, "per_row": {}})
+      report["real_work"]["per_row"][name] = {
+          key: round(value, 4) for key, value in real_work.per_row[phase.index].items()}
     for kind in ("train", "eval") if evaluate else ("train",):
       key = f"{kind}_{name}"
       logging.info("Compiling %s for %s", key, accelerator_type)
@@ -579,8 +741,14 @@ def summary_line(key: str, result: dict[str, Any], report: dict[str, Any]) -> st
     line += f"; XLA: {result['error']}"
   if "flops_per_step" in result:
     flops = result["flops_per_step"]
-    line += (f"; {flops['matmuls']:.3g} matmul FLOPs a step, model {flops['model']:.3g}, "
-             f"XLA cost analysis {flops['cost_analysis']:.3g}")
+    line += f"; {flops['matmuls']:.3g} matmul FLOPs a step"
+    if flops["attention_kernel_calls"]:
+      line += (f" ({flops['attention_kernels']:.3g} in {flops['attention_kernel_calls']} "
+               "attention kernel calls)")
+    line += f", model {flops['model']:.3g}"
+    if "model_real" in flops:
+      line += f", on real tokens {flops['model_real']:.3g}"
+    line += f", XLA cost analysis {flops['cost_analysis']:.3g}"
     line += "".join(f"; {kind} {c['count']}x {c['bytes'] / 2**20:.1f} MiB"
                     for kind, c in result["collectives"].items() if c["count"])
   return line
@@ -595,8 +763,12 @@ def main(argv):
   # libtpu meanwhile (it takes a lock for the chips otherwise).
   jax.config.update("jax_platforms", "cpu")
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-  report = run(_CONFIG.value, _TOPOLOGY.value, _NUM_SLICES.value, _FIND_MAX_BATCH.value,
-               _EVAL.value)
+  config = _CONFIG.value
+  real_work = (RealWork.given(config, _PADDING.value) if _PADDING.value is not None else
+               RealWork.measured(config, _DATA_DIR.value, _DATA_BATCHES.value)
+               if _DATA_DIR.value else None)
+  report = run(config, _TOPOLOGY.value, _NUM_SLICES.value, _FIND_MAX_BATCH.value, _EVAL.value,
+               real_work)
   print(json.dumps(report), flush=True)
   sys.exit(0 if report["fits"] else 1)
 

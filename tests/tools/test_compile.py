@@ -125,6 +125,120 @@ def test_collectives_count_loop_iterations_and_bytes():
   assert found["dcn-all-reduce"] == {"count": 1, "bytes": 2 * 64 * 2}  # between slices
 
 
+def _attention_gradient_jaxpr(causal, mesh=None):
+  """The jaxpr of splash attention's forward and backward passes (interpreted
+  on this CPU: the same kernels, with the same grids)."""
+  import jax
+  import jax.numpy as jnp
+
+  from bertjax.models import attention
+
+  batch, length, heads, head_dim = 4, 256, 2, 64
+  spec = jax.ShapeDtypeStruct((batch, length, heads, head_dim), jnp.float32)
+  ids = jax.ShapeDtypeStruct((batch, length), jnp.int32)
+
+  def loss(q, k, v, ids):
+    segments = attention.Segments.unpacked(ids)
+    return attention.fused("splash", q, k, v, segments, causal).sum()
+
+  gradient = jax.grad(loss, argnums=(0, 1, 2))
+  if mesh is None:
+    return jax.make_jaxpr(gradient)(spec, spec, spec, ids).jaxpr
+  rows = jax.sharding.NamedSharding(mesh, jax.P("data"))
+  spec, ids = (jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rows) for x in (spec, ids))
+  import flax.linen as nn
+  from bertjax.configs.common import LOGICAL_AXIS_RULES
+  with jax.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_AXIS_RULES):
+    return jax.make_jaxpr(gradient)(spec, spec, spec, ids).jaxpr
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_attention_kernels_count_every_block_they_compute(causal):
+  """Splash attention's three kernels (forward, dq, dkv) compute 2 + 3 + 4
+  products of a [length, length] block per head: the forward's two, then the
+  scores and the probabilities' gradient again in both backward kernels. A
+  causal mask skips the blocks above the diagonal."""
+  from bertjax.tools import compile as compile_tool
+
+  batch, length, heads, head_dim = 4, 256, 2, 64
+  share = compile_tool.causal_block_share(length, 128) if causal else 1.0
+  assert share == (0.75 if causal else 1.0)  # 3 of the 4 blocks of 128 x 128
+  counted = compile_tool.traced_flops(_attention_gradient_jaxpr(causal), share)
+  dense = 2 * batch * heads * length * length * head_dim  # one product, all blocks
+  assert counted.kernel_calls == 3
+  assert counted.kernel_flops == 9 * dense * share
+  # Outside them only the backward's row sums of the output times its gradient.
+  assert counted.matmuls - counted.kernel_flops == 2 * batch * heads * length * head_dim
+
+
+def test_a_shard_map_body_counts_once_a_device():
+  import jax
+
+  from bertjax import sharding
+  from bertjax.tools import compile as compile_tool
+
+  alone = compile_tool.traced_flops(_attention_gradient_jaxpr(False))
+  mesh = sharding.make_mesh((4, 1, 1), jax.devices()[:4])
+  sharded = compile_tool.traced_flops(_attention_gradient_jaxpr(False, mesh))
+  assert sharded.kernel_flops == alone.kernel_flops  # 4 devices, a quarter of the rows each
+  assert sharded.kernel_calls == 4 * alone.kernel_calls
+
+
+def test_the_real_tokens_of_a_given_padding_share():
+  from bertjax.configs import base_pretrain
+  from bertjax.tools import compile as compile_tool
+
+  config = base_pretrain.get_config()
+  work = compile_tool.RealWork.given(config, 0.25)
+  short, long = work.per_row[0], work.per_row[1]
+  assert short == {"real_tokens": 96.0, "sequences": 1.0, "token_pairs": 96.0 ** 2,
+                   "predictions": 14.0, "nsp_pairs": 1.0, "padding": 0.25}
+  assert long["real_tokens"] == 384 and long["predictions"] == 58  # round(0.15 * 384)
+  full = compile_tool.RealWork.given(config, 0.0).per_row[0]
+  assert full["predictions"] == 19  # of 20 slots: round(0.15 * 128)
+
+
+def test_the_real_tokens_measured_on_a_prepared_dataset(prepared_dir):
+  """The loader's rows of a prepared dataset, counted as the trainer counts
+  them, against the same rows counted here with numpy."""
+  import dataclasses
+
+  from bertjax.configs import demo
+  from bertjax.data import loader
+  from bertjax.tasks import pretrain_data
+  from bertjax.tools import compile as compile_tool
+  from tests.tasks.finetuning import set_fields
+
+  config = set_fields(demo.get_config(), {
+      "model.vocab_size": 210, "train.max_seq_length": 64, "train.max_predictions": 10,
+      "train.long_from_step": -1})
+  work = compile_tool.RealWork.measured(config, prepared_dir, batches=3, rows=16)
+  assert work.source == f"measured: 3 batches of 16 rows of {prepared_dir}"
+  (phase,) = pretrain_data.phases(config)
+  settings = dataclasses.replace(
+      pretrain_data.loader_config(config, prepared_dir, phase, "train", 16), static=False,
+      shuffle_window=min(config.data.shuffle_window, 64))
+  batches = [batch for _, batch in zip(range(3), loader.make_dataset(settings))]
+  lengths = np.concatenate([batch["attention_mask"].sum(axis=1) for batch in batches])
+  row = work.per_row[phase.index]
+  assert row["real_tokens"] == pytest.approx(lengths.mean())
+  assert row["token_pairs"] == pytest.approx((lengths.astype(float) ** 2).mean())
+  assert row["predictions"] == pytest.approx(
+      np.mean([batch["masked_weights"].sum(axis=1) for batch in batches]))
+  assert row["sequences"] == row["nsp_pairs"] == 1.0
+  assert row["padding"] == pytest.approx(1 - lengths.mean() / 64)
+  assert 0 < row["padding"] < 1
+
+
+def test_a_dataset_that_is_not_there_is_a_usage_error(tmp_path):
+  from bertjax import errors
+  from bertjax.configs import demo
+  from bertjax.tools import compile as compile_tool
+
+  with pytest.raises(errors.MissingFileError, match=f"{tmp_path}: no dataset_info.json"):
+    compile_tool.RealWork.measured(demo.get_config(), str(tmp_path), batches=1)
+
+
 def test_out_of_memory_messages_give_the_bytes():
   from bertjax.tools import compile as compile_tool
 
@@ -259,14 +373,20 @@ def _check_report(report, topology_name, chips, hosts, generation_hbm_gib):
 
 
 @needs_libtpu
-def test_v4_slice_both_phases_fit():
-  """The demo's unscanned model: XLA's own cost analysis then sees every layer."""
-  result, report = run_tool("--config=configs/demo.py", "--topology=v4-8", *TINY)
+def test_v4_slice_both_phases_fit(prepared_dir):
+  """The demo's unscanned model: XLA's own cost analysis then sees every layer.
+  The real tokens are measured on a prepared dataset, at each phase's length."""
+  result, report = run_tool("--config=configs/demo.py", "--topology=v4-8", *TINY,
+                            f"--data_dir={prepared_dir}", "--data_batches=2")
   assert result.returncode == 0, result.stderr[-3000:]
   _check_report(report, "v4-8", 4, 1, 32)
+  assert report["real_work"]["source"].startswith("measured: 2 batches of 64 rows")
   for name in ("train_32", "train_64"):
     flops = report["flops_per_step"][name]
     assert 0.8 < flops["cost_analysis_ratio"] < 1.6, flops
+    row = report["real_work"]["per_row"][name[len("train_"):]]
+    assert 0 < row["padding"] < 1
+    assert 0 < flops["model_real"] < flops["model"]
   assert "train_64: " in result.stdout and "fits" in result.stdout
 
 
@@ -299,19 +419,40 @@ def test_two_slices_sum_gradients_over_the_data_center_network():
 
 @needs_libtpu
 def test_splash_attention_compiles_for_the_tpu():
-  """The Pallas kernel, lowered by libtpu (not interpreted): the attention's
-  products run inside it, so the traced matmuls of the step are fewer."""
+  """The Pallas kernel, lowered by libtpu (not interpreted). Its products are
+  counted from its grid: XLA's attention computes 6 [128, 128] products a
+  head and layer (2 forward, 4 backward), splash 9 (the backward kernels
+  compute the scores again); the rest of the step is the same."""
   length = ["--config.train.long_from_step=-1", "--config.train.max_seq_length=128",
             "--config.train.max_predictions=20", "--eval=false"]
   common = ["--config=configs/base_pretrain.py:size=bert_tiny", "--topology=v5litepod-8",
             "--config.model.vocab_size=512", *TINY[:1], *TINY[2:5], *length]
   reports = {}
   for kernel in ("xla", "splash"):
-    result, reports[kernel] = run_tool(*common, f"--config.model.attention_impl={kernel}")
+    result, reports[kernel] = run_tool(*common, f"--config.model.attention_impl={kernel}",
+                                       "--padding=0.25")
     assert result.returncode == 0, result.stderr[-3000:]
     assert reports[kernel]["fits"] is True
-  xla, splash = (reports[k]["flops_per_step"]["train_128"]["matmuls"] for k in ("xla", "splash"))
-  assert splash < xla, (splash, xla)
+  xla, splash = (reports[k]["flops_per_step"]["train_128"] for k in ("xla", "splash"))
+  layers, hidden, batch = 2, 128, 16  # bert_tiny; all heads together
+  product = 2 * batch * 128 * 128 * hidden * layers
+  assert xla["attention_kernels"] == xla["attention_kernel_calls"] == 0
+  assert splash["attention_kernel_calls"] == 3 * layers * 8  # on each of the 8 chips
+  assert splash["attention_kernels"] == 9 * product
+  # What is left outside the kernel: the backward's row sums of output x gradient.
+  outside = splash["matmuls"] - splash["attention_kernels"]
+  assert outside - (xla["matmuls"] - 6 * product) == product / 128
+  assert "in 48 attention kernel calls" in result.stdout
+  # The real tokens: 96 a row, 14 predictions, whatever the kernel.
+  from bertjax import flops
+  from bertjax.models import BertConfig
+
+  config = BertConfig(vocab_size=512, hidden_size=128, num_layers=2, num_heads=2,
+                      intermediate_size=512)
+  real = flops.model_flops(config, 16 * 96, 16 * 96 ** 2, 16 * 14, 16)
+  assert xla["model_real"] == splash["model_real"] == pytest.approx(real)
+  assert reports["splash"]["real_work"]["source"].startswith("given: 0.25")
+  assert "on real tokens" in result.stdout
 
 
 @needs_libtpu
@@ -337,6 +478,9 @@ def test_a_batch_too_large_does_not_fit():
     (["--topology=v4-32", "--config.mesh.data=1", "--config.mesh.tensor=16",
       "--config.train.batch_size=2", "--config.eval.batch_size=4"], "hosts"),
     (["--topology=v4-8", "--config.train.batchsize=2"], "batchsize"),
+    (["--topology=v4-8", "--padding=1"], "--padding"),
+    (["--topology=v4-8", "--padding=0.1", "--data_dir=."], "--padding"),
+    (["--topology=v4-8", "--data_dir=no/such/data"], "no/such/data"),
 ])
 @needs_libtpu
 def test_usage_errors_are_one_line_and_exit_2(args, says):
