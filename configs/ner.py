@@ -22,5 +22,8 @@ def get_config(arg: str | None = None):
   config.data.dev_file = "eng.testa"
   config.data.test_file = "eng.testb"
   config.document_context = True  # the neighbouring sentences of the document as context
+  # Several sentences a row where they leave room (without document context):
+  # the same function of each, with less padding (bertjax.data.example_packing).
+  config.data.pack_examples = True
   config.train.learning_rate = 5e-5
   return config

@@ -112,10 +112,18 @@ class BertForSequenceClassification(nn.Module):
 
   def __call__(self, input_ids: Array, attention_mask: Array | None = None,
                token_type_ids: Array | None = None,
-               deterministic: bool = True) -> dict[str, Array]:
-    """Returns `logits` [batch, num_labels]."""
+               deterministic: bool = True, *, segment_ids: Array | None = None,
+               pool_positions: Array | None = None) -> dict[str, Array]:
+    """Returns `logits` [batch, num_labels] ([batch, examples, num_labels] for
+    packed rows).
+
+    Args:
+      segment_ids, pool_positions: Packed rows, several examples each
+        (`bertjax.data.example_packing`): each example's [CLS] is classified.
+    """
     encoded = self.bert(input_ids, attention_mask, token_type_ids,
-                        deterministic=deterministic)
+                        deterministic=deterministic, segment_ids=segment_ids,
+                        pool_positions=pool_positions)
     return {"logits": self.classifier(encoded.pooled_output, deterministic)}
 
 
@@ -183,10 +191,15 @@ class BertForTokenClassification(nn.Module):
 
   def __call__(self, input_ids: Array, attention_mask: Array | None = None,
                token_type_ids: Array | None = None,
-               deterministic: bool = True) -> dict[str, Array]:
-    """Returns `logits` [batch, length, num_labels]."""
+               deterministic: bool = True, *,
+               segment_ids: Array | None = None) -> dict[str, Array]:
+    """Returns `logits` [batch, length, num_labels].
+
+    Args:
+      segment_ids: Packed rows, several examples each (`bertjax.data.example_packing`).
+    """
     encoded = self.bert(input_ids, attention_mask, token_type_ids,
-                        deterministic=deterministic)
+                        deterministic=deterministic, segment_ids=segment_ids)
     return {"logits": self.classifier(encoded.sequence_output, deterministic)}
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import time
 from typing import Any, Callable, Iterator, Mapping
 
@@ -31,6 +32,7 @@ import numpy as np
 import optax
 
 from bertjax import divergence, errors, metrics, optim, sharding, train
+from bertjax.data import example_packing
 from bertjax.pretrained import Pretrained, load_pretrained
 
 Array = jax.Array
@@ -40,7 +42,13 @@ Features = dict[str, np.ndarray]  # name -> [examples, ...]
 KINDS = ("classification", "regression", "multiple_choice", "span", "token")
 # The attention implementations that apply attention dropout (`models.attention.choose`).
 _WITH_ATTENTION_DROPOUT = ("auto", "xla")
-_MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+# What the task models read of a batch (packed rows: segment ids and pooled positions).
+_MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "segment_ids",
+                 "pool_positions")
+
+
+def _model_inputs(batch: Mapping[str, Array]) -> dict[str, Array]:
+  return {name: batch[name] for name in _MODEL_INPUTS if name in batch}
 
 
 def _cross_entropy(logits: Array, labels: Array) -> Array:
@@ -51,15 +59,16 @@ def loss_sums(kind: str, outputs: Mapping[str, Array], batch: Mapping[str, Array
               ) -> dict[str, Array]:
   """Loss sum, correct predictions and the weight they are averaged over.
 
-  `batch["weights"]` [batch] is 1 for real examples and 0 for padding rows.
+  `batch["weights"]` [batch] is 1 for real examples and 0 for padding rows
+  ([rows, slots] for the pooled kinds' packed rows, `example_packing`).
   """
   weights = batch["weights"].astype(jnp.float32)
   if kind in ("classification", "multiple_choice"):
-    logits, labels = outputs["logits"], batch["labels"]  # [b, classes|choices], [b]
+    logits, labels = outputs["logits"], batch["labels"]  # [..., classes|choices], [...]
     losses = _cross_entropy(logits, labels)
     correct = (logits.argmax(-1) == labels).astype(jnp.float32)
   elif kind == "regression":
-    predictions = outputs["logits"][:, 0].astype(jnp.float32)  # [b]
+    predictions = outputs["logits"][..., 0].astype(jnp.float32)  # [...]
     losses = jnp.square(predictions - batch["labels"])
     correct = jnp.zeros_like(losses)
   elif kind == "span":
@@ -87,8 +96,8 @@ def finetune_step(state: train.TrainState, batch: dict[str, Array], *, model: nn
   step_rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
 
   def loss_fn(params):
-    outputs = model.apply({"params": params}, **{k: batch[k] for k in _MODEL_INPUTS},
-                          deterministic=False, rngs={"dropout": step_rng})
+    outputs = model.apply({"params": params}, **_model_inputs(batch), deterministic=False,
+                          rngs={"dropout": step_rng})
     sums = loss_sums(kind, outputs, batch)
     return sums["loss"] / jnp.maximum(sums["count"], 1.0), sums
 
@@ -114,8 +123,7 @@ def finetune_step(state: train.TrainState, batch: dict[str, Array], *, model: nn
 def predict_step(params: Any, batch: dict[str, Array], *, model: nn.Module
                  ) -> dict[str, Array]:
   """The model's outputs (float32) for a batch, without dropout."""
-  outputs = model.apply({"params": params}, **{k: batch[k] for k in _MODEL_INPUTS},
-                        deterministic=True)
+  outputs = model.apply({"params": params}, **_model_inputs(batch), deterministic=True)
   return jax.tree.map(lambda x: x.astype(jnp.float32), outputs)
 
 
@@ -182,15 +190,14 @@ def epoch_end_step(num_examples: int, batch_size: int, epoch: int) -> int:
   return num_train_steps(num_examples, batch_size, epoch + 1)
 
 
-def train_batches(features: Features, batch_size: int, seed: int, start: int, stop: int
-                  ) -> Iterator[Features]:
-  """The training batches of steps [start, stop): consecutive slices of one stream
-  that holds every epoch's permutation of the rows in turn (as the original's
-  `repeat()` before `batch()`), each epoch's permutation drawn from
-  (seed, epoch). Batch `k` is rows `k * batch_size` to `(k + 1) * batch_size - 1`
-  of the stream, whatever step the run starts from.
+def stream_rows(count: int, batch_size: int, seed: int, start: int, stop: int
+                ) -> Iterator[np.ndarray]:
+  """The rows of each training batch of steps [start, stop): consecutive slices
+  of one stream that holds every epoch's permutation of the rows in turn (as
+  the original's `repeat()` before `batch()`), each epoch's permutation drawn
+  from (seed, epoch). Batch `k` is rows `k * batch_size` to `(k + 1) *
+  batch_size - 1` of the stream, whatever step the run starts from.
   """
-  count = len(features["input_ids"])
   permutations: dict[int, np.ndarray] = {}
 
   def permutation(epoch: int) -> np.ndarray:
@@ -202,8 +209,13 @@ def train_batches(features: Features, batch_size: int, seed: int, start: int, st
   for step in range(start, stop):
     positions = step * batch_size + np.arange(batch_size)
     epochs, offsets = np.divmod(positions, count)
-    rows = np.concatenate([permutation(int(e))[offsets[epochs == e]]
-                           for e in np.unique(epochs)])
+    yield np.concatenate([permutation(int(e))[offsets[epochs == e]] for e in np.unique(epochs)])
+
+
+def train_batches(features: Features, batch_size: int, seed: int, start: int, stop: int
+                  ) -> Iterator[Features]:
+  """The training batches of steps [start, stop) (`stream_rows`)."""
+  for rows in stream_rows(len(features["input_ids"]), batch_size, seed, start, stop):
     yield {name: value[rows] for name, value in features.items()}
 
 
@@ -253,18 +265,28 @@ class FineTuner:
     total_steps: Optimizer steps of the whole run (sets the schedule).
     config: The run's config (mesh, logical axis rules, seed, logging).
     writer: Where metrics go.
+    packed: Train and predict on rows of several examples each
+      (`bertjax.data.example_packing`: the pooled and token kinds).
   """
 
   def __init__(self, bundle: Pretrained, kind: str, recipe: Recipe, total_steps: int,
-               config: ml_collections.ConfigDict, writer: metrics.MetricWriter):
+               config: ml_collections.ConfigDict, writer: metrics.MetricWriter,
+               packed: bool = False):
     if kind not in KINDS:
       raise errors.UsageError(f"kind must be one of {KINDS}, got {kind!r}")
+    if packed and kind not in example_packing.KINDS:
+      raise errors.UsageError(f"data.pack_examples: {kind} examples are not packed (packing "
+                              f"serves {', '.join(example_packing.KINDS)}); set it to False")
     self.kind, self.recipe, self.config, self.writer = kind, recipe, config, writer
+    self.packed = packed
+    self._pool_last = bundle.config.causal  # a causal model's summary: its last token
+    self._train_shape: example_packing.RowShape | None = None
     self.total_steps = max(total_steps, 1)
     self.guard = divergence.DivergenceGuard(config.divergence.factor, config.divergence.steps,
                                             config.divergence.window)
     self.mesh = sharding.make_mesh([config.mesh.data, config.mesh.fsdp, config.mesh.tensor])
     shards = sharding.batch_shards(self.mesh)
+    self._row_multiple = math.lcm(shards, jax.process_count())  # packed rows divide over both
     for name, size in (("train.batch_size", recipe.batch_size),
                        ("train.eval_batch_size", recipe.eval_batch_size)):
       if size % shards or size % jax.process_count():
@@ -339,6 +361,9 @@ class FineTuner:
     pending = None
     for batch in train_batches(features, self.recipe.batch_size, self.config.seed, step,
                                stop):
+      if self.packed:
+        batch, _ = example_packing.pack(batch, self.kind, self._packed_train_shape(features),
+                                        self._pool_last)
       with self._axis_rules():
         self.state, step_metrics = self._train_step(self.state, self._global(batch))
       step += 1
@@ -347,6 +372,22 @@ class FineTuner:
       pending = (step, step_metrics)
     if pending is not None:
       self._report(*pending, window, 1)
+
+  def _packed_train_shape(self, features: Features) -> example_packing.RowShape:
+    """The rows every training batch of the run packs into (one compiled shape)."""
+    if self._train_shape is None:
+      lengths = example_packing.lengths_of(features)
+      batches = [lengths[rows] for rows in stream_rows(
+          len(lengths), self.recipe.batch_size, self.config.seed, 0, self.total_steps)]
+      length = features["input_ids"].shape[1]
+      self._train_shape = shape = example_packing.row_shape(batches, length, self._row_multiple)
+      tokens = sum(float(batch.sum()) for batch in batches)
+      logging.info("Packed rows: %d examples a step in %d rows of %d (at most %d examples a "
+                   "row); padding %.1f%% of the token slots, %.1f%% unpacked",
+                   self.recipe.batch_size, shape.rows, length, shape.slots,
+                   100 * (1 - tokens / (len(batches) * shape.rows * length)),
+                   100 * (1 - tokens / (len(batches) * self.recipe.batch_size * length)))
+    return self._train_shape
 
   def _report(self, step: int, device_metrics, window, log_every: int):
     values = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
@@ -374,14 +415,28 @@ class FineTuner:
     """The model's outputs for every feature row, in order (float32 numpy)."""
     count = len(features["input_ids"])
     batch_size = self.recipe.eval_batch_size
+    batches = prediction_batches(features, batch_size)
+    if self.packed:
+      lengths = example_packing.lengths_of(features)
+      shape = example_packing.row_shape(
+          (lengths[start:start + batch_size] for start in range(0, count, batch_size)),
+          features["input_ids"].shape[1], self._row_multiple)
+      batches = (example_packing.pack({name: value[start:start + batch_size]
+                                       for name, value in features.items()}, self.kind, shape,
+                                      self._pool_last)
+                 for start in range(0, count, batch_size))
     outputs: dict[str, list[np.ndarray]] = {}
     total_batches = -(-count // batch_size)
     started = time.perf_counter()
-    for index, batch in enumerate(prediction_batches(features, batch_size)):
+    for index, batch in enumerate(batches):
+      batch, where = batch if self.packed else (batch, None)
       with self._axis_rules():
         result = jax.device_get(self._predict_step(self.state.params, self._global(batch)))
+      result = {name: np.asarray(value) for name, value in result.items()}
+      if where is not None:
+        result = example_packing.unpack(result, self.kind, where, features["input_ids"].shape[1])
       for name, value in result.items():
-        outputs.setdefault(name, []).append(np.asarray(value))
+        outputs.setdefault(name, []).append(value)
       if jax.process_index() == 0 and (index + 1) % 50 == 0:
         logging.info("%s: %d/%d batches, %.0f s", description, index + 1, total_batches,
                      time.perf_counter() - started)

@@ -127,7 +127,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                total_steps, recipe.batch_size)
   writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0)
   tuner = finetune.FineTuner(bundle, "regression" if spec.is_regression else "classification",
-                             recipe, total_steps, config, writer)
+                             recipe, total_steps, config, writer,
+                             packed=config.data.pack_examples)
   runs.save_config(config, workdir)  # the settings are checked, the model loaded
 
   history, dev_predictions = [], {}

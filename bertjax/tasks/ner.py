@@ -90,7 +90,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   logging.info("%d training sentences in %d rows; %d steps; labels %s", len(train), rows,
                total_steps, labels)
   writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0)
-  tuner = finetune.FineTuner(bundle, "token", recipe, total_steps, config, writer)
+  tuner = finetune.FineTuner(bundle, "token", recipe, total_steps, config, writer,
+                             packed=config.data.pack_examples)
   runs.save_config(config, workdir)  # the settings are checked, the model loaded
 
   def evaluate(split: str, description: str
