@@ -62,3 +62,34 @@ def test_epoch_ends_and_small_sets():
   with pytest.raises(ValueError, match="10 training examples x train.epochs=3.0 make no "
                      "batch of train.batch_size=32"):
     finetune.run_steps(10, "training examples", recipe)
+
+
+def test_packed_predictions_come_back_in_the_examples_order():
+  """The fine-tuner's own batching: several prediction batches, the last one
+  short, packed into one row count; the same outputs as unpacked rows."""
+  import flax.linen as nn
+  import jax
+
+  from bertjax import metrics
+  from bertjax.configs import glue
+  from bertjax.models import BertConfig, build_model, init_params
+  from bertjax.pretrained import Pretrained
+  from tests.data.test_example_packing import _features
+
+  config = BertConfig(vocab_size=100, hidden_size=32, num_layers=2, num_heads=2,
+                      intermediate_size=64, max_position_embeddings=32, dtype="float32",
+                      hidden_dropout_prob=0.0, attention_dropout_prob=0.0,
+                      attention_impl="xla")
+  model = build_model(config, "sequence_classification", num_labels=3)
+  params = nn.meta.unbox(init_params(model, jax.random.key(0)))
+  bundle = Pretrained(config, params, None, "sequence_classification", ["a", "b", "c"])
+  run_config = glue.get_config("mrpc")  # over the 8 devices: rows in eights
+  recipe = finetune.Recipe(learning_rate=1e-5, batch_size=8, epochs=1.0, eval_batch_size=16)
+  lengths = np.random.default_rng(3).integers(3, 32, 21)
+  features = _features("classification", lengths)
+  writer = metrics.MetricWriter("/tmp/unused", enabled=False)
+  outputs = {packed: finetune.FineTuner(bundle, "classification", recipe, 1, run_config, writer,
+                                        packed=packed).predict(features)["logits"]
+             for packed in (False, True)}
+  assert outputs[True].shape == (21, 3)
+  np.testing.assert_allclose(outputs[True], outputs[False], rtol=1e-4, atol=1e-5)
