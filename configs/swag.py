@@ -15,4 +15,7 @@ def get_config(arg: str | None = None):
   config.train.learning_rate = 2e-5
   config.train.batch_size = 16
   config.train.eval_batch_size = 16
+  # Each ending's sequence packed with others, a row holding several (the batch
+  # stays 16 examples): the same scores (bertjax.data.example_packing).
+  config.data.pack_examples = True
   return config

@@ -32,7 +32,8 @@ Features = dict[str, np.ndarray]
 # How each kind of output layer reads a packed row (`bertjax.tasks.finetune.KINDS`).
 POOLED_KINDS = ("classification", "regression")  # one prediction per example's [CLS]
 TOKEN_KINDS = ("token",)                           # one prediction per token
-KINDS = POOLED_KINDS + TOKEN_KINDS
+CHOICE_KINDS = ("multiple_choice",)                # one score per choice's [CLS]
+KINDS = POOLED_KINDS + TOKEN_KINDS + CHOICE_KINDS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,8 +55,9 @@ class Placement:
 
 
 def lengths_of(features: Features) -> np.ndarray:
-  """The tokens of each example (padding at the end of its row)."""
-  return features["attention_mask"].sum(axis=1).astype(np.int64)
+  """The tokens of each example's sequence (padding at the end of its row):
+  [examples], or [examples, choices] for multiple choice."""
+  return features["attention_mask"].sum(axis=-1).astype(np.int64)
 
 
 def first_fit(lengths: np.ndarray, capacity: int) -> list[list[int]]:
@@ -93,14 +95,14 @@ def row_shape(batches: Iterable[np.ndarray], capacity: int, multiple: int = 1) -
   """
   rows = slots = 1
   for lengths in batches:
-    packed = first_fit(lengths, capacity)
+    packed = first_fit(np.ravel(lengths), capacity)  # each choice a sequence of its own
     rows = max(rows, len(packed))
     slots = max(slots, max((len(row) for row in packed), default=1))
   return RowShape(-(-rows // multiple) * multiple, slots)
 
 
-def pack(features: Features, kind: str, shape: RowShape,
-         pool_last: bool = False) -> tuple[Features, Placement]:
+def pack(features: Features, kind: str, shape: RowShape, pool_last: bool = False,
+         examples: int | None = None) -> tuple[Features, Placement]:
   """One batch of examples (`finetune` features, padded rows) packed into
   `shape.rows` rows of the same length.
 
@@ -112,18 +114,30 @@ def pack(features: Features, kind: str, shape: RowShape,
     shape: Rows and slots (`row_shape`); the batch must fit them.
     pool_last: Pool each example's last token instead of its [CLS]: what a
       causal model's summary is (`bertjax.models.encoder.pool`).
+    examples: Multiple choice: pad the examples' arrays to this many (weight
+      0), so that they divide over the data shards as the rows do.
 
   Returns:
     The packed batch: `input_ids`, `token_type_ids`, `segment_ids` [rows,
     length]; pooled kinds add `pool_positions`, `labels`, `weights` [rows,
     slots] (weight 0 in empty slots); tokens add `labels`, `label_weights`
     [rows, length] (an example's weight folded into its tokens') and `weights`
-    [rows]. And where each example went, to read predictions back (`unpack`).
+    [rows]; multiple choice packs each choice as a sequence and adds
+    `pool_positions` [rows, slots] and `choice_slots` [examples, choices] (each
+    choice's slot among the rows' slots, row-major), with `labels` and
+    `weights` [examples]. And where each sequence went, to read predictions
+    back (`unpack`).
   """
   if kind not in KINDS:
     raise errors.UsageError(f"examples of kind {kind!r} cannot be packed; packing serves {KINDS}")
-  length = features["input_ids"].shape[1]
-  lengths = lengths_of(features)
+  length = features["input_ids"].shape[-1]
+  if kind in CHOICE_KINDS:  # each choice a sequence of its own, example-major
+    count, choices = features["input_ids"].shape[:2]
+    sequences = {name: features[name].reshape(count * choices, length)
+                 for name in ("input_ids", "token_type_ids")}
+  else:
+    sequences = features
+  lengths = np.ravel(lengths_of(features))
   packed_rows = first_fit(lengths, length)
   if len(packed_rows) > shape.rows or max(map(len, packed_rows), default=0) > shape.slots:
     raise ValueError(f"the batch packs into {len(packed_rows)} rows of up to "
@@ -131,7 +145,14 @@ def pack(features: Features, kind: str, shape: RowShape,
   tokens = (shape.rows, length)
   out = {name: np.zeros(tokens, features[name].dtype) for name in ("input_ids", "token_type_ids")}
   out["segment_ids"] = np.zeros(tokens, np.int32)
-  if kind in POOLED_KINDS:
+  if kind in CHOICE_KINDS:
+    padded = max(examples or count, count)
+    out["pool_positions"] = np.zeros((shape.rows, shape.slots), np.int32)
+    out["choice_slots"] = np.zeros((padded, choices), np.int32)
+    out["labels"] = np.zeros(padded, features["labels"].dtype)
+    out["weights"] = np.zeros(padded, np.float32)
+    out["labels"][:count], out["weights"][:count] = features["labels"], features["weights"]
+  elif kind in POOLED_KINDS:
     slots = (shape.rows, shape.slots)
     out["pool_positions"] = np.zeros(slots, np.int32)
     out["labels"] = np.zeros(slots, features["labels"].dtype)
@@ -140,18 +161,21 @@ def pack(features: Features, kind: str, shape: RowShape,
     out["labels"] = np.zeros(tokens, features["labels"].dtype)
     out["label_weights"] = np.zeros(tokens, np.float32)
     out["weights"] = np.zeros(shape.rows, np.float32)
-  count = len(lengths)
-  where = Placement(np.zeros(count, np.int64), np.zeros(count, np.int64),
-                    np.zeros(count, np.int64), lengths)
+  placed = len(lengths)  # sequences: an example's, or each of its choices'
+  where = Placement(np.zeros(placed, np.int64), np.zeros(placed, np.int64),
+                    np.zeros(placed, np.int64), lengths)
   for row, members in enumerate(packed_rows):
     offset = 0
     for slot, example in enumerate(members):
       size = int(lengths[example])
       span = slice(offset, offset + size)
       for name in ("input_ids", "token_type_ids"):
-        out[name][row, span] = features[name][example, :size]
+        out[name][row, span] = sequences[name][example, :size]
       out["segment_ids"][row, span] = slot + 1
-      if kind in POOLED_KINDS:
+      if kind in CHOICE_KINDS:  # `example` counts sequences here
+        out["pool_positions"][row, slot] = offset + size - 1 if pool_last else offset
+        out["choice_slots"][example // choices, example % choices] = row * shape.slots + slot
+      elif kind in POOLED_KINDS:
         out["pool_positions"][row, slot] = offset + size - 1 if pool_last else offset
         out["labels"][row, slot] = features["labels"][example]
         out["weights"][row, slot] = features["weights"][example]
@@ -169,7 +193,10 @@ def unpack(outputs: dict[str, np.ndarray], kind: str, where: Placement,
            length: int) -> dict[str, np.ndarray]:
   """A packed batch's outputs in the examples' order and unpacked layout:
   pooled kinds' [rows, slots, ...] to [examples, ...]; tokens' [rows, length,
-  ...] to [examples, length, ...], zero past each example's tokens."""
+  ...] to [examples, length, ...], zero past each example's tokens; multiple
+  choice's [examples, choices] as they are (the model gathered them)."""
+  if kind in CHOICE_KINDS:
+    return outputs
   if kind in POOLED_KINDS:
     return {name: value[where.row, where.slot] for name, value in outputs.items()}
   result = {}

@@ -168,8 +168,22 @@ class BertForMultipleChoice(nn.Module):
 
   def __call__(self, input_ids: Array, attention_mask: Array | None = None,
                token_type_ids: Array | None = None,
-               deterministic: bool = True) -> dict[str, Array]:
-    """Takes [batch, choices, length] inputs; returns `logits` [batch, choices]."""
+               deterministic: bool = True, *, segment_ids: Array | None = None,
+               pool_positions: Array | None = None,
+               choice_slots: Array | None = None) -> dict[str, Array]:
+    """Takes [batch, choices, length] inputs; returns `logits` [batch, choices].
+
+    Args:
+      segment_ids, pool_positions, choice_slots: Packed rows [rows, length] of
+        the choices' sequences (`bertjax.data.example_packing`): each choice's
+        [CLS] is scored, and `choice_slots` [batch, choices] says where each
+        choice's score lies among the rows' [rows * slots] pooled positions.
+    """
+    if segment_ids is not None:
+      encoded = self.bert(input_ids, None, token_type_ids, deterministic=deterministic,
+                          segment_ids=segment_ids, pool_positions=pool_positions)
+      scores = self.classifier(encoded.pooled_output, deterministic)  # [rows, slots, 1]
+      return {"logits": scores.reshape(-1)[choice_slots]}  # [batch, choices]
     batch, choices, length = input_ids.shape
     flat = lambda x: None if x is None else x.reshape(batch * choices, length)
     encoded = self.bert(flat(input_ids), flat(attention_mask), flat(token_type_ids),

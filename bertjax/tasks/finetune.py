@@ -44,7 +44,7 @@ KINDS = ("classification", "regression", "multiple_choice", "span", "token")
 _WITH_ATTENTION_DROPOUT = ("auto", "xla")
 # What the task models read of a batch (packed rows: segment ids and pooled positions).
 _MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "segment_ids",
-                 "pool_positions")
+                 "pool_positions", "choice_slots")
 
 
 def _model_inputs(batch: Mapping[str, Array]) -> dict[str, Array]:
@@ -344,11 +344,14 @@ class FineTuner:
     return stack
 
   def _global(self, batch: Features) -> dict[str, Array]:
-    """This process's rows of a global batch, assembled into global arrays."""
-    rows = len(batch["input_ids"]) // jax.process_count()
-    start = jax.process_index() * rows
-    return {name: jax.make_array_from_process_local_data(
-        self.batch_sharding, value[start:start + rows]) for name, value in batch.items()}
+    """This process's rows of a global batch, assembled into global arrays
+    (each array's own: packed multiple choice holds rows and examples)."""
+    def local(value: np.ndarray) -> np.ndarray:
+      rows = len(value) // jax.process_count()
+      return value[jax.process_index() * rows:(jax.process_index() + 1) * rows]
+
+    return {name: jax.make_array_from_process_local_data(self.batch_sharding, local(value))
+            for name, value in batch.items()}
 
   def train_epoch(self, features: Features, epoch: int) -> None:
     """Trains up to the end of `epoch` in the stream of epochs (`train_batches`),
@@ -379,7 +382,7 @@ class FineTuner:
       lengths = example_packing.lengths_of(features)
       batches = [lengths[rows] for rows in stream_rows(
           len(lengths), self.recipe.batch_size, self.config.seed, 0, self.total_steps)]
-      length = features["input_ids"].shape[1]
+      length = features["input_ids"].shape[-1]
       self._train_shape = shape = example_packing.row_shape(batches, length, self._row_multiple)
       tokens = sum(float(batch.sum()) for batch in batches)
       logging.info("Packed rows: %d examples a step in %d rows of %d (at most %d examples a "
@@ -418,12 +421,13 @@ class FineTuner:
     batches = prediction_batches(features, batch_size)
     if self.packed:
       lengths = example_packing.lengths_of(features)
+      length = features["input_ids"].shape[-1]
       shape = example_packing.row_shape(
           (lengths[start:start + batch_size] for start in range(0, count, batch_size)),
-          features["input_ids"].shape[1], self._row_multiple)
+          length, self._row_multiple)
       batches = (example_packing.pack({name: value[start:start + batch_size]
                                        for name, value in features.items()}, self.kind, shape,
-                                      self._pool_last)
+                                      self._pool_last, examples=batch_size)
                  for start in range(0, count, batch_size))
     outputs: dict[str, list[np.ndarray]] = {}
     total_batches = -(-count // batch_size)
@@ -434,7 +438,7 @@ class FineTuner:
         result = jax.device_get(self._predict_step(self.state.params, self._global(batch)))
       result = {name: np.asarray(value) for name, value in result.items()}
       if where is not None:
-        result = example_packing.unpack(result, self.kind, where, features["input_ids"].shape[1])
+        result = example_packing.unpack(result, self.kind, where, features["input_ids"].shape[-1])
       for name, value in result.items():
         outputs.setdefault(name, []).append(value)
       if jax.process_index() == 0 and (index + 1) % 50 == 0:

@@ -27,6 +27,12 @@ def _features(kind, lengths, seed=0):
     features["token_type_ids"][row, size // 2:size] = 1
   if kind == "classification":
     features["labels"] = rng.integers(0, 3, count).astype(np.int32)
+  elif kind == "multiple_choice":  # consecutive sequences are an example's choices
+    choices = 4
+    features = {name: value.reshape(count // choices, choices, LENGTH)
+                for name, value in features.items() if name != "weights"}
+    features["labels"] = rng.integers(0, choices, count // choices).astype(np.int32)
+    features["weights"] = np.ones(count // choices, np.float32)
   elif kind == "regression":
     features["labels"] = rng.uniform(0, 5, count).astype(np.float32)
   else:
@@ -87,6 +93,7 @@ def test_a_batch_beyond_its_shape_is_refused():
     ("classification", "sequence_classification", 3, True),  # pools the last token
     ("regression", "sequence_classification", 1, False),
     ("token", "token_classification", 3, False),
+    ("multiple_choice", "multiple_choice", 1, False),
 ])
 def test_packed_rows_give_the_unpacked_losses_gradients_and_predictions(kind, task, labels,
                                                                           causal):
@@ -98,8 +105,12 @@ def test_packed_rows_give_the_unpacked_losses_gradients_and_predictions(kind, ta
   params = nn.meta.unbox(init_params(model, jax.random.key(0)))
   features = _features(kind, [12, 20, 7, 30, 9, 3, 17, 25], seed=1)
   packed, where = example_packing.pack(features, kind, example_packing.RowShape(6, 4),
-                                       pool_last=causal)
+                                       pool_last=causal, examples=4)
   assert len(where.row) == 8 and where.row.max() < 6
+  if kind == "multiple_choice":  # two examples, padded to four of weight 0
+    assert packed["choice_slots"].shape == (4, 4) and packed["weights"].tolist() == [1, 1, 0, 0]
+    features = {name: np.concatenate([value, np.zeros_like(value)]) for name, value in
+                features.items()}  # the same two examples, then two of weight 0
 
   def loss(params, batch):
     outputs = model.apply({"params": params}, **finetune._model_inputs(batch),
@@ -120,4 +131,6 @@ def test_packed_rows_give_the_unpacked_losses_gradients_and_predictions(kind, ta
   plain_logits = np.asarray(plain_out["logits"])
   if kind == "token":  # padding positions are zero when read back
     plain_logits = plain_logits * features["attention_mask"][..., None]
+  if kind == "multiple_choice":  # the examples of weight 0 score nothing in particular
+    read_back, plain_logits = read_back[:2], plain_logits[:2]
   np.testing.assert_allclose(read_back, plain_logits, rtol=1e-4, atol=1e-5)

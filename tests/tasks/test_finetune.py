@@ -64,9 +64,14 @@ def test_epoch_ends_and_small_sets():
     finetune.run_steps(10, "training examples", recipe)
 
 
-def test_packed_predictions_come_back_in_the_examples_order():
+@pytest.mark.parametrize("kind,task,examples", [
+    ("classification", "sequence_classification", 21),
+    ("multiple_choice", "multiple_choice", 19),
+])
+def test_packed_predictions_come_back_in_the_examples_order(kind, task, examples):
   """The fine-tuner's own batching: several prediction batches, the last one
-  short, packed into one row count; the same outputs as unpacked rows."""
+  short, packed into one row count over the 8 devices; the same outputs as
+  unpacked rows."""
   import flax.linen as nn
   import jax
 
@@ -80,16 +85,17 @@ def test_packed_predictions_come_back_in_the_examples_order():
                       intermediate_size=64, max_position_embeddings=32, dtype="float32",
                       hidden_dropout_prob=0.0, attention_dropout_prob=0.0,
                       attention_impl="xla")
-  model = build_model(config, "sequence_classification", num_labels=3)
+  labels = ["a", "b", "c"] if kind == "classification" else None
+  model = build_model(config, task, num_labels=3)
   params = nn.meta.unbox(init_params(model, jax.random.key(0)))
-  bundle = Pretrained(config, params, None, "sequence_classification", ["a", "b", "c"])
+  bundle = Pretrained(config, params, None, task, labels)
   run_config = glue.get_config("mrpc")  # over the 8 devices: rows in eights
   recipe = finetune.Recipe(learning_rate=1e-5, batch_size=8, epochs=1.0, eval_batch_size=16)
-  lengths = np.random.default_rng(3).integers(3, 32, 21)
-  features = _features("classification", lengths)
+  sequences = examples * (4 if kind == "multiple_choice" else 1)
+  features = _features(kind, np.random.default_rng(3).integers(3, 32, sequences))
   writer = metrics.MetricWriter("/tmp/unused", enabled=False)
-  outputs = {packed: finetune.FineTuner(bundle, "classification", recipe, 1, run_config, writer,
+  outputs = {packed: finetune.FineTuner(bundle, kind, recipe, 1, run_config, writer,
                                         packed=packed).predict(features)["logits"]
              for packed in (False, True)}
-  assert outputs[True].shape == (21, 3)
+  assert outputs[True].shape == outputs[False].shape == (examples, 3 if labels else 4)
   np.testing.assert_allclose(outputs[True], outputs[False], rtol=1e-4, atol=1e-5)
