@@ -12,7 +12,8 @@ at 1, dropout as pre-trained, and its step count, `int(examples / batch *
 epochs)`. Training batches are cut from one stream of the epochs, each
 reshuffled from the seed, so no example is dropped (a batch may span two
 epochs, as the original's repeated dataset's); prediction pads the last batch
-with rows of weight 0.
+with rows of weight 0. Batches may be packed, several examples a row
+(`bertjax.data.example_packing`), the batch still counted in examples.
 """
 
 from __future__ import annotations
@@ -266,7 +267,7 @@ class FineTuner:
     config: The run's config (mesh, logical axis rules, seed, logging).
     writer: Where metrics go.
     packed: Train and predict on rows of several examples each
-      (`bertjax.data.example_packing`: the pooled and token kinds).
+      (`bertjax.data.example_packing`; every kind but span).
   """
 
   def __init__(self, bundle: Pretrained, kind: str, recipe: Recipe, total_steps: int,
