@@ -6,11 +6,11 @@ from attending to the others, positions restart at each example's [CLS]
 (`bertjax.models.encoder` derives them from the segment ids), token types are
 each example's own. Each example keeps its own prediction: classification and
 regression pool its [CLS] (`pool_positions`, one slot a row for each example;
-a causal model's last token),
-token classification labels its tokens where they now lie. The batch stays the
-recipe's batch in examples; only the rows it takes change, and the run keeps
-one row count for every step (a static shape), the most any of its batches
-needs.
+a causal model's last token), token classification labels its tokens where
+they now lie, and multiple choice packs each choice's sequence and gathers
+their scores back into [examples, choices]. The batch stays the recipe's
+batch in examples; only the rows it takes change, and the run keeps one row
+count for every step (a static shape), the most any of its batches needs.
 
 The encoder computes the same function of each example packed or not: a
 sequence attends to its own tokens only, with its own positions and types, so
@@ -46,12 +46,13 @@ class RowShape:
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
-  """Where each example of a batch went: its row, slot and first position."""
+  """Where each sequence of a batch went (an example's, or each of its
+  choices', example-major): its row, slot and first position."""
 
-  row: np.ndarray     # int [examples]
-  slot: np.ndarray    # int [examples]
-  offset: np.ndarray  # int [examples]
-  length: np.ndarray  # int [examples]: its tokens
+  row: np.ndarray     # int [sequences]
+  slot: np.ndarray    # int [sequences]
+  offset: np.ndarray  # int [sequences]
+  length: np.ndarray  # int [sequences]: its tokens
 
 
 def lengths_of(features: Features) -> np.ndarray:
