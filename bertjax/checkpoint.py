@@ -218,8 +218,10 @@ class Checkpointer:
     self._closed = False
     self._async = async_save
     # The step of the save started and not yet waited for (orbax's own flag
-    # stays set when a save fails before its background part starts).
+    # stays set when a save fails before its background part starts), and
+    # whether orbax's save call for it has not returned (a Ctrl-C inside it).
     self._in_flight: int | None = None
+    self._in_call = False
     self._failure: CheckpointSaveError | None = None  # a failed save, once raised
     self._last_step: int | None = None  # of the last save asked for
     _quiet_closed_event_loop()
@@ -256,7 +258,7 @@ class Checkpointer:
     self._last_step = step
     # In flight from before orbax is called: orbax lists the step among its steps
     # as the save starts, and a Ctrl-C may land anywhere inside the call.
-    self._in_flight = step
+    self._in_flight, self._in_call = step, True
     try:
       started = self._manager.save(step, args=ocp.args.Composite(**{
           STATE: ocp.args.StandardSave(state),
@@ -264,11 +266,12 @@ class Checkpointer:
           META: ocp.args.JsonSave(meta),
       }), force=True)
     except Exception as e:  # pylint: disable=broad-except
-      self._in_flight = None  # nothing left to wait for (a Ctrl-C leaves it in flight)
+      self._in_flight, self._in_call = None, False  # nothing to wait for (a Ctrl-C: in flight)
       if not _storage_failure(e):
         raise
       self._failure = self._save_failed(step, e)
       raise self._failure from e
+    self._in_call = False
     if not self._async:
       self._in_flight = None  # written when the call returned
     return started
@@ -307,9 +310,10 @@ class Checkpointer:
         shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
 
   def all_steps(self) -> list[int]:
-    """The finished steps, oldest first: not the save in flight, which orbax
-    lists from the moment it starts."""
-    return sorted(s for s in self._manager.all_steps() if s != self._in_flight)
+    """The finished steps, oldest first: not a save still being written, which
+    orbax lists from the moment it starts."""
+    writing = self._in_flight if self.saving() else None
+    return sorted(s for s in self._manager.all_steps() if s != writing)
 
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     """(state, this host's data state, metadata) of a step.
@@ -402,8 +406,10 @@ class Checkpointer:
           "another --workdir or the config the checkpoint was made with")
 
   def saving(self) -> bool:
-    """Whether a save has started and not yet been waited for (`wait`)."""
-    return self._in_flight is not None
+    """Whether a save is still being written: orbax's save call for it has
+    not returned, or its background part is still running."""
+    return self._in_flight is not None and (self._in_call
+                                            or self._manager.is_saving_in_progress())
 
   def wait(self) -> None:
     """Waits for the save in flight.

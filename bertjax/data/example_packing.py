@@ -38,7 +38,7 @@ KINDS = POOLED_KINDS + TOKEN_KINDS + CHOICE_KINDS
 
 @dataclasses.dataclass(frozen=True)
 class RowShape:
-  """The packed batch's static shape: `rows` of the tokens, `slots` examples a row."""
+  """The packed batch's static shape: `rows` of the tokens, `slots` sequences a row."""
 
   rows: int
   slots: int
@@ -87,7 +87,7 @@ def first_fit(lengths: np.ndarray, capacity: int) -> list[list[int]]:
 
 def row_shape(batches: Iterable[np.ndarray], capacity: int, multiple: int = 1) -> RowShape:
   """The shape that holds every batch: the most rows any batch packs into
-  (rounded up to `multiple`, the data shards) and the most examples a row holds.
+  (rounded up to `multiple`, the data shards) and the most sequences a row holds.
 
   Args:
     batches: The lengths of each batch's examples.
@@ -195,7 +195,8 @@ def unpack(outputs: dict[str, np.ndarray], kind: str, where: Placement,
   """A packed batch's outputs in the examples' order and unpacked layout:
   pooled kinds' [rows, slots, ...] to [examples, ...]; tokens' [rows, length,
   ...] to [examples, length, ...], zero past each example's tokens; multiple
-  choice's [examples, choices] as they are (the model gathered them)."""
+  choice's [examples, choices] as they are (the model gathered them; with the
+  examples `pack` added to fill the batch at the end)."""
   if kind in CHOICE_KINDS:
     return outputs
   if kind in POOLED_KINDS:
@@ -207,8 +208,3 @@ def unpack(outputs: dict[str, np.ndarray], kind: str, where: Placement,
       rows[example, :size] = value[row, offset:offset + size]
     result[name] = rows
   return result
-
-
-def padding_share(lengths: np.ndarray, rows: int, length: int) -> float:
-  """The share of `rows` rows of `length` slots that `lengths`' tokens leave empty."""
-  return 1.0 - float(lengths.sum()) / (rows * length)

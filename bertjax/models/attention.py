@@ -151,8 +151,9 @@ def choose(implementation: str, *, length: int, head_dim: int, dtype: str, dropo
       raise errors.UsageError(f"attention_impl='cudnn' runs on NVIDIA GPUs, not {target}; use "
                               "'auto'")
     if packed and not _gpu_runs_packed_cudnn():
-      raise errors.UsageError("attention_impl='cudnn' runs packed rows (data.max_sequences_per_row "
-                              "> 1) on Hopper GPUs and newer only; use 'auto' (XLA attention here) "
+      raise errors.UsageError("attention_impl='cudnn' runs packed rows (pre-training's "
+                              "data.max_sequences_per_row > 1, fine-tuning's data.pack_examples) "
+                              "on Hopper GPUs and newer only; use 'auto' (XLA attention here) "
                               "or unpacked rows")
   if implementation == "splash" and target != "tpu" and target != "cpu":
     raise errors.UsageError(f"attention_impl='splash' runs on TPUs (interpreted on CPUs), not "

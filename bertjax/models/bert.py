@@ -3,7 +3,8 @@
 Parameter trees mirror the reference: `{"bert": encoder, <head name>: head}`, so a
 fine-tuning model takes the `bert` subtree of any pre-training checkpoint as is.
 Every model takes `(input_ids, attention_mask, token_type_ids, deterministic)`
-(multiple choice adds a choices axis) and returns a dict of float32 logits.
+(multiple choice adds a choices axis) and returns a dict of float32 logits;
+the fine-tuning heads also take packed rows (`bertjax.data.example_packing`).
 """
 
 from __future__ import annotations
@@ -171,7 +172,8 @@ class BertForMultipleChoice(nn.Module):
                deterministic: bool = True, *, segment_ids: Array | None = None,
                pool_positions: Array | None = None,
                choice_slots: Array | None = None) -> dict[str, Array]:
-    """Takes [batch, choices, length] inputs; returns `logits` [batch, choices].
+    """Takes [batch, choices, length] inputs (packed: [rows, length]); returns
+    `logits` [batch, choices].
 
     Args:
       segment_ids, pool_positions, choice_slots: Packed rows [rows, length] of

@@ -12,8 +12,9 @@ at 1, dropout as pre-trained, and its step count, `int(examples / batch *
 epochs)`. Training batches are cut from one stream of the epochs, each
 reshuffled from the seed, so no example is dropped (a batch may span two
 epochs, as the original's repeated dataset's); prediction pads the last batch
-with rows of weight 0. Batches may be packed, several examples a row
-(`bertjax.data.example_packing`), the batch still counted in examples.
+with rows of weight 0 (packed, with empty rows and slots). Batches may be
+packed, several examples a row (`bertjax.data.example_packing`), the batch
+still counted in examples.
 """
 
 from __future__ import annotations
@@ -386,7 +387,7 @@ class FineTuner:
       length = features["input_ids"].shape[-1]
       self._train_shape = shape = example_packing.row_shape(batches, length, self._row_multiple)
       tokens = sum(float(batch.sum()) for batch in batches)
-      logging.info("Packed rows: %d examples a step in %d rows of %d (at most %d examples a "
+      logging.info("Packed rows: %d examples a step in %d rows of %d (at most %d sequences a "
                    "row); padding %.1f%% of the token slots, %.1f%% unpacked",
                    self.recipe.batch_size, shape.rows, length, shape.slots,
                    100 * (1 - tokens / (len(batches) * shape.rows * length)),

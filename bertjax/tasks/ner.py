@@ -91,7 +91,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                total_steps, labels)
   writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0)
   tuner = finetune.FineTuner(bundle, "token", recipe, total_steps, config, writer,
-                             packed=config.data.pack_examples)
+                             packed=config.data.get("pack_examples", False))
   runs.save_config(config, workdir)  # the settings are checked, the model loaded
 
   def evaluate(split: str, description: str

@@ -47,7 +47,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   total_steps = finetune.run_steps(len(train_examples), "training examples", recipe)
   writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0)
   tuner = finetune.FineTuner(bundle, "multiple_choice", recipe, total_steps, config, writer,
-                             packed=config.data.pack_examples)
+                             packed=config.data.get("pack_examples", False))
   runs.save_config(config, workdir)  # the settings are checked, the model loaded
   labels = np.array([e.label for e in dev_examples])
   history = []

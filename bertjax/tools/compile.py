@@ -60,7 +60,8 @@ _PADDING = flags.DEFINE_float("padding", None, "The share of token slots that ar
                               "the data (the `padding` a run or benchmark_data reports): adds "
                               "the FLOPs of the real tokens (`model_real`).")
 _DATA_DIR = paths.DEFINE_path("data_dir", None, "A prepared pre-training dataset: measures its "
-                              "tokens, sequences and predictions a row for `model_real`.")
+                              "tokens, sequences and predictions a row for `model_real` (one "
+                              "on gs:// is copied to the local cache first, as a run does).")
 _DATA_BATCHES = flags.DEFINE_integer("data_batches", 16, "Batches of 64 rows read from "
                                      "--data_dir at each phase's length.")
 flags.mark_flags_as_required(["config", "topology"])
@@ -305,7 +306,9 @@ def traced_flops(jaxpr, kernel_block_share: float = 1.0) -> TracedFlops:
       total += sum(inner, TracedFlops()).times(eqn.params["length"])
     elif name == "shard_map":
       mesh = eqn.params["mesh"]
-      copies = math.prod(mesh.shape[axis] for axis in eqn.params["newly_manual_axes"])
+      manual = (eqn.params.get("newly_manual_axes") or eqn.params.get("manual_axes")
+                or mesh.axis_names)  # the parameter's name has changed across versions
+      copies = math.prod(mesh.shape[axis] for axis in manual)
       total += sum(inner, TracedFlops()).times(copies)
     else:
       total += sum(inner, TracedFlops())
@@ -412,6 +415,10 @@ class RealWork:
     from bertjax import flops
     from bertjax.tasks import pretrain_data
 
+    if config.data.max_sequences_per_row > 1:
+      raise errors.UsageError(
+          f"--padding takes rows of one sequence each; data.max_sequences_per_row="
+          f"{config.data.max_sequences_per_row} packs several: measure them with --data_dir")
     per_row = {}
     for phase in pretrain_data.phases(config):
       row = flops.row_work(config.objective, (1 - padding) * phase.max_seq_length,
@@ -509,8 +516,7 @@ class Compiler:
     batch = batch_spec(self.config.objective, batch_size, length, phase.max_predictions,
                        self.batch_sharding, self.config.data.max_sequences_per_row)
     # Splash attention computes only the blocks a causal mask reaches.
-    share = (causal_block_share(length, attention.SPLASH_BLOCK)
-             if self.config.objective == "ltr" else 1.0)
+    share = causal_block_share(length, attention.SPLASH_BLOCK) if self.bert.causal else 1.0
     with jax.set_mesh(self.target.mesh), nn.logical_axis_rules(self.rules):
       result = compile_step(step, self.state if training else self.state.params, batch,
                             kernel_block_share=share)
@@ -518,8 +524,10 @@ class Compiler:
     result.setdefault("fits", total is not None
                       and total <= self.target.tpu_slice.generation.hbm_bytes)
     if "flops_per_chip" in result:
-      model = batch_size * length * flops.flops_per_token(
-          self.bert, length, phase.max_predictions, training=training)
+      # Full rows: every slot a token, every prediction slot used.
+      full = flops.row_work(self.config.objective, length, phase.max_predictions, 1.0)
+      model = flops.model_flops(self.bert, *(batch_size * full[name] for name in _WORK),
+                                training=training)
       compiled = result.pop("flops_per_chip") * self.target.chips
       traced = result.pop("traced_flops")
       counts = {

@@ -185,6 +185,7 @@ def test_a_shard_map_body_counts_once_a_device():
 
 
 def test_the_real_tokens_of_a_given_padding_share():
+  from bertjax import errors
   from bertjax.configs import base_pretrain
   from bertjax.tools import compile as compile_tool
 
@@ -196,6 +197,10 @@ def test_the_real_tokens_of_a_given_padding_share():
   assert long["real_tokens"] == 384 and long["predictions"] == 58  # round(0.15 * 384)
   full = compile_tool.RealWork.given(config, 0.0).per_row[0]
   assert full["predictions"] == 19  # of 20 slots: round(0.15 * 128)
+  config.data.max_sequences_per_row = 4  # how a row divides is not given: measure it
+  with pytest.raises(errors.UsageError, match="--padding takes rows of one sequence each; "
+                     "data.max_sequences_per_row=4 packs several: measure them with --data_dir"):
+    compile_tool.RealWork.given(config, 0.25)
 
 
 def test_the_real_tokens_measured_on_a_prepared_dataset(prepared_dir):
