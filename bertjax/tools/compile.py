@@ -306,8 +306,9 @@ def traced_flops(jaxpr, kernel_block_share: float = 1.0) -> TracedFlops:
       total += sum(inner, TracedFlops()).times(eqn.params["length"])
     elif name == "shard_map":
       mesh = eqn.params["mesh"]
-      manual = (eqn.params.get("newly_manual_axes") or eqn.params.get("manual_axes")
-                or mesh.axis_names)  # the parameter's name has changed across versions
+      # The parameter's name has changed across versions; an empty set is one copy.
+      manual = eqn.params.get("newly_manual_axes", eqn.params.get("manual_axes"))
+      manual = mesh.axis_names if manual is None else manual
       copies = math.prod(mesh.shape[axis] for axis in manual)
       total += sum(inner, TracedFlops()).times(copies)
     else:
