@@ -146,16 +146,16 @@ def pack(features: Features, kind: str, shape: RowShape, pool_last: bool = False
   tokens = (shape.rows, length)
   out = {name: np.zeros(tokens, features[name].dtype) for name in ("input_ids", "token_type_ids")}
   out["segment_ids"] = np.zeros(tokens, np.int32)
+  if kind in POOLED_KINDS + CHOICE_KINDS:
+    out["pool_positions"] = np.zeros((shape.rows, shape.slots), np.int32)
   if kind in CHOICE_KINDS:
     padded = max(examples or count, count)
-    out["pool_positions"] = np.zeros((shape.rows, shape.slots), np.int32)
     out["choice_slots"] = np.zeros((padded, choices), np.int32)
     out["labels"] = np.zeros(padded, features["labels"].dtype)
     out["weights"] = np.zeros(padded, np.float32)
     out["labels"][:count], out["weights"][:count] = features["labels"], features["weights"]
   elif kind in POOLED_KINDS:
     slots = (shape.rows, shape.slots)
-    out["pool_positions"] = np.zeros(slots, np.int32)
     out["labels"] = np.zeros(slots, features["labels"].dtype)
     out["weights"] = np.zeros(slots, np.float32)
   else:
@@ -173,11 +173,11 @@ def pack(features: Features, kind: str, shape: RowShape, pool_last: bool = False
       for name in ("input_ids", "token_type_ids"):
         out[name][row, span] = sequences[name][example, :size]
       out["segment_ids"][row, span] = slot + 1
-      if kind in CHOICE_KINDS:  # `example` counts sequences here
+      if "pool_positions" in out:
         out["pool_positions"][row, slot] = offset + size - 1 if pool_last else offset
+      if kind in CHOICE_KINDS:  # `example` counts sequences here
         out["choice_slots"][example // choices, example % choices] = row * shape.slots + slot
       elif kind in POOLED_KINDS:
-        out["pool_positions"][row, slot] = offset + size - 1 if pool_last else offset
         out["labels"][row, slot] = features["labels"][example]
         out["weights"][row, slot] = features["weights"][example]
       else:

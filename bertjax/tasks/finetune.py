@@ -420,10 +420,10 @@ class FineTuner:
     """The model's outputs for every feature row, in order (float32 numpy)."""
     count = len(features["input_ids"])
     batch_size = self.recipe.eval_batch_size
-    batches = prediction_batches(features, batch_size)
-    if self.packed:
+    length = features["input_ids"].shape[-1]
+    batches = ((batch, None) for batch in prediction_batches(features, batch_size))
+    if self.packed:  # (packed batch, where its examples went)
       lengths = example_packing.lengths_of(features)
-      length = features["input_ids"].shape[-1]
       shape = example_packing.row_shape(
           (lengths[start:start + batch_size] for start in range(0, count, batch_size)),
           length, self._row_multiple)
@@ -434,13 +434,12 @@ class FineTuner:
     outputs: dict[str, list[np.ndarray]] = {}
     total_batches = -(-count // batch_size)
     started = time.perf_counter()
-    for index, batch in enumerate(batches):
-      batch, where = batch if self.packed else (batch, None)
+    for index, (batch, where) in enumerate(batches):
       with self._axis_rules():
         result = jax.device_get(self._predict_step(self.state.params, self._global(batch)))
       result = {name: np.asarray(value) for name, value in result.items()}
       if where is not None:
-        result = example_packing.unpack(result, self.kind, where, features["input_ids"].shape[-1])
+        result = example_packing.unpack(result, self.kind, where, length)
       for name, value in result.items():
         outputs.setdefault(name, []).append(value)
       if jax.process_index() == 0 and (index + 1) % 50 == 0:

@@ -40,7 +40,7 @@ import os
 import re
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 from absl import flags, logging
 from ml_collections import config_flags
@@ -627,16 +627,20 @@ def accumulation_for(batch_size: int, data_shards: int, max_per_chip: int,
 
 
 def run(config, accelerator_type: str, num_slices: int = 1, find_max_batch: bool = False,
-        evaluate: bool = True, real_work: RealWork | None = None) -> dict[str, Any]:
+        evaluate: bool = True, real_work: Callable[[], RealWork] | None = None
+        ) -> dict[str, Any]:
   """Compiles every step of `config` for the slice(s); the report (JSON-ready).
 
   Args:
-    real_work: The rows' useful work, for `model_real` (`RealWork`).
+    real_work: Makes the rows' useful work, for `model_real` (`RealWork`):
+      called once the slice and the config are checked (a dataset may be
+      read for it).
 
   Raises:
     errors.UsageError: a setting to change.
   """
   target = make_target(config, accelerator_type, num_slices)
+  real_work = real_work() if real_work is not None else None
   compiler = Compiler(config, target, real_work)
   tpu_slice = target.tpu_slice
   train_config = config.train
@@ -773,9 +777,11 @@ def main(argv):
   jax.config.update("jax_platforms", "cpu")
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   config = _CONFIG.value
-  real_work = (RealWork.given(config, _PADDING.value) if _PADDING.value is not None else
-               RealWork.measured(config, _DATA_DIR.value, _DATA_BATCHES.value)
-               if _DATA_DIR.value else None)
+  real_work = None
+  if _PADDING.value is not None:
+    real_work = lambda: RealWork.given(config, _PADDING.value)
+  elif _DATA_DIR.value:
+    real_work = lambda: RealWork.measured(config, _DATA_DIR.value, _DATA_BATCHES.value)
   report = run(config, _TOPOLOGY.value, _NUM_SLICES.value, _FIND_MAX_BATCH.value, _EVAL.value,
                real_work)
   print(json.dumps(report), flush=True)
