@@ -28,7 +28,7 @@ from bertjax.data.tokenizers import Tokenizer, tokenizer_from_settings
 from bertjax.files import atomic_directory, read_json, write_json
 from bertjax.interop import google_tf, hf, mapping
 from bertjax.models import BertConfig, build_model, init_params, to_layout
-from bertjax.models.bert import (LABELLED_TASKS, OPTIONAL_POOLER_TASKS, TASK_MODELS,
+from bertjax.models.bert import (LABELLED_TASKS, OPTIONAL_POOLER_TASKS, TASK_MODELS, pooler_name,
                                  abstract_params)
 
 BERTJAX_FILE = "bertjax.json"
@@ -73,7 +73,8 @@ class Pretrained:
 
   @property
   def has_pooler(self) -> bool:
-    return "pooler" in self.params["bert"]
+    """Whether the encoder has its pooler (ModernBERT: its prediction head)."""
+    return pooler_name(self.config) in self.params["bert"]
 
   def model(self) -> nn.Module:
     """The Flax module these parameters belong to."""
@@ -138,7 +139,7 @@ def load_pretrained(path: str, *, task: str | None = None, labels: list[str] | N
     bundle = _retarget(bundle, task or bundle.task, labels, seed, path)
   _check_vocabulary(bundle, path)
   bundle.config = bundle.config.replace(**config_overrides)
-  bundle.params = to_layout(bundle.params, bundle.config.scan_layers)
+  bundle.params = to_layout(bundle.params, bundle.config.scan_layers, bundle.config)
   return bundle
 
 
@@ -200,7 +201,7 @@ def _load_reference(path: str, config_file: str, do_lower_case: bool | None) -> 
     tensors, source = hf.read_weights(path)
   else:
     tensors, source = google_tf.read_checkpoint(prefix), prefix
-  tensors = hf.canonical_names(tensors)
+  tensors = hf.canonical_names(tensors, config.family)
   task = hf.detect_task(tensors, values)
   labels = hf.labels_from_config(values, config_path) if task in LABELLED_TASKS else None
   if task in LABELLED_TASKS and "classifier.weight" in tensors:
@@ -234,7 +235,8 @@ def _retarget(bundle: Pretrained, task: str, labels: list[str] | None, seed: int
   if bundle.config.span_bilstm:
     raise errors.UsageError(f"{path}: a question-answering model with a span BiLSTM loads only as "
                             f"question_answering, not {task}")
-  reference = mapping.params_to_reference(to_layout(bundle.params, False))
+  reference = mapping.params_to_reference(to_layout(bundle.params, False, bundle.config),
+                                          family=bundle.config.family)
   same_head = task == bundle.task and (labels is None or bundle.labels is None
                                        or len(labels) == len(bundle.labels))
   if not same_head:
@@ -265,7 +267,7 @@ def add_span_bilstm(bundle: Pretrained, seed: int = 0) -> Pretrained:
   logger.info("initialised randomly: %s", ", ".join(
       jax.tree_util.keystr(path) for path, _ in
       jax.tree_util.tree_leaves_with_path(fresh["span_bilstm"])))
-  return Pretrained(config, to_layout(params, config.scan_layers), bundle.tokenizer,
+  return Pretrained(config, to_layout(params, config.scan_layers, config), bundle.tokenizer,
                     bundle.task, bundle.labels)
 
 
@@ -370,12 +372,13 @@ def _load_training_run(path: str, do_lower_case: bool | None) -> Pretrained:
 
 
 def export_hf(bundle: Pretrained, out_dir: str, overwrite: bool = False) -> None:
-  """Writes a Hugging Face BERT directory that `transformers` loads into the
-  matching `Bert*` class with no missing or unexpected keys.
+  """Writes a Hugging Face directory that `transformers` loads into the
+  matching `Bert*` (or `ModernBert*`) class with no missing or unexpected keys.
 
   A pooler kept for `encode` in a task whose reference class has none (masked
-  LM, span and token classification) is left out, with a log line. The
-  directory is written under a temporary name and renamed when complete.
+  LM, span and token classification; ModernBERT's bare encoder) is left out,
+  with a log line. The directory is written under a temporary name and renamed
+  when complete.
   """
   if bundle.config.span_bilstm:
     raise errors.UsageError("export_hf: transformers' BertForQuestionAnswering has no BiLSTM "
@@ -386,8 +389,15 @@ def export_hf(bundle: Pretrained, out_dir: str, overwrite: bool = False) -> None
         f"transformers' {hf.TASK_TO_CLASS[bundle.task]} pools [CLS] and would compute "
         "something else. Export the encoder (task='encoder') or keep the bertjax format")
   reference = mapping.params_to_reference(_checked_looped_params(bundle),
-                                          bundle.config.vocab_size)
-  if bundle.task in OPTIONAL_POOLER_TASKS:
+                                          bundle.config.vocab_size, bundle.config.family)
+  if bundle.config.modern:
+    hf.class_name(bundle.config, bundle.task)  # a task transformers has a class for
+    head = [name for name in reference if name.startswith("head.")]
+    if bundle.task == "encoder" and head:
+      logger.info("export_hf: ModernBertModel has no prediction head; leaving out %s",
+                  ", ".join(head))
+      reference = {k: v for k, v in reference.items() if k not in head}
+  elif bundle.task in OPTIONAL_POOLER_TASKS:
     pooler = [name for name in reference if name.startswith("bert.pooler.")]
     if bundle.task == "encoder" and not pooler:
       logger.warning("export_hf: this encoder has no pooler; transformers' BertModel will "
@@ -405,7 +415,7 @@ def _checked_looped_params(bundle: Pretrained) -> Params:
   """`bundle.params` in the looped layout, checked against the model's shapes."""
   looped = to_layout(jax.device_get(bundle.params), False)
   model = build_model(bundle.config.replace(scan_layers=False), bundle.task,
-                      bundle.num_labels, "pooler" in looped["bert"])
+                      bundle.num_labels, pooler_name(bundle.config) in looped["bert"])
   expected = nn.meta.unbox(abstract_params(model))
   expected_shapes = {jax.tree_util.keystr(k): v.shape
                      for k, v in jax.tree_util.tree_leaves_with_path(expected)}

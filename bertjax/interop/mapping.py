@@ -1,10 +1,13 @@
-"""One name table between bertjax parameters and the reference BERT's weights.
+"""One name table per family between bertjax parameters and the reference weights.
 
 Every checkpoint format is read into the reference (Hugging Face PyTorch) naming,
 e.g. `bert.encoder.layer.3.attention.self.query.weight` [out, in], then mapped
 onto the bertjax parameter tree of a task model (looped layer layout), e.g.
 `bert/layers_3/attention/query/kernel` [embed, heads, kv]. Export runs the same
-table backwards, so import -> export -> import is exact.
+table backwards, so import -> export -> import is exact. ModernBERT's table maps
+transformers' `ModernBert*` names (`model.layers.3.attn.Wqkv.weight` [3 * heads
+* kv, embed] <-> `bert/layers_3/attention/qkv/kernel` [embed, 3, heads, kv]) the
+same way: every weight one to one, reshaped and transposed.
 """
 
 from __future__ import annotations
@@ -46,6 +49,24 @@ _MODULES = [
     (r"classifier", r"classifier"),
     (r"span", r"qa_outputs"),
 ]
+# transformers' ModernBERT classes. Its heads' transform sits in the encoder
+# here (`bert/head`), and the question-answering layer is its `classifier`.
+_MODERN_MODULES = [
+    (r"bert/embeddings/word_embeddings", r"model.embeddings.tok_embeddings"),
+    (r"bert/embeddings/layer_norm", r"model.embeddings.norm"),
+    (r"bert/layers_(\d+)/attention_norm", r"model.layers.\1.attn_norm"),
+    (r"bert/layers_(\d+)/attention/qkv", r"model.layers.\1.attn.Wqkv"),
+    (r"bert/layers_(\d+)/attention/output", r"model.layers.\1.attn.Wo"),
+    (r"bert/layers_(\d+)/mlp_norm", r"model.layers.\1.mlp_norm"),
+    (r"bert/layers_(\d+)/intermediate", r"model.layers.\1.mlp.Wi"),
+    (r"bert/layers_(\d+)/output", r"model.layers.\1.mlp.Wo"),
+    (r"bert/final_norm", r"model.final_norm"),
+    (r"bert/head/dense", r"head.dense"),
+    (r"bert/head/layer_norm", r"head.norm"),
+    (r"mlm", r"decoder"),
+    (r"classifier", r"classifier"),
+    (r"span", r"classifier"),
+]
 _LEAVES = {"kernel": "weight", "scale": "weight", "embedding": "weight", "bias": "bias"}
 # The word embedding table, whose rows past `vocab_size` (`vocab_pad_multiple`)
 # are bertjax's: the reference holds `vocab_size` rows.
@@ -56,13 +77,17 @@ _REDUNDANT = {
     "bert.embeddings.position_ids",     # a buffer of older checkpoints
     "cls.predictions.decoder.weight",   # tied to the word embeddings
     "cls.predictions.decoder.bias",     # the same tensor as cls.predictions.bias
+    "decoder.weight",                   # ModernBERT's, tied to the word embeddings
 }
+# Where each family's encoder weights live in the reference naming.
+ENCODER_PREFIXES = {"bert": ("bert.embeddings.", "bert.encoder."), "modernbert": ("model.",)}
+_TABLES = {"bert": _MODULES, "modernbert": _MODERN_MODULES}
 
 
-def reference_name(path: tuple[str, ...]) -> str:
+def reference_name(path: tuple[str, ...], family: str = "bert") -> str:
   """The reference weight name of a bertjax parameter path (looped layout)."""
   module, leaf = "/".join(path[:-1]), path[-1]
-  for pattern, template in _MODULES:
+  for pattern, template in _TABLES[family]:
     if re.fullmatch(pattern, module):
       return f"{re.sub(pattern, template, module)}.{_LEAVES[leaf]}"
   raise KeyError(f"No reference name for parameter {'/'.join(path)}")
@@ -70,7 +95,7 @@ def reference_name(path: tuple[str, ...]) -> str:
 
 def _fan_in(path: tuple[str, ...], shape: tuple[int, ...]) -> int:
   # The attention output kernel is [heads, kv, embed]; every other kernel has
-  # one input axis first ([embed, heads, kv], [in, out]).
+  # one input axis first ([embed, heads, kv], [embed, 3, heads, kv], [in, out]).
   if path[-3:] == ("attention", "output", "kernel"):
     return int(np.prod(shape[:-1]))
   return shape[0]
@@ -135,8 +160,9 @@ def params_from_reference(tensors: Mapping[str, np.ndarray], config: BertConfig,
     The parameters and a `LoadReport`.
   """
   config = config.replace(scan_layers=False)
+  family = config.family
   if add_pooler is None:
-    add_pooler = "bert.pooler.dense.weight" in tensors
+    add_pooler = ("head.dense.weight" if config.modern else "bert.pooler.dense.weight") in tensors
   model = build_model(config, task, num_labels, add_pooler)
   expected = nn.meta.unbox(abstract_params(model))
   report = LoadReport()
@@ -144,7 +170,7 @@ def params_from_reference(tensors: Mapping[str, np.ndarray], config: BertConfig,
 
   def take(path, target):
     path = _path_str(path)
-    name = reference_name(path)
+    name = reference_name(path, family)
     if name not in tensors:
       missing.append((path, name))
       return None
@@ -162,7 +188,7 @@ def params_from_reference(tensors: Mapping[str, np.ndarray], config: BertConfig,
   params = jax.tree_util.tree_map_with_path(take, expected)
   fresh = None
   for path, name in missing:
-    if rng is None or (path[0] == "bert" and path[1] != "pooler"):
+    if rng is None or (path[0] == "bert" and path[1] not in ("pooler", "head")):
       raise errors.UsageError(f"{source}: weight {name} (for {'/'.join(path)}) is missing from "
                               "the checkpoint")
     if fresh is None:
@@ -173,8 +199,7 @@ def params_from_reference(tensors: Mapping[str, np.ndarray], config: BertConfig,
     _set(params, path, np.asarray(value))
     report.initialised.append("/".join(path))
   report.unused = sorted(set(tensors) - set(report.loaded) - _REDUNDANT)
-  stray = [name for name in report.unused
-           if name.startswith(("bert.embeddings.", "bert.encoder."))]
+  stray = [name for name in report.unused if name.startswith(ENCODER_PREFIXES[family])]
   if stray:
     raise errors.UsageError(
         f"{source}: encoder weights the config has no place for: {', '.join(stray[:5])}"
@@ -193,13 +218,14 @@ def _set(tree: Params, path: tuple[str, ...], value: Any) -> None:
   tree[path[-1]] = value
 
 
-def params_to_reference(params: Params, vocab_size: int | None = None
-                        ) -> dict[str, np.ndarray]:
+def params_to_reference(params: Params, vocab_size: int | None = None,
+                        family: str = "bert") -> dict[str, np.ndarray]:
   """Reference name -> float32 array for task-model parameters (looped layout).
 
   Args:
     vocab_size: Keep only this many word embeddings (an export: the padding
       rows of `BertConfig.vocab_pad_multiple` are bertjax's); None keeps all.
+    family: The parameters' `BertConfig.family`.
   """
   flat = {}
   for path, value in jax.tree_util.tree_leaves_with_path(params):
@@ -207,5 +233,5 @@ def params_to_reference(params: Params, vocab_size: int | None = None
     value = np.asarray(value, np.float32)
     if path == _WORD_EMBEDDINGS and vocab_size is not None:
       value = value[:vocab_size]
-    flat[reference_name(path)] = to_reference(path, value)
+    flat[reference_name(path, family)] = to_reference(path, value)
   return flat

@@ -70,16 +70,25 @@ class Segments:
     ids = segment_ids.astype(jnp.int32)
     return cls(ids, ids, True)
 
-  def mask(self, causal: bool) -> Array:
+  def mask(self, causal: bool, window: int | None = None) -> Array:
     """Boolean [batch, 1, q, k] of allowed pairs ([batch, 1, 1, k] for
-    unpacked rows without the causal mask)."""
+    unpacked rows without a causal or local mask).
+
+    Args:
+      causal: Only keys at or before the query.
+      window: Only keys at most this many positions from the query (local
+        attention), or None.
+    """
     if self.packed:
       mask = self.queries[:, None, :, None] == self.keys[:, None, None, :]
     else:
       mask = self.keys[:, None, None, :] > 0
+    length = self.keys.shape[1]
     if causal:
-      length = self.keys.shape[1]
       mask = mask & jnp.tril(jnp.ones((length, length), bool))
+    if window is not None:
+      index = jnp.arange(length)
+      mask = mask & (jnp.abs(index[:, None] - index[None, :]) <= window)
     return mask
 
   def real_queries(self) -> Array:
@@ -108,7 +117,7 @@ def _gpu_runs_packed_cudnn() -> bool:
 
 
 def choose(implementation: str, *, length: int, head_dim: int, dtype: str, dropout: bool,
-           packed: bool = False, target: str | None = None) -> str:
+           packed: bool = False, local: bool = False, target: str | None = None) -> str:
   """The kernel `implementation` ("auto" or a name) runs as, for one call.
 
   Args:
@@ -118,6 +127,7 @@ def choose(implementation: str, *, length: int, head_dim: int, dtype: str, dropo
     dtype: Compute dtype.
     dropout: Whether attention dropout is applied (training with a rate > 0).
     packed: Whether rows hold several sequences (`Segments.packed`).
+    local: Whether the layer attends within a window (ModernBERT's local layers).
     target: Platform ("tpu", "gpu", "cpu"); default `platform()`.
 
   Returns:
@@ -140,7 +150,7 @@ def choose(implementation: str, *, length: int, head_dim: int, dtype: str, dropo
     if target == "tpu" and length % SPLASH_BLOCK == 0:
       return "splash"
     if (target == "gpu" and dtype in ("bfloat16", "float16") and head_dim <= 128
-        and head_dim % 8 == 0 and (not packed or _gpu_runs_packed_cudnn())):
+        and head_dim % 8 == 0 and (not packed or (_gpu_runs_packed_cudnn() and not local))):
       return "cudnn"
     return "xla"
   if implementation == "cudnn":
@@ -155,6 +165,9 @@ def choose(implementation: str, *, length: int, head_dim: int, dtype: str, dropo
                               "data.max_sequences_per_row > 1, fine-tuning's data.pack_examples) "
                               "on Hopper GPUs and newer only; use 'auto' (XLA attention here) "
                               "or unpacked rows")
+    if packed and local:
+      raise errors.UsageError("attention_impl='cudnn' runs local attention on unpacked rows "
+                              "only; use 'auto' (XLA attention for packed local layers)")
   if implementation == "splash" and target != "tpu" and target != "cpu":
     raise errors.UsageError(f"attention_impl='splash' runs on TPUs (interpreted on CPUs), not "
                             f"{target}; use 'auto'")
@@ -162,7 +175,7 @@ def choose(implementation: str, *, length: int, head_dim: int, dtype: str, dropo
 
 
 def fused(implementation: str, query: Array, key: Array, value: Array, segments: Segments,
-          causal: bool) -> Array:
+          causal: bool, window: int | None = None) -> Array:
   """Attention by a fused kernel ("dot_product", "cudnn", "splash"), no dropout.
 
   Args:
@@ -172,29 +185,37 @@ def fused(implementation: str, query: Array, key: Array, value: Array, segments:
     value: [batch, length, heads, head_dim], compute dtype.
     segments: Which keys each query sees.
     causal: Also only keys at or before the query.
+    window: Also only keys at most this many positions away (local attention).
 
   Returns:
     [batch, length, heads, head_dim], zero at padding queries.
   """
   if implementation == "dot_product":
-    out = jax.nn.dot_product_attention(query, key, value, mask=segments.mask(causal),
+    out = jax.nn.dot_product_attention(query, key, value, mask=segments.mask(causal, window),
                                        implementation="xla")
   elif implementation == "cudnn":
-    out = _cudnn(query, key, value, segments, causal)
+    out = _cudnn(query, key, value, segments, causal, window)
   elif implementation == "splash":
-    out = _splash(query, key, value, segments, causal)
+    out = _splash(query, key, value, segments, causal, window)
   else:
     raise errors.UsageError(f"unknown fused attention {implementation!r}; one of {FUSED}")
   return jnp.where(segments.real_queries()[:, :, None, None], out, 0).astype(query.dtype)
 
 
-def _cudnn(query: Array, key: Array, value: Array, segments: Segments, causal: bool) -> Array:
+def _cudnn(query: Array, key: Array, value: Array, segments: Segments, causal: bool,
+           window: int | None = None) -> Array:
   """cuDNN's flash attention: padding as sequence lengths, packed rows as its
   ragged layout (each segment's offset and length; segments must be runs in
-  id order from position 0, as `bertjax.data.packing` writes them)."""
+  id order from position 0, as `bertjax.data.packing` writes them). A local
+  window goes in as a [1, 1, q, k] band mask, which cuDNN adds as a bias:
+  JAX's binding of cuDNN's own sliding window is causal only."""
   if not segments.packed:
     lengths = segments.keys.sum(axis=1).astype(jnp.int32)  # [batch]
-    return jax.nn.dot_product_attention(query, key, value, is_causal=causal,
+    band = None
+    if window is not None:
+      length = query.shape[1]
+      band = Segments.unpacked(jnp.ones((1, length), jnp.int32)).mask(causal, window)
+    return jax.nn.dot_product_attention(query, key, value, mask=band, is_causal=causal,
                                         query_seq_lengths=lengths,
                                         key_value_seq_lengths=lengths,
                                         implementation="cudnn")
@@ -226,22 +247,30 @@ def ragged_layout(segment_ids: Array) -> tuple[Array, Array]:
   return seqlen, jnp.pad(starts, ((0, 0), (0, 1)), constant_values=-1).astype(jnp.int32)
 
 
-def _splash_kernel(heads: int, length: int, causal: bool, interpret: bool):
+def _splash_kernel(heads: int, length: int, causal: bool, interpret: bool,
+                   window: int | None = None):
   from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
   block = SPLASH_BLOCK
   sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
                             block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
                             block_q_dq=block, block_kv_dq=block)
-  head_mask = (splash.CausalMask((length, length)) if causal
-               else splash.FullMask((length, length)))
+  if window is not None:  # keys at most `window` away (before the query only, if causal)
+    head_mask = splash.LocalMask((length, length), (window, 0 if causal else window), 0)
+  elif causal:
+    head_mask = splash.CausalMask((length, length))
+  else:
+    head_mask = splash.FullMask((length, length))
   return splash.make_splash_mha(splash.MultiHeadMask([head_mask] * heads), head_shards=1,
                                 q_seq_shards=1, block_sizes=sizes, interpret=interpret)
 
 
-def _splash(query: Array, key: Array, value: Array, segments: Segments, causal: bool) -> Array:
+def _splash(query: Array, key: Array, value: Array, segments: Segments, causal: bool,
+            window: int | None = None) -> Array:
   """TPU splash attention, each device on its own rows and heads (`shard_map`
-  over the mesh's batch and heads axes); interpreted on CPUs."""
+  over the mesh's batch and heads axes); interpreted on CPUs. A local window
+  is splash's `LocalMask`, whose blocks wholly outside the band the kernel
+  skips; segment ids still keep packed sequences apart."""
   from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
   interpret = platform() == "cpu"
@@ -253,7 +282,7 @@ def _splash(query: Array, key: Array, value: Array, segments: Segments, causal: 
     if pad:
       q, k, v = (jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0))) for x in (q, k, v))
       q_ids, kv_ids = (jnp.pad(ids, ((0, 0), (0, pad))) for ids in (q_ids, kv_ids))
-    kernel = _splash_kernel(q.shape[2], q.shape[1], causal, interpret)
+    kernel = _splash_kernel(q.shape[2], q.shape[1], causal, interpret, window)
     heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # [b, h, t, d]
     out = jax.vmap(kernel)(heads_first(q * scale), heads_first(k), heads_first(v),
                            splash.SegmentIds(q_ids, kv_ids))
@@ -272,11 +301,11 @@ def _splash(query: Array, key: Array, value: Array, segments: Segments, causal: 
 
 
 def reference(query: Array, key: Array, value: Array, segments: Segments,
-              causal: bool) -> Array:
+              causal: bool, window: int | None = None) -> Array:
   """Plain float32 attention: what the kernels are checked against."""
   scores = jnp.einsum("bqhd,bkhd->bhqk", query.astype(jnp.float32),
                       key.astype(jnp.float32)) * query.shape[-1] ** -0.5
-  scores = jnp.where(segments.mask(causal), scores, jnp.finfo(jnp.float32).min)
+  scores = jnp.where(segments.mask(causal, window), scores, jnp.finfo(jnp.float32).min)
   out = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1),
                    value.astype(jnp.float32))
   return jnp.where(segments.real_queries()[:, :, None, None], out, 0)

@@ -21,13 +21,33 @@ from bertjax.models.heads import MaskedLMHead, OutputLayer, gather_positions
 Array = jax.Array
 
 
+def encoder(config: BertConfig, add_pooler: bool = True) -> nn.Module:
+  """The encoder of `config.family`: `BertEncoder`, or `ModernBertEncoder`
+  (whose `add_pooler` is its prediction head)."""
+  if config.modern:
+    from bertjax.models.modernbert import ModernBertEncoder
+    return ModernBertEncoder(config, add_pooler=add_pooler)
+  return BertEncoder(config, add_pooler=add_pooler)
+
+
+def pooler_name(config: BertConfig) -> str:
+  """The name of the encoder's pooler: BERT's `pooler`, ModernBERT's `head`."""
+  return "head" if config.modern else "pooler"
+
+
+def token_features(bert: nn.Module, sequence_output: Array) -> Array:
+  """What heads over every position read: BERT's sequence output itself,
+  ModernBERT's prediction head on it."""
+  return bert.token_features(sequence_output) if bert.config.modern else sequence_output
+
+
 class BertForPreTraining(nn.Module):
   """Masked LM + next-sentence prediction (the paper's pre-training)."""
 
   config: BertConfig
 
   def setup(self):
-    self.bert = BertEncoder(self.config)
+    self.bert = encoder(self.config)
     self.mlm = MaskedLMHead(self.config)
     self.nsp = OutputLayer(self.config, 2)
 
@@ -57,13 +77,14 @@ class BertForPreTraining(nn.Module):
 
 
 class BertForMaskedLM(nn.Module):
-  """Masked LM only (the paper's "No NSP" ablation); no pooler by default."""
+  """Masked LM only (the paper's "No NSP" ablation; ModernBERT's objective); no
+  pooler by default (ModernBERT: its prediction head, always)."""
 
   config: BertConfig
   add_pooler: bool = False  # Kept when a checkpoint has one, for `encode`.
 
   def setup(self):
-    self.bert = BertEncoder(self.config, add_pooler=self.add_pooler)
+    self.bert = encoder(self.config, add_pooler=self.add_pooler)
     self.mlm = MaskedLMHead(self.config)
 
   def __call__(self, input_ids: Array, attention_mask: Array | None = None,
@@ -80,7 +101,7 @@ class BertForMaskedLM(nn.Module):
     hidden = encoded.sequence_output
     if masked_positions is not None:
       hidden = gather_positions(hidden, masked_positions)
-    return {"mlm_logits": self.mlm(hidden, self.bert.attend)}
+    return {"mlm_logits": self.mlm(token_features(self.bert, hidden), self.bert.attend)}
 
 
 class BertForNextSentencePrediction(nn.Module):
@@ -89,7 +110,7 @@ class BertForNextSentencePrediction(nn.Module):
   config: BertConfig
 
   def setup(self):
-    self.bert = BertEncoder(self.config)
+    self.bert = encoder(self.config)
     self.nsp = OutputLayer(self.config, 2)
 
   def __call__(self, input_ids: Array, attention_mask: Array | None = None,
@@ -108,7 +129,7 @@ class BertForSequenceClassification(nn.Module):
   num_labels: int = 2
 
   def setup(self):
-    self.bert = BertEncoder(self.config)
+    self.bert = encoder(self.config)
     self.classifier = OutputLayer(self.config, self.num_labels, self.config.head_dropout)
 
   def __call__(self, input_ids: Array, attention_mask: Array | None = None,
@@ -135,12 +156,14 @@ class BertForQuestionAnswering(nn.Module):
   add_pooler: bool = False
 
   def setup(self):
-    self.bert = BertEncoder(self.config, add_pooler=self.add_pooler)
+    self.bert = encoder(self.config, add_pooler=self.add_pooler)
     if self.config.span_bilstm:
       units = self.config.hidden_size // 2
       self.span_bilstm = nn.Bidirectional(nn.RNN(nn.OptimizedLSTMCell(units)),
                                           nn.RNN(nn.OptimizedLSTMCell(units)))
-    self.span = OutputLayer(self.config, 2)
+    # The paper's span layer has no dropout; ModernBERT's classifier has its own.
+    self.span = OutputLayer(self.config, 2,
+                            self.config.head_dropout if self.config.modern else 0.0)
 
   def __call__(self, input_ids: Array, attention_mask: Array | None = None,
                token_type_ids: Array | None = None,
@@ -148,13 +171,13 @@ class BertForQuestionAnswering(nn.Module):
     """Returns `start_logits` and `end_logits`, each [batch, length]."""
     encoded = self.bert(input_ids, attention_mask, token_type_ids,
                         deterministic=deterministic)
-    x = encoded.sequence_output  # [batch, length, embed]
+    x = token_features(self.bert, encoded.sequence_output)  # [batch, length, embed]
     if self.config.span_bilstm:
       lengths = (jnp.sum(attention_mask, axis=-1) if attention_mask is not None
                  else jnp.full(x.shape[:1], x.shape[1]))
       x = self.span_bilstm(x.astype(jnp.float32), seq_lengths=lengths.astype(jnp.int32))
       x = x.astype(encoded.sequence_output.dtype)  # [batch, length, 2 * (embed // 2)]
-    logits = self.span(x)  # [batch, length, 2]
+    logits = self.span(x, deterministic)  # [batch, length, 2]
     return {"start_logits": logits[..., 0], "end_logits": logits[..., 1]}
 
 
@@ -164,7 +187,7 @@ class BertForMultipleChoice(nn.Module):
   config: BertConfig
 
   def setup(self):
-    self.bert = BertEncoder(self.config)
+    self.bert = encoder(self.config)
     self.classifier = OutputLayer(self.config, 1, self.config.head_dropout)
 
   def __call__(self, input_ids: Array, attention_mask: Array | None = None,
@@ -202,7 +225,7 @@ class BertForTokenClassification(nn.Module):
   add_pooler: bool = False
 
   def setup(self):
-    self.bert = BertEncoder(self.config, add_pooler=self.add_pooler)
+    self.bert = encoder(self.config, add_pooler=self.add_pooler)
     self.classifier = OutputLayer(self.config, self.num_labels, self.config.head_dropout)
 
   def __call__(self, input_ids: Array, attention_mask: Array | None = None,
@@ -216,7 +239,8 @@ class BertForTokenClassification(nn.Module):
     """
     encoded = self.bert(input_ids, attention_mask, token_type_ids,
                         deterministic=deterministic, segment_ids=segment_ids)
-    return {"logits": self.classifier(encoded.sequence_output, deterministic)}
+    features = token_features(self.bert, encoded.sequence_output)
+    return {"logits": self.classifier(features, deterministic)}
 
 
 class BertModel(nn.Module):
@@ -226,7 +250,7 @@ class BertModel(nn.Module):
   add_pooler: bool = True
 
   def setup(self):
-    self.bert = BertEncoder(self.config, add_pooler=self.add_pooler)
+    self.bert = encoder(self.config, add_pooler=self.add_pooler)
 
   def __call__(self, input_ids: Array, attention_mask: Array | None = None,
                token_type_ids: Array | None = None,
@@ -273,6 +297,13 @@ def build_model(config: BertConfig, task: str = "encoder", num_labels: int = 2,
   """
   if task not in TASK_MODELS:
     raise errors.UsageError(f"Unknown task {task!r}; known tasks: {', '.join(TASK_MODELS)}")
+  if config.modern and task in ("pretraining", "next_sentence"):
+    raise errors.UsageError(f"The {task} model has a next-sentence head, which ModernBERT "
+                            "does not have: it pre-trains with masked LM only (task masked_lm)")
+  if config.modern and task != "encoder":
+    if add_pooler is False:
+      raise errors.UsageError(f"The ModernBERT {task} model needs its prediction head")
+    add_pooler = True if task in OPTIONAL_POOLER_TASKS else None
   kwargs = {}
   if task in LABELLED_TASKS:
     if num_labels < 1:

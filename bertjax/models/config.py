@@ -1,8 +1,13 @@
-"""The BERT architecture as one frozen dataclass, and the paper's model sizes.
+"""The encoder architecture as one frozen dataclass, and the named model sizes.
 
-A `BertConfig` describes the network (sizes, activation, dropout) and how it is
-computed (dtype, layer scan, rematerialisation, attention kernel). It is hashable,
-so jitted functions can be cached per configuration.
+A `BertConfig` describes the network (family, sizes, activation, dropout) and how
+it is computed (dtype, layer scan, rematerialisation, attention kernel). It is
+hashable, so jitted functions can be cached per configuration.
+
+Two families share it (`family`): "bert", the paper's post-LayerNorm encoder
+with learned positions and token types, and "modernbert", its descendant
+(Warner et al., 2024): rotary positions, GeGLU, pre-normalisation without
+biases, and local (sliding-window) attention in all but every n-th layer.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ ATTENTION_FUSED = ("dot_product", "cudnn", "splash")
 ATTENTION_IMPLEMENTATIONS = ("auto", "xla", *ATTENTION_FUSED)
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
+FAMILIES = ("bert", "modernbert")
+POOLINGS = ("cls", "mean")
 # Names of `jax.checkpoint_policies` members, plus "none" (no remat) and "full"
 # (save nothing).
 REMAT_POLICIES = (
@@ -37,6 +44,9 @@ class BertConfig:
   """Architecture and computation options of a BERT encoder.
 
   Attributes:
+    family: "bert" (the paper's layer) or "modernbert" (`bertjax.models.modernbert`;
+      the fields after `span_bilstm` are its own, and it has no token types,
+      learned positions, pooler or causal mode).
     vocab_size: Words of the vocabulary the model predicts and exports (may
       exceed the vocabulary file).
     vocab_pad_multiple: The word embedding table has `embedding_rows` rows,
@@ -80,8 +90,22 @@ class BertConfig:
     span_bilstm: A BiLSTM (hidden_size / 2 units each way) between the encoder
       and the span layer of question answering: the paper's Table 5
       "+ BiLSTM" row, randomly initialised for fine-tuning.
+    global_attention_every: ModernBERT: layer i attends globally when i is a
+      multiple of this, and locally otherwise (every third layer in
+      ModernBERT; 1: every layer global).
+    local_attention: ModernBERT: the local attention window, in tokens: a
+      query sees the keys at most `local_attention // 2` positions away.
+    global_rope_theta: ModernBERT: the rotary base of global layers.
+    local_rope_theta: ModernBERT: the rotary base of local layers.
+    mlp_dropout_prob: ModernBERT: dropout on the gated feed-forward's hidden
+      units (`hidden_dropout_prob` is the embeddings' dropout and
+      `attention_dropout_prob` both the attention probabilities' and the
+      attention output's, as in ModernBERT).
+    classifier_pooling: ModernBERT: what sequence classification and multiple
+      choice summarise, "cls" (the first token) or "mean" (the real tokens).
   """
 
+  family: str = "bert"
   vocab_size: int = 30522
   vocab_pad_multiple: int = 1
   hidden_size: int = 768
@@ -104,6 +128,12 @@ class BertConfig:
   causal: bool = False
   return_hidden_states: bool = False
   span_bilstm: bool = False
+  global_attention_every: int = 3
+  local_attention: int = 128
+  global_rope_theta: float = 160_000.0
+  local_rope_theta: float = 10_000.0
+  mlp_dropout_prob: float = 0.0
+  classifier_pooling: str = "cls"
 
   def __post_init__(self):
     self.validate()
@@ -118,6 +148,15 @@ class BertConfig:
     return self.hidden_size // self.num_heads
 
   @property
+  def modern(self) -> bool:
+    """Whether this is a ModernBERT-family encoder."""
+    return self.family == "modernbert"
+
+  def is_global_layer(self, index: int) -> bool:
+    """Whether layer `index` attends globally (always, in BERT)."""
+    return not self.modern or index % self.global_attention_every == 0
+
+  @property
   def head_dropout(self) -> float:
     """Dropout applied before the fine-tuning output layers."""
     if self.classifier_dropout is None:
@@ -126,8 +165,10 @@ class BertConfig:
 
   def validate(self) -> None:
     """Raises ValueError naming the offending field and what to change."""
+    _check_choice("family", self.family, FAMILIES)
     for name in ("vocab_size", "vocab_pad_multiple", "hidden_size", "num_layers", "num_heads",
-                 "intermediate_size", "max_position_embeddings", "type_vocab_size"):
+                 "intermediate_size", "max_position_embeddings", "type_vocab_size",
+                 "global_attention_every", "local_attention"):
       value = getattr(self, name)
       if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise errors.UsageError(f"BertConfig.{name} must be a positive integer, got {value!r}")
@@ -139,17 +180,32 @@ class BertConfig:
     if self.span_bilstm and self.hidden_size % 2:
       raise errors.UsageError(f"BertConfig.span_bilstm needs an even hidden_size (two directions "
                               f"of hidden_size / 2), got {self.hidden_size}")
-    for name in ("hidden_dropout_prob", "attention_dropout_prob"):
+    for name in ("hidden_dropout_prob", "attention_dropout_prob", "mlp_dropout_prob"):
       value = getattr(self, name)
       if not 0.0 <= value < 1.0:
         raise errors.UsageError(f"BertConfig.{name} must be in [0, 1), got {value!r}")
     _check_choice("hidden_act", self.hidden_act, ACTIVATIONS)
+    _check_choice("classifier_pooling", self.classifier_pooling, POOLINGS)
+    if self.modern:
+      self._validate_modern()
     _check_choice("dtype", self.dtype, DTYPES)
     _check_choice("remat_policy", self.remat_policy, REMAT_POLICIES)
     _check_choice("attention_impl", self.attention_impl, ATTENTION_IMPLEMENTATIONS)
     if self.attention_impl == "cudnn" and self.dtype == "float32":
       raise errors.UsageError("BertConfig.attention_impl='cudnn' needs dtype 'bfloat16' or "
                               "'float16'; use attention_impl='dot_product' for float32")
+
+  def _validate_modern(self) -> None:
+    if self.head_dim % 2:
+      raise errors.UsageError(f"BertConfig: rotary positions need an even head width; "
+                              f"hidden_size / num_heads is {self.head_dim}")
+    for name in ("causal", "span_bilstm"):
+      if getattr(self, name):
+        raise errors.UsageError(f"BertConfig.{name}=True is for family='bert'; ModernBERT "
+                                "has no such mode")
+    for name in ("global_rope_theta", "local_rope_theta"):
+      if getattr(self, name) <= 0:
+        raise errors.UsageError(f"BertConfig.{name} must be positive, got {getattr(self, name)!r}")
 
   def replace(self, **changes: Any) -> BertConfig:
     return dataclasses.replace(self, **changes)
@@ -193,7 +249,7 @@ def _size(layers: int, hidden: int, heads: int | None = None) -> dict[str, int]:
               num_heads=heads or hidden // 64, intermediate_size=4 * hidden)
 
 
-def _presets() -> dict[str, dict[str, int]]:
+def _presets() -> dict[str, dict[str, Any]]:
   presets = {
       "bert_base": _size(12, 768, 12),    # 110M parameters
       "bert_large": _size(24, 1024, 16),  # 340M parameters
@@ -211,7 +267,16 @@ def _presets() -> dict[str, dict[str, int]]:
   for layers, hidden, heads in ((3, 768, 12), (6, 768, 3), (6, 768, 12),
                                 (12, 768, 12), (12, 1024, 16), (24, 1024, 16)):
     presets[f"table6_L{layers}_H{hidden}_A{heads}"] = _size(layers, hidden, heads)
+  # ModernBERT (Warner et al., 2024), as transformers' ModernBertConfig and
+  # the released answerdotai/ModernBERT-base and -large.
+  modern = dict(family="modernbert", vocab_size=50368, max_position_embeddings=8192,
+                hidden_dropout_prob=0.0, attention_dropout_prob=0.0, classifier_dropout=0.0,
+                layer_norm_eps=1e-5, pad_token_id=50283)
+  presets["modernbert_base"] = dict(modern, num_layers=22, hidden_size=768, num_heads=12,
+                                    intermediate_size=1152)
+  presets["modernbert_large"] = dict(modern, num_layers=28, hidden_size=1024, num_heads=16,
+                                     intermediate_size=2624)
   return presets
 
 
-PRESETS: dict[str, dict[str, int]] = _presets()
+PRESETS: dict[str, dict[str, Any]] = _presets()

@@ -53,6 +53,37 @@ def restarting_positions(segment_ids: Array) -> Array:
   return index - first
 
 
+def default_inputs(config: BertConfig, input_ids: Array, attention_mask: Array | None,
+                   position_ids: Array | None, segment_ids: Array | None) -> tuple[Array, Array]:
+  """The attention mask and positions of a batch, filled in where not given.
+
+  Args:
+    config: The architecture (its longest input).
+    input_ids: [batch, length] token ids.
+    attention_mask: [batch, length] 1/0, or None: all ones, or with
+      `segment_ids`, `segment_ids > 0`.
+    position_ids: [batch, length], or None: 0..length-1, or with `segment_ids`
+      0.. from each sequence's start.
+    segment_ids: [batch, length] ids of packed rows, or None.
+
+  Returns:
+    (attention_mask, position_ids), int32 [batch, length] each.
+  """
+  batch, length = input_ids.shape
+  if length > config.max_position_embeddings:
+    raise errors.UsageError(f"Input length {length} exceeds max_position_embeddings="
+                            f"{config.max_position_embeddings} of the model")
+  if segment_ids is not None:
+    attention_mask = (segment_ids > 0).astype(jnp.int32)
+  elif attention_mask is None:
+    attention_mask = jnp.ones((batch, length), jnp.int32)
+  if position_ids is None and segment_ids is not None:
+    position_ids = restarting_positions(segment_ids)
+  elif position_ids is None:
+    position_ids = jnp.broadcast_to(jnp.arange(length), (batch, length))
+  return attention_mask, position_ids
+
+
 @flax.struct.dataclass
 class EncoderOutput:
   """What the encoder computes.
@@ -71,7 +102,10 @@ class EncoderOutput:
   hidden_states: Array | None
 
 
-def _remat(layer_class: type[nn.Module], policy_name: str) -> type[nn.Module]:
+def remat(layer_class: type[nn.Module], policy_name: str) -> type[nn.Module]:
+  """`layer_class` rematerialised in the backward pass by the named policy
+  (`BertConfig.remat_policy`); its __call__ is (self, x, segments,
+  deterministic, ...)."""
   if policy_name == "none":
     return layer_class
   policy = None if policy_name == "full" else getattr(jax.checkpoint_policies, policy_name)
@@ -86,7 +120,7 @@ class _ScanStep(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array, segments: Segments, deterministic: bool):
-    layer = _remat(TransformerLayer, self.config.remat_policy)
+    layer = remat(TransformerLayer, self.config.remat_policy)
     x = layer(self.config, name="layer")(x, segments, deterministic)
     return x, (x if self.config.return_hidden_states else None)
 
@@ -118,7 +152,7 @@ class BertEncoder(nn.Module):
           metadata_params={nn.PARTITION_NAME: SCANNED_LAYERS},
       )(config)
     else:
-      layer = _remat(TransformerLayer, config.remat_policy)
+      layer = remat(TransformerLayer, config.remat_policy)
       self.layers = [layer(config) for _ in range(config.num_layers)]
     if self.add_pooler:
       self.pooler = dense(config, config.hidden_size, config.hidden_size, ("embed", "mlp"),
@@ -150,20 +184,10 @@ class BertEncoder(nn.Module):
       The `EncoderOutput`.
     """
     config = self.config
-    batch, length = input_ids.shape
-    if length > config.max_position_embeddings:
-      raise errors.UsageError(f"Input length {length} exceeds max_position_embeddings="
-                              f"{config.max_position_embeddings} of the model")
-    if segment_ids is not None:
-      attention_mask = (segment_ids > 0).astype(jnp.int32)
-    elif attention_mask is None:
-      attention_mask = jnp.ones((batch, length), jnp.int32)
+    attention_mask, position_ids = default_inputs(config, input_ids, attention_mask,
+                                                  position_ids, segment_ids)
     if token_type_ids is None:
-      token_type_ids = jnp.zeros((batch, length), jnp.int32)
-    if position_ids is None and segment_ids is not None:
-      position_ids = restarting_positions(segment_ids)
-    elif position_ids is None:
-      position_ids = jnp.broadcast_to(jnp.arange(length), (batch, length))
+      token_type_ids = jnp.zeros_like(input_ids, jnp.int32)
 
     x = embedded = self.embeddings(input_ids, token_type_ids, position_ids,
                                    deterministic)

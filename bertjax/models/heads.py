@@ -47,6 +47,10 @@ add_bias.defvjp(_add_bias_forward, _add_bias_backward)
 class MaskedLMHead(nn.Module):
   """Dense + activation + LayerNorm transform, then the tied word embeddings.
 
+  ModernBERT's transform is the encoder's prediction head, applied before
+  (`bertjax.models.bert.token_features`); its masked LM head is the decoder's
+  bias alone.
+
   In training it is applied to the gathered masked positions only ([batch,
   max_predictions, embed]): the vocabulary projection is the most expensive
   matmul of a small BERT. Task models score every position only when asked to
@@ -65,10 +69,12 @@ class MaskedLMHead(nn.Module):
         `attend`), which the decoder shares as in the paper.
     """
     config = self.config
-    x = dense(config, config.hidden_size, config.hidden_size, ("embed", "mlp"),
-              "transform")(hidden)
-    x = activation(config.hidden_act)(x)
-    x = layer_norm(config, "transform_layer_norm")(x.astype(jnp.float32))
+    x = hidden
+    if not config.modern:
+      x = dense(config, config.hidden_size, config.hidden_size, ("embed", "mlp"),
+                "transform")(x)
+      x = activation(config.hidden_act)(x)
+      x = layer_norm(config, "transform_layer_norm")(x.astype(jnp.float32))
     # Replicated (30,522 floats): `vocab_size` need not divide over a mesh axis
     # as the padded table's rows do.
     bias = self.param("bias", zeros_init((None,)), (config.vocab_size,), jnp.float32)
@@ -92,7 +98,9 @@ class OutputLayer(nn.Module):
   def __call__(self, x: Array, deterministic: bool = True) -> Array:
     """Maps [..., embed] to float32 [..., features]."""
     x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
-    kernel = self.param("kernel", kernel_init(self.config, ("embed", None)),
+    # ModernBERT initialises its classifiers at 1 / sqrt(hidden_size).
+    stddev = x.shape[-1] ** -0.5 if self.config.modern else None
+    kernel = self.param("kernel", kernel_init(self.config, ("embed", None), stddev),
                         (x.shape[-1], self.features), jnp.float32)
     bias = self.param("bias", zeros_init((None,)), (self.features,), jnp.float32)
     dtype = jnp.dtype(self.config.dtype)

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 
 from bertjax.models import attention
 from bertjax.models.config import BertConfig
+from bertjax.models.rotary import Rotary
 
 Array = jax.Array
 
@@ -45,9 +46,12 @@ def activation(name: str) -> Callable[[Array], Array]:
   }[name]
 
 
-def kernel_init(config: BertConfig, axes: tuple[str, ...]) -> nn.initializers.Initializer:
+def kernel_init(config: BertConfig, axes: tuple[str, ...],
+                stddev: float | None = None) -> nn.initializers.Initializer:
+  """Truncated normal (at two standard deviations), `config.initializer_range`
+  unless `stddev` is given."""
   return nn.with_logical_partitioning(
-      nn.initializers.truncated_normal(config.initializer_range), axes)
+      nn.initializers.truncated_normal(stddev or config.initializer_range), axes)
 
 
 def zeros_init(axes: tuple[str, ...]) -> nn.initializers.Initializer:
@@ -90,25 +94,32 @@ class Dense(nn.Module):
     kernel_shape: [*in, *out] of the kernel.
     axes: Logical names of the kernel's axes; the bias takes those of `out`.
     contracting: Leading axes of the kernel that are input axes.
+    use_bias: Whether the layer has a bias (ModernBERT's have none).
+    stddev: The kernel initializer's standard deviation (default
+      `config.initializer_range`).
   """
 
   config: BertConfig
   kernel_shape: tuple[int, ...]
   axes: tuple[str | None, ...]
   contracting: int = 1
+  use_bias: bool = True
+  stddev: float | None = None
 
   @nn.compact
-  def __call__(self, x: Array | None) -> Array | tuple[Array, Array]:
+  def __call__(self, x: Array | None) -> Array | tuple[Array, Array | None]:
     """Applies the layer to `x`; with None, returns its float32 (kernel, bias)."""
-    kernel = self.param("kernel", kernel_init(self.config, self.axes), self.kernel_shape,
-                        jnp.float32)
-    bias = self.param("bias", zeros_init(self.axes[self.contracting:]),
-                      self.kernel_shape[self.contracting:], jnp.float32)
+    kernel = self.param("kernel", kernel_init(self.config, self.axes, self.stddev),
+                        self.kernel_shape, jnp.float32)
+    bias = None
+    if self.use_bias:
+      bias = self.param("bias", zeros_init(self.axes[self.contracting:]),
+                        self.kernel_shape[self.contracting:], jnp.float32)
     if x is None:
       return kernel, bias
     dtype = jnp.dtype(self.config.dtype)
-    return (matmul(x.astype(dtype), kernel.astype(dtype), self.contracting)
-            + bias.astype(dtype))
+    out = matmul(x.astype(dtype), kernel.astype(dtype), self.contracting)
+    return out if bias is None else out + bias.astype(dtype)
 
 
 def dense(config: BertConfig, in_features: int, features: int, axes: tuple[str, str],
@@ -118,12 +129,14 @@ def dense(config: BertConfig, in_features: int, features: int, axes: tuple[str, 
 
 
 def layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
+  """A float32 LayerNorm over `embed`; ModernBERT's have no bias."""
   # Two-pass variance, as in the reference implementations: with eps=1e-12 the
   # one-pass E[x^2]-E[x]^2 form loses precision.
   return nn.LayerNorm(
       epsilon=config.layer_norm_eps,
       dtype=jnp.float32,
       param_dtype=jnp.float32,
+      use_bias=not config.modern,
       use_fast_variance=False,
       scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
       bias_init=zeros_init(("embed",)),
@@ -152,7 +165,8 @@ class EmbeddingTable(nn.Module):
 
 
 class Embeddings(nn.Module):
-  """Word + position + token type embeddings, LayerNorm, dropout."""
+  """Word + position + token type embeddings, LayerNorm, dropout (ModernBERT:
+  words only, its positions being rotary)."""
 
   config: BertConfig
 
@@ -163,18 +177,21 @@ class Embeddings(nn.Module):
       return EmbeddingTable(config, rows, axes, name=name)
 
     self.word_embeddings = table(config.embedding_rows, ("vocab", "embed"), "word_embeddings")
-    self.position_embeddings = table(config.max_position_embeddings, (None, "embed"),
-                                     "position_embeddings")
-    self.token_type_embeddings = table(config.type_vocab_size, (None, "embed"),
-                                       "token_type_embeddings")
+    if not config.modern:
+      self.position_embeddings = table(config.max_position_embeddings, (None, "embed"),
+                                       "position_embeddings")
+      self.token_type_embeddings = table(config.type_vocab_size, (None, "embed"),
+                                         "token_type_embeddings")
     self.layer_norm = layer_norm(config, "layer_norm")
     self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
   def __call__(self, input_ids: Array, token_type_ids: Array, position_ids: Array,
                deterministic: bool) -> Array:
     """Embeds [batch, length] ids into [batch, length, embed] (compute dtype)."""
-    x = (self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
-         + self.token_type_embeddings(token_type_ids))
+    x = self.word_embeddings(input_ids)
+    if not self.config.modern:
+      x = (x + self.position_embeddings(position_ids)
+           + self.token_type_embeddings(token_type_ids))
     x = self.layer_norm(x)
     x = self.dropout(x, deterministic=deterministic)
     x = x.astype(self.config.dtype)
@@ -192,17 +209,41 @@ class Embeddings(nn.Module):
 
 
 class SelfAttention(nn.Module):
-  """Multi-head self-attention over the keys `segments` allows (and, with
-  `config.causal`, only those at or before each query)."""
+  """Multi-head self-attention over the keys `segments` allows (with
+  `config.causal`, only those at or before each query; with `window`, only
+  those at most `window` positions away).
+
+  Attributes:
+    config: The architecture.
+    window: Keys at most this many positions either side (local attention),
+      or None for all.
+  """
 
   config: BertConfig
+  window: int | None = None
 
   @nn.compact
-  def __call__(self, x: Array, segments: attention.Segments, deterministic: bool) -> Array:
+  def __call__(self, x: Array, segments: attention.Segments, deterministic: bool,
+               rotary: Rotary | None = None) -> Array:
+    """Maps [batch, length, embed] to [batch, length, embed].
+
+    Args:
+      x: The layer's input.
+      segments: Which keys each query sees.
+      deterministic: No attention dropout.
+      rotary: Rotary position embeddings to apply to queries and keys.
+    """
+    query, key, value = self.project(x)  # each [batch, length, heads, kv]
+    if rotary is not None:
+      query, key = rotary.apply(query), rotary.apply(key)
+    context = self.attend(query, key, value, segments, deterministic)
+    return self.project_out(context)
+
+  def project(self, x: Array) -> tuple[Array, Array, Array]:
+    """Queries, keys and values of [batch, length, embed]: [batch, length, heads, kv] each."""
     config = self.config
     heads, kv, embed = config.num_heads, config.head_dim, config.hidden_size
     dtype = jnp.dtype(config.dtype)
-
     # Query, key and value in one matmul: their three kernels (the reference's
     # layout, which checkpoints convert one to one) side by side within each
     # head, so that heads stay the major part of the matmul's flattened output
@@ -212,20 +253,31 @@ class SelfAttention(nn.Module):
     kernel = jnp.stack([k.astype(dtype) for k, _ in weights], axis=2)  # [embed, heads, 3, kv]
     bias = jnp.stack([b.astype(dtype) for _, b in weights], axis=1)    # [heads, 3, kv]
     qkv = matmul(x.astype(dtype), kernel) + bias  # [batch, length, heads, 3, kv]
-    query, key, value = (nn.with_logical_constraint(qkv[:, :, :, i], BATCH_LENGTH_HEADS_KV)
-                         for i in range(3))
+    return tuple(nn.with_logical_constraint(qkv[:, :, :, i], BATCH_LENGTH_HEADS_KV)
+                 for i in range(3))
 
+  def project_out(self, context: Array) -> Array:
+    """[batch, length, heads, kv] -> [batch, length, embed]."""
+    config = self.config
+    return Dense(config, (config.num_heads, config.head_dim, config.hidden_size),
+                 ("heads", "kv", "embed"), contracting=2, name="output")(context)
+
+  def attend(self, query: Array, key: Array, value: Array, segments: attention.Segments,
+             deterministic: bool) -> Array:
+    """The attention context, [batch, length, heads, kv], by the kernel the
+    config and the call allow (`attention.choose`)."""
+    config = self.config
     dropout = not deterministic and config.attention_dropout_prob > 0
-    kernel_name = attention.choose(config.attention_impl, length=x.shape[1], head_dim=kv,
-                                   dtype=config.dtype, dropout=dropout,
-                                   packed=segments.packed)
+    kernel_name = attention.choose(config.attention_impl, length=query.shape[1],
+                                   head_dim=config.head_dim, dtype=config.dtype,
+                                   dropout=dropout, packed=segments.packed,
+                                   local=self.window is not None)
     if kernel_name == "xla":
       context = self._xla_attention(query, key, value, segments, deterministic)
     else:
-      context = attention.fused(kernel_name, query, key, value, segments, config.causal)
-    context = nn.with_logical_constraint(context, BATCH_LENGTH_HEADS_KV)
-    return Dense(config, (heads, kv, embed), ("heads", "kv", "embed"), contracting=2,
-                 name="output")(context)
+      context = attention.fused(kernel_name, query, key, value, segments, config.causal,
+                                self.window)
+    return nn.with_logical_constraint(context, BATCH_LENGTH_HEADS_KV)
 
   def _xla_attention(self, query: Array, key: Array, value: Array,
                      segments: attention.Segments, deterministic: bool) -> Array:
@@ -234,7 +286,8 @@ class SelfAttention(nn.Module):
     # [batch, heads, q, k], float32 so the softmax is exact in bfloat16 runs.
     scores = jnp.einsum("bqhd,bkhd->bhqk", query, key,
                         preferred_element_type=jnp.float32)
-    scores = jnp.where(segments.mask(config.causal), scores, jnp.finfo(jnp.float32).min)
+    scores = jnp.where(segments.mask(config.causal, self.window), scores,
+                       jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1)
     probs = nn.Dropout(config.attention_dropout_prob)(probs, deterministic=deterministic)
     return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(value.dtype), value)

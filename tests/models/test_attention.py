@@ -67,6 +67,44 @@ def test_kernel_matches_softmax_attention(implementation, causal, packed):
 
 
 @pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("implementation", ["dot_product", "splash"])
+def test_local_window_matches_softmax_attention(implementation, causal, packed):
+  """Local attention (ModernBERT's): keys at most 40 positions away, over 3
+  of splash's tiles, so that it skips the blocks outside the band."""
+  length, window = 3 * attention.SPLASH_BLOCK, 40
+  rng = np.random.default_rng(3)
+  q, k, v = (jnp.asarray(rng.normal(size=(2, length, 2, HEAD_DIM)), jnp.float32)
+             for _ in range(3))
+  if packed:  # sequences of 200, 150 and 20 tokens, then padding
+    ids = np.repeat([1, 2, 3, 0], [200, 150, 20, length - 370])
+    segments = attention.Segments.from_ids(jnp.asarray(np.stack([ids, ids[::-1] * 0 + 1])))
+  else:
+    segments = attention.Segments.unpacked(jnp.asarray(
+        np.arange(length)[None] < np.array([[length], [300]]), jnp.int32))
+  fused = lambda q, k, v: attention.fused(implementation, q, k, v, segments, causal, window)
+  expected = lambda q, k, v: attention.reference(q, k, v, segments, causal, window)
+  np.testing.assert_allclose(jax.jit(fused)(q, k, v), expected(q, k, v), atol=2e-5)
+  real = segments.real_queries()[:, :, None, None]
+  weights = jnp.cos(jnp.arange(q.size)).reshape(q.shape)
+  loss = lambda f: lambda *a: (jnp.where(real, f(*a), 0) * weights).sum()
+  grads = jax.jit(jax.grad(loss(fused), (0, 1, 2)))(q, k, v)
+  for name, g, e in zip("qkv", grads, jax.grad(loss(expected), (0, 1, 2))(q, k, v)):
+    np.testing.assert_allclose(g, e, atol=1e-4, err_msg=name)
+
+
+def test_local_window_is_inclusive_and_symmetric():
+  """A query sees the keys at distance <= window on both sides, as
+  transformers' ModernBERT mask (`abs(q - kv) <= sliding_window`)."""
+  segments = attention.Segments.unpacked(jnp.ones((1, 10), jnp.int32))
+  mask = np.asarray(segments.mask(False, 2))[0, 0]
+  distance = np.abs(np.arange(10)[:, None] - np.arange(10)[None])
+  np.testing.assert_array_equal(mask, distance <= 2)
+  np.testing.assert_array_equal(np.asarray(segments.mask(True, 2))[0, 0],
+                                (distance <= 2) & np.tri(10, dtype=bool))
+
+
+@pytest.mark.parametrize("packed", [False, True])
 def test_splash_pads_other_lengths_to_its_tiles(packed):
   segments = _segments(packed)
   short = attention.Segments(segments.queries[:, :100], segments.keys[:, :100],
@@ -121,29 +159,34 @@ def test_ragged_layout_of_packed_rows():
                                           [0, -1, -1, -1, -1, -1, -1, -1, -1]])
 
 
+@pytest.mark.parametrize("window", [None, 20])
 @pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
-def test_cudnn_call_traces(monkeypatch, packed, causal):
+def test_cudnn_call_traces(monkeypatch, packed, causal, window):
   """The cuDNN call passes the checks of jax's cuDNN wrapper (its shapes, dtypes
-  and mask arguments); it runs only on a GPU."""
+  and mask arguments); it runs only on a GPU. A local window goes in as a
+  mask, on unpacked rows only."""
   from jax._src.cudnn import fused_attention_stablehlo as cudnn
 
+  if packed and window:
+    return  # `choose` refuses it (test_a_kernel_that_cannot_run_the_call_says_why)
   monkeypatch.setattr(cudnn, "check_cudnn_version", lambda: 91000)
   monkeypatch.setattr(cudnn, "check_compute_capability", lambda *a: True, raising=False)
   q, k, v = _qkv(dtype=jnp.bfloat16)
   segments = _segments(packed)
-  out = jax.eval_shape(lambda q, k, v: attention.fused("cudnn", q, k, v, segments, causal),
-                       q, k, v)
+  out = jax.eval_shape(
+      lambda q, k, v: attention.fused("cudnn", q, k, v, segments, causal, window), q, k, v)
   assert out.shape == q.shape and out.dtype == jnp.bfloat16
 
 
 @pytest.mark.skipif(jax.devices()[0].platform != "gpu", reason="cuDNN attention needs a GPU")
-@pytest.mark.parametrize("packed", [False, True])
-def test_cudnn_matches_softmax_attention(packed):
+@pytest.mark.parametrize("packed,window", [(False, None), (True, None), (False, 20)])
+def test_cudnn_matches_softmax_attention(packed, window):
   segments = _segments(packed)
   q, k, v = _qkv(dtype=jnp.bfloat16)
-  got = attention.fused("cudnn", q, k, v, segments, False).astype(jnp.float32)
-  np.testing.assert_allclose(got, attention.reference(q, k, v, segments, False), atol=3e-2)
+  got = attention.fused("cudnn", q, k, v, segments, False, window).astype(jnp.float32)
+  np.testing.assert_allclose(got, attention.reference(q, k, v, segments, False, window),
+                             atol=3e-2)
 
 
 @pytest.mark.parametrize("target,dtype,length,dropout,expected", [
@@ -176,6 +219,11 @@ def test_auto_runs_packed_rows_on_cudnn_from_hopper_on(monkeypatch, capability, 
   if packed_kernel == "xla":
     with pytest.raises(ValueError, match="Hopper GPUs and newer"):
       attention.choose("cudnn", packed=True, **arguments)
+  else:  # local attention (a band mask) on cuDNN: unpacked rows only
+    assert attention.choose("auto", packed=True, local=True, **arguments) == "xla"
+    assert attention.choose("auto", packed=False, local=True, **arguments) == "cudnn"
+    with pytest.raises(ValueError, match="local attention on unpacked rows only"):
+      attention.choose("cudnn", packed=True, local=True, **arguments)
 
 
 @pytest.mark.parametrize("implementation,settings,says", [

@@ -1,0 +1,236 @@
+"""ModernBERT interop: every head equals transformers' `ModernBert*` (PyTorch, float32).
+
+Each reference model gets random weights everywhere (LayerNorm scales too), is
+saved with `save_pretrained`, read with `bertjax.load_pretrained`, and run on a
+padded batch longer than the local window, so that local and global layers
+both matter. Exported directories load into transformers with no missing or
+unexpected weights, and compute the same.
+"""
+
+import copy
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import bertjax
+from bertjax import errors
+from bertjax.interop import hf
+
+TOLERANCE = 1e-5
+LENGTH = 40  # > the local window of 2 * 6 + 1 tokens
+
+# Two shapes: global attention every 3rd layer with a tail layer left over
+# (L5: layers 0 and 3 global), and every 2nd (L4) with the original release's
+# rotary bases swapped for others.
+SHAPES = {
+    "L5_H32_A4": dict(vocab_size=150, hidden_size=32, num_hidden_layers=5,
+                      num_attention_heads=4, intermediate_size=40,
+                      local_attention=12, global_attn_every_n_layers=3),
+    "L4_H48_A3": dict(vocab_size=170, hidden_size=48, num_hidden_layers=4,
+                      num_attention_heads=3, intermediate_size=64,
+                      local_attention=12, global_attn_every_n_layers=2,
+                      global_rope_theta=5000.0, local_rope_theta=300.0,
+                      hidden_activation="gelu_pytorch_tanh",
+                      classifier_activation="gelu_pytorch_tanh"),
+}
+CLASSES = ["ModernBertModel", "ModernBertForMaskedLM", "ModernBertForSequenceClassification",
+           "ModernBertForTokenClassification", "ModernBertForQuestionAnswering",
+           "ModernBertForMultipleChoice"]
+
+
+def reference_config(shape, pooling="cls", num_labels=3):
+  config = transformers.ModernBertConfig(
+      **SHAPES[shape], max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
+      eos_token_id=2, cls_token_id=1, sep_token_id=2, classifier_pooling=pooling,
+      num_labels=num_labels)
+  config._attn_implementation = "eager"
+  return config
+
+
+def reference_model(class_name, config, seed=0):
+  """A transformers model with every weight random (its LayerNorms' scales too)."""
+  config = copy.deepcopy(config)
+  if class_name == "ModernBertForQuestionAnswering":
+    config.num_labels = 2
+  torch.manual_seed(seed)
+  model = getattr(transformers, class_name)(config).eval()
+  with torch.no_grad():
+    for name, weight in model.named_parameters():
+      if "norm" in name:
+        weight.add_(torch.randn_like(weight) * 0.2)
+  return model
+
+
+def batch(vocab_size, multiple_choice=False, seed=0):
+  """[2, LENGTH] ids and a mask with the second row padded after 27 tokens."""
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(3, vocab_size, size=(2, LENGTH))
+  mask = np.ones((2, LENGTH), np.int64)
+  mask[1, 27:] = 0
+  ids[1, 27:] = 0
+  if multiple_choice:
+    ids, mask = np.stack([ids, ids[::-1]], 1), np.stack([mask, mask[::-1]], 1)
+  return ids, mask
+
+
+def reference_outputs(model, ids, mask):
+  with torch.no_grad():
+    out = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask))
+  if isinstance(model, transformers.ModernBertModel):
+    return out.last_hidden_state.numpy()
+  if isinstance(model, transformers.ModernBertForQuestionAnswering):
+    return np.stack([out.start_logits.numpy(), out.end_logits.numpy()], -1)
+  return out.logits.numpy()
+
+
+def our_outputs(bundle, ids, mask):
+  out = bundle.model().apply({"params": bundle.params}, ids, mask)
+  if "start_logits" in out:
+    return np.stack([out["start_logits"], out["end_logits"]], -1)
+  for key in ("sequence_output", "mlm_logits", "logits"):
+    if key in out:
+      return np.asarray(out[key])
+
+
+def assert_close(ours, theirs, mask, what):
+  assert ours.shape == theirs.shape, what
+  if ours.ndim == 3 and ours.shape[1] == LENGTH:  # per token: real tokens only
+    ours, theirs = ours[mask.astype(bool)], theirs[mask.astype(bool)]
+  error = np.abs(ours - theirs).max()
+  tolerance = TOLERANCE * max(1.0, float(np.abs(theirs).max()))
+  assert error <= tolerance, f"{what}: max abs error {error} (tolerance {tolerance})"
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("class_name", CLASSES)
+def test_every_class_imports_equal_to_transformers(tmp_path, shape, class_name):
+  config = reference_config(shape)
+  model = reference_model(class_name, config)
+  model.save_pretrained(tmp_path)
+  bundle = bertjax.load_pretrained(str(tmp_path))
+  assert bundle.task == hf.MODERN_CLASS_TO_TASK[class_name]
+  ids, mask = batch(config.vocab_size, class_name.endswith("MultipleChoice"))
+  assert_close(our_outputs(bundle, ids, mask), reference_outputs(model, ids, mask),
+               mask if ids.ndim == 2 else None, class_name)
+
+
+@pytest.mark.parametrize("class_name", ["ModernBertForSequenceClassification",
+                                        "ModernBertForMultipleChoice"])
+def test_mean_pooling_equals_transformers(tmp_path, class_name):
+  config = reference_config("L5_H32_A4", pooling="mean")
+  model = reference_model(class_name, config, seed=1)
+  model.save_pretrained(tmp_path)
+  bundle = bertjax.load_pretrained(str(tmp_path))
+  assert bundle.config.classifier_pooling == "mean"
+  ids, mask = batch(config.vocab_size, class_name.endswith("MultipleChoice"), seed=1)
+  assert_close(our_outputs(bundle, ids, mask), reference_outputs(model, ids, mask), None,
+               class_name)
+
+
+def test_local_layers_see_only_their_window(tmp_path):
+  """A token outside every local window changes a global model's first-layer
+  output but not a local layer's: here, the difference between local and
+  global matters to the comparison above."""
+  config = reference_config("L5_H32_A4")
+  model = reference_model("ModernBertModel", config)
+  model.save_pretrained(tmp_path)
+  bundle = bertjax.load_pretrained(str(tmp_path))
+  everywhere = bertjax.load_pretrained(str(tmp_path))
+  everywhere.config = everywhere.config.replace(global_attention_every=1)
+  ids, mask = batch(config.vocab_size)
+  ours = our_outputs(bundle, ids, mask)
+  assert np.abs(ours - our_outputs(everywhere, ids, mask)).max() > 1e-3
+
+
+@pytest.mark.parametrize("class_name", CLASSES)
+def test_export_loads_into_transformers_and_round_trips(tmp_path, class_name):
+  config = reference_config("L5_H32_A4")
+  model = reference_model(class_name, config, seed=2)
+  model.save_pretrained(tmp_path / "in")
+  bundle = bertjax.load_pretrained(str(tmp_path / "in"))
+  bertjax.export_hf(bundle, str(tmp_path / "out"))
+
+  saved = json.loads((tmp_path / "out" / "config.json").read_text())
+  assert saved["architectures"] == [class_name]
+  loaded, info = getattr(transformers, class_name).from_pretrained(
+      tmp_path / "out", output_loading_info=True, attn_implementation="eager")
+  assert not info["missing_keys"] and not info["unexpected_keys"], info
+  ids, mask = batch(config.vocab_size, class_name.endswith("MultipleChoice"))
+  assert_close(our_outputs(bundle, ids, mask), reference_outputs(loaded.eval(), ids, mask),
+               mask if ids.ndim == 2 else None, class_name)
+
+  again = bertjax.load_pretrained(str(tmp_path / "out"))
+  assert again.config == bundle.config and again.task == bundle.task
+  for (path, a), (_, b) in zip(*(_leaves(x.params) for x in (again, bundle))):
+    np.testing.assert_array_equal(a, b, err_msg=path)
+
+
+def _leaves(params):
+  import jax
+  return [(jax.tree_util.keystr(k), np.asarray(v))
+          for k, v in jax.tree_util.tree_leaves_with_path(params)]
+
+
+def test_a_bertjax_model_exports_and_loads_with_the_original_keys(tmp_path):
+  """A model made in bertjax (a preset's shape, scanned layers) exports a
+  config that transformers reads with both its own keys and the original
+  release's (global_attn_every_n_layers, *_rope_theta)."""
+  import jax
+  import flax.linen as nn
+
+  config = bertjax.BertConfig.from_preset(
+      "modernbert_base", num_layers=4, hidden_size=32, num_heads=2, intermediate_size=24,
+      vocab_size=90, pad_token_id=0, max_position_embeddings=64, local_attention=8,
+      scan_layers=True)
+  model = bertjax.models.build_model(config, "masked_lm")
+  params = nn.meta.unbox(bertjax.models.init_params(model, jax.random.key(3)))
+  assert "layers" in params["bert"]  # scanned: layers_0, one block of 3
+  bundle = bertjax.Pretrained(config, params, None, "masked_lm")
+  bertjax.export_hf(bundle, str(tmp_path / "out"))
+  saved = json.loads((tmp_path / "out" / "config.json").read_text())
+  assert saved["layer_types"] == ["full_attention", "sliding_attention", "sliding_attention",
+                                  "full_attention"]
+  assert (saved["global_attn_every_n_layers"], saved["local_rope_theta"]) == (3, 10000.0)
+  loaded = transformers.ModernBertForMaskedLM.from_pretrained(
+      tmp_path / "out", attn_implementation="eager").eval()
+  ids, mask = batch(90)
+  assert_close(our_outputs(bundle, ids, mask), reference_outputs(loaded, ids, mask), mask,
+               "exported masked LM")
+
+  original = {k: v for k, v in saved.items() if k not in ("layer_types", "rope_parameters")}
+  assert hf.config_from_dict(original, "config.json") == config.replace(scan_layers=False)
+
+
+def test_a_classifier_starts_from_the_masked_lm_head(tmp_path):
+  """As transformers does, a classifier loaded from a masked LM keeps its
+  prediction head (ModernBERT's classifiers read it) and only the output layer
+  is new."""
+  config = reference_config("L5_H32_A4")
+  reference_model("ModernBertForMaskedLM", config).save_pretrained(tmp_path)
+  masked_lm = bertjax.load_pretrained(str(tmp_path))
+  classifier = bertjax.load_pretrained(str(tmp_path), task="sequence_classification",
+                                       labels=["a", "b"])
+  np.testing.assert_array_equal(classifier.params["bert"]["head"]["dense"]["kernel"],
+                                masked_lm.params["bert"]["head"]["dense"]["kernel"])
+  assert classifier.params["classifier"]["kernel"].shape == (32, 2)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"norm_bias": True}, "norm_bias=True is not supported"),
+    ({"mlp_bias": True}, "mlp_bias=True is not supported"),
+    ({"classifier_activation": "silu"}, "classifier_activation='silu' differs"),
+    ({"layer_types": ["sliding_attention", "full_attention", "full_attention",
+                      "sliding_attention", "full_attention"]}, "is not global attention every"),
+    ({"rope_parameters": {"full_attention": {"rope_type": "yarn", "rope_theta": 1.0}}},
+     "rope_type='yarn' is not supported"),
+    ({"architectures": ["ModernBertForCausalLM"]}, "unsupported architecture"),
+])
+def test_configs_bertjax_does_not_build_are_refused(tmp_path, change, message):
+  values = reference_config("L5_H32_A4").to_dict()
+  values.update(change)
+  with pytest.raises(errors.UsageError, match=message):
+    hf.config_from_dict(values, "config.json")
