@@ -1,4 +1,4 @@
-"""WordPiece and SentencePiece tokenizers behind one interface.
+"""WordPiece, SentencePiece and `tokenizer.json` tokenizers behind one interface.
 
 `WordPieceTokenizer` reads BERT's `vocab.txt` and runs the `tokenizers` library
 configured like the reference BERT tokenizer: text cleaning (control characters
@@ -9,8 +9,10 @@ Face's is 100). By default a special token written in the text ("a [MASK] b")
 is plain text, `[`, `mask`, `]`, as in the original; Hugging Face's tokenizers
 read it as the special token (`special_tokens_in_text=True`, which the
 tokenizers of Hugging Face directories get). `SentencePieceTokenizer` wraps a
-`sentencepiece` model. Both produce `[CLS] A [SEP]` or `[CLS] A [SEP] B [SEP]` with token types
-0 for A and 1 for B, and batch-encode to padded numpy arrays.
+`sentencepiece` model. `JsonTokenizer` runs a `tokenizers` library file as it
+stands (ModernBERT's byte-level BPE). All produce `[CLS] A [SEP]` or `[CLS] A
+[SEP] B [SEP]` with token types 0 for A and 1 for B, and batch-encode to padded
+numpy arrays.
 """
 
 from __future__ import annotations
@@ -390,6 +392,67 @@ class SentencePieceTokenizer(Tokenizer):
             "do_lower_case": self.do_lower_case, "special_tokens": self.special_tokens}
 
 
+class JsonTokenizer(Tokenizer):
+  """A `tokenizer.json` of the `tokenizers` library, run as it is written: its
+  normaliser, pre-tokeniser, model (BPE, Unigram, WordPiece or WordLevel) and
+  decoder. ModernBERT's tokenizer is one (byte-level BPE). The special tokens
+  and the `[CLS] A [SEP] B [SEP]` layout are bertjax's, as for the others: the
+  file's own post-processor is not used.
+
+  Args:
+    path: The `tokenizer.json` file.
+    special_tokens: Role -> token; defaults to BERT's [UNK] [CLS] [SEP] [PAD]
+      [MASK] (ModernBERT's too).
+  """
+
+  def __init__(self, path: str, *, special_tokens: dict[str, str] | None = None):
+    import tokenizers
+
+    self.path = path
+    try:
+      self._backend = tokenizers.Tokenizer.from_file(path)
+    except Exception as e:  # the Rust library raises its own exception type
+      raise errors.UsageError(f"{path}: not a tokenizer file the tokenizers library reads "
+                              f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+                              ) from None
+    self._ids = self._backend.get_vocab(with_added_tokens=True)
+    special_tokens = special_tokens or {
+        "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "pad": "[PAD]", "mask": "[MASK]"}
+    missing = [t for t in special_tokens.values() if t not in self._ids]
+    if missing:
+      raise errors.UsageError(f"{path}: special tokens {missing} are not in the vocabulary")
+    super().__init__(special_tokens, vocab_size=max(self._ids.values()) + 1)
+
+  def tokenize(self, text: str) -> list[str]:
+    return self._backend.encode(text, add_special_tokens=False).tokens
+
+  def pieces_to_text(self, pieces: Sequence[str]) -> str:
+    decoder = self._backend.decoder
+    text = decoder.decode(list(pieces)) if decoder is not None else " ".join(pieces)
+    return " ".join(text.split())
+
+  def token_to_id(self, token: str) -> int | None:
+    return self._ids.get(token)
+
+  def id_to_token(self, token_id: int) -> str:
+    token = self._backend.id_to_token(int(token_id))
+    if token is None:
+      raise errors.UsageError(f"{self.path}: no token has id {token_id}")
+    return token
+
+  def encode_pieces(self, texts: Sequence[str]) -> list[list[int]]:
+    encodings = self._backend.encode_batch(list(texts), add_special_tokens=False)
+    return [e.ids for e in encodings]
+
+  def decode(self, ids: Sequence[int]) -> str:
+    return self._backend.decode([int(i) for i in ids], skip_special_tokens=True)
+
+  def save(self, directory: str) -> dict[str, Any]:
+    self._backend.save(os.path.join(directory, "tokenizer.json"))
+    return {"type": "tokenizer_json", "file": "tokenizer.json",
+            "special_tokens": self.special_tokens}
+
+
 def tokenizer_from_vocab_file(path: str, do_lower_case: bool = True) -> Tokenizer:
   """A WordPiece tokenizer for a `vocab.txt`, or SentencePiece for a `.model` file."""
   path = files.local_file(path)  # the tokenizer libraries read local files
@@ -411,7 +474,8 @@ def tokenizer_from_settings(directory: str, settings: dict[str, Any],
   settings = dict(settings)
   kind = settings.pop("type", None)
   builders = {"wordpiece": (WordPieceTokenizer, "vocab_file"),
-              "sentencepiece": (SentencePieceTokenizer, "model_file")}
+              "sentencepiece": (SentencePieceTokenizer, "model_file"),
+              "tokenizer_json": (JsonTokenizer, "file")}
   if kind not in builders:
     raise errors.UsageError(f"{source}: unknown tokenizer type {kind!r}; known: "
                             f"{', '.join(builders)}")

@@ -587,7 +587,8 @@ def _bert_normalizer(tokenizer_json: dict[str, Any]) -> dict[str, Any]:
 def load_tokenizer(directory: str, do_lower_case: bool | None = None):
   """The tokenizer of a reference directory, or None if it has none.
 
-  WordPiece from `vocab.txt` (or a WordPiece `tokenizer.json`), else
+  WordPiece from `vocab.txt` (or a WordPiece `tokenizer.json`), any other
+  `tokenizer.json` as it is written (`JsonTokenizer`: ModernBERT's BPE), else
   SentencePiece from `spiece.model`. Casing: `do_lower_case` if given, else
   `tokenizer_config.json`, else the normaliser of `tokenizer.json`, else
   transformers' default (lower-case) when a `tokenizer_config.json` exists, else
@@ -596,8 +597,8 @@ def load_tokenizer(directory: str, do_lower_case: bool | None = None):
   characters, special tokens in the text read as such unless
   `split_special_tokens`), a bare `vocab.txt` the original's (200, plain text).
   """
-  from bertjax.data.tokenizers import (SentencePieceTokenizer, WordPieceTokenizer,
-                                       read_vocab)
+  from bertjax.data.tokenizers import (JsonTokenizer, SentencePieceTokenizer,
+                                       WordPieceTokenizer, read_vocab)
 
   vocab_file = os.path.join(directory, "vocab.txt")
   tokenizer_json_file = os.path.join(directory, "tokenizer.json")
@@ -615,9 +616,11 @@ def load_tokenizer(directory: str, do_lower_case: bool | None = None):
   model = tokenizer_json.get("model") or {}
   if os.path.isfile(vocab_file):
     tokens, source = read_vocab(vocab_file), vocab_file
+  elif model and model.get("type") != "WordPiece":  # ModernBERT's BPE, and others
+    return JsonTokenizer(tokenizer_json_file, special_tokens=special_tokens)
   elif model:
-    if model.get("type") != "WordPiece" or not isinstance(model.get("vocab"), dict):
-      raise errors.UsageError(f"{tokenizer_json_file}: not a WordPiece tokenizer")
+    if not isinstance(model.get("vocab"), dict):
+      raise errors.UsageError(f"{tokenizer_json_file}: a WordPiece model without its vocab")
     tokens = [""] * (max(model["vocab"].values()) + 1)
     for token, index in model["vocab"].items():
       tokens[index] = token
@@ -665,7 +668,7 @@ def write_directory(directory: str, config: BertConfig, reference_tensors: dict[
   """Writes a reference BERT directory (into an existing, empty `directory`)."""
   from safetensors.numpy import save_file
 
-  from bertjax.data.tokenizers import WordPieceTokenizer
+  from bertjax.data.tokenizers import JsonTokenizer, WordPieceTokenizer
   from bertjax.files import write_json
 
   tensors = dict(reference_tensors)
@@ -677,6 +680,14 @@ def write_directory(directory: str, config: BertConfig, reference_tensors: dict[
   save_file(tensors, os.path.join(directory, SAFETENSORS_FILE), metadata={"format": "pt"})
   if tokenizer is None:
     return
+  special = {f"{role}_token": token for role, token in tokenizer.special_tokens.items()}
+  if isinstance(tokenizer, JsonTokenizer):
+    tokenizer.save(directory)
+    write_json(os.path.join(directory, TOKENIZER_CONFIG_FILE), {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": config.max_position_embeddings, **special})
+    write_json(os.path.join(directory, "special_tokens_map.json"), special)
+    return
   if not isinstance(tokenizer, WordPieceTokenizer):
     logger.warning("transformers has no BERT tokenizer for SentencePiece models; "
                    "writing spiece.model for bertjax and your own loading code")
@@ -685,7 +696,6 @@ def write_directory(directory: str, config: BertConfig, reference_tensors: dict[
         "do_lower_case": saved["do_lower_case"], "special_tokens": saved["special_tokens"]})
     return
   tokenizer.save(directory)
-  special = {f"{role}_token": token for role, token in tokenizer.special_tokens.items()}
   write_json(os.path.join(directory, TOKENIZER_CONFIG_FILE), {
       "tokenizer_class": "BertTokenizer",
       "do_lower_case": tokenizer.do_lower_case,

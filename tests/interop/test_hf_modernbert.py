@@ -234,3 +234,63 @@ def test_configs_bertjax_does_not_build_are_refused(tmp_path, change, message):
   values.update(change)
   with pytest.raises(errors.UsageError, match=message):
     hf.config_from_dict(values, "config.json")
+
+
+SPECIAL = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
+TEXTS = ["The quick brown fox jumps over the lazy dog.", "Ünïcödé text, émoji 🦊 and tabs\there.",
+         "A [MASK] in the text.", "", "   spaces   everywhere  "]
+
+
+def write_bpe_tokenizer(directory):
+  """A byte-level BPE `tokenizer.json` built as ModernBERT's is (its special
+  tokens, [CLS] A [SEP] B [SEP] post-processing), trained on a few sentences."""
+  import tokenizers
+  from tokenizers import decoders, models, pre_tokenizers, processors, trainers
+
+  backend = tokenizers.Tokenizer(models.BPE())
+  backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  backend.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIAL,
+                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+  backend.train_from_iterator(TEXTS * 20 + ["the cat sat on the mat"] * 20, trainer)
+  cls, sep = backend.token_to_id("[CLS]"), backend.token_to_id("[SEP]")
+  backend.post_processor = processors.TemplateProcessing(
+      single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
+      special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+  os.makedirs(directory, exist_ok=True)
+  backend.save(os.path.join(directory, "tokenizer.json"))
+  with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+    json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "cls_token": "[CLS]",
+               "sep_token": "[SEP]", "pad_token": "[PAD]", "mask_token": "[MASK]",
+               "unk_token": "[UNK]"}, f)
+  return backend.get_vocab_size()
+
+
+def test_a_bpe_tokenizer_json_encodes_as_transformers_does(tmp_path):
+  vocab_size = write_bpe_tokenizer(tmp_path)
+  config = reference_config("L5_H32_A4")
+  config.vocab_size = vocab_size
+  reference_model("ModernBertForMaskedLM", config).save_pretrained(tmp_path)
+  bundle = bertjax.load_pretrained(str(tmp_path))
+  theirs = transformers.AutoTokenizer.from_pretrained(tmp_path)
+  ours = bundle.tokenizer
+  assert type(ours).__name__ == "JsonTokenizer"
+  for text in TEXTS:
+    assert ours.encode(text) == theirs(text)["input_ids"], text
+    assert ours.encode(text, "and a second one") == theirs(text, "and a second one")[
+        "input_ids"], text
+    assert ours.decode(ours.encode(text)) == theirs.decode(theirs(text)["input_ids"],
+                                                           skip_special_tokens=True)
+
+  bertjax.export_hf(bundle, str(tmp_path / "out"))
+  again = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+  for text in TEXTS:
+    assert again(text)["input_ids"] == theirs(text)["input_ids"]
+  assert bertjax.load_pretrained(str(tmp_path / "out")).tokenizer.encode(TEXTS[1]) == (
+      ours.encode(TEXTS[1]))
+
+
+def test_an_unreadable_tokenizer_json_names_the_file(tmp_path):
+  (tmp_path / "tokenizer.json").write_text('{"model": {"type": "BPE"}}')
+  with pytest.raises(errors.UsageError, match="tokenizer.json: not a tokenizer file"):
+    hf.load_tokenizer(str(tmp_path))
