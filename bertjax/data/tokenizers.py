@@ -293,6 +293,17 @@ class WordPieceTokenizer(Tokenizer):
   def decode(self, ids: Sequence[int]) -> str:
     return self._backend.decode([int(i) for i in ids], skip_special_tokens=True)
 
+  def save_tokenizer_json(self, path: str) -> None:
+    """Writes this tokenizer as a `tokenizers` library file, with BERT's
+    `[CLS] A [SEP] B [SEP]` post-processing (for transformers' fast tokenizers)."""
+    import tokenizers
+    from tokenizers import processors
+
+    backend = tokenizers.Tokenizer.from_str(self._backend.to_str())
+    backend.post_processor = processors.BertProcessing(
+        (self.special_tokens["sep"], self.sep_id), (self.special_tokens["cls"], self.cls_id))
+    backend.save(path)
+
   def save(self, directory: str) -> dict[str, Any]:
     with open(os.path.join(directory, "vocab.txt"), "w", encoding="utf-8") as f:
       f.write("".join(t + "\n" for t in self.tokens))

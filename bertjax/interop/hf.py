@@ -676,7 +676,14 @@ def write_directory(directory: str, config: BertConfig, reference_tensors: dict[
     # The bare encoder class saves its weights without the `bert.` (`model.`) prefix.
     prefix = "model." if config.modern else "bert."
     tensors = {name.removeprefix(prefix): value for name, value in tensors.items()}
-  write_json(os.path.join(directory, CONFIG_FILE), config_to_dict(config, task, labels))
+  values = config_to_dict(config, task, labels)
+  if tokenizer is not None and config.modern:
+    # The ids of the vocabulary the model was trained with (the preset's are
+    # ModernBERT's own tokenizer's; transformers checks them against the table).
+    values.update(pad_token_id=tokenizer.pad_id, cls_token_id=tokenizer.cls_id,
+                  bos_token_id=tokenizer.cls_id, sep_token_id=tokenizer.sep_id,
+                  eos_token_id=tokenizer.sep_id)
+  write_json(os.path.join(directory, CONFIG_FILE), values)
   save_file(tensors, os.path.join(directory, SAFETENSORS_FILE), metadata={"format": "pt"})
   if tokenizer is None:
     return
@@ -696,6 +703,7 @@ def write_directory(directory: str, config: BertConfig, reference_tensors: dict[
         "do_lower_case": saved["do_lower_case"], "special_tokens": saved["special_tokens"]})
     return
   tokenizer.save(directory)
+  tokenizer.save_tokenizer_json(os.path.join(directory, "tokenizer.json"))
   write_json(os.path.join(directory, TOKENIZER_CONFIG_FILE), {
       "tokenizer_class": "BertTokenizer",
       "do_lower_case": tokenizer.do_lower_case,

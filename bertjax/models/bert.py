@@ -23,7 +23,8 @@ Array = jax.Array
 
 def encoder(config: BertConfig, add_pooler: bool = True) -> nn.Module:
   """The encoder of `config.family`: `BertEncoder`, or `ModernBertEncoder`
-  (whose `add_pooler` is its prediction head)."""
+  (whose `add_pooler` is its prediction head, which every ModernBERT task
+  model but the bare encoder has)."""
   if config.modern:
     from bertjax.models.modernbert import ModernBertEncoder
     return ModernBertEncoder(config, add_pooler=add_pooler)
@@ -84,7 +85,7 @@ class BertForMaskedLM(nn.Module):
   add_pooler: bool = False  # Kept when a checkpoint has one, for `encode`.
 
   def setup(self):
-    self.bert = encoder(self.config, add_pooler=self.add_pooler)
+    self.bert = encoder(self.config, add_pooler=self.add_pooler or self.config.modern)
     self.mlm = MaskedLMHead(self.config)
 
   def __call__(self, input_ids: Array, attention_mask: Array | None = None,
@@ -156,7 +157,7 @@ class BertForQuestionAnswering(nn.Module):
   add_pooler: bool = False
 
   def setup(self):
-    self.bert = encoder(self.config, add_pooler=self.add_pooler)
+    self.bert = encoder(self.config, add_pooler=self.add_pooler or self.config.modern)
     if self.config.span_bilstm:
       units = self.config.hidden_size // 2
       self.span_bilstm = nn.Bidirectional(nn.RNN(nn.OptimizedLSTMCell(units)),
@@ -225,7 +226,7 @@ class BertForTokenClassification(nn.Module):
   add_pooler: bool = False
 
   def setup(self):
-    self.bert = encoder(self.config, add_pooler=self.add_pooler)
+    self.bert = encoder(self.config, add_pooler=self.add_pooler or self.config.modern)
     self.classifier = OutputLayer(self.config, self.num_labels, self.config.head_dropout)
 
   def __call__(self, input_ids: Array, attention_mask: Array | None = None,
@@ -300,10 +301,8 @@ def build_model(config: BertConfig, task: str = "encoder", num_labels: int = 2,
   if config.modern and task in ("pretraining", "next_sentence"):
     raise errors.UsageError(f"The {task} model has a next-sentence head, which ModernBERT "
                             "does not have: it pre-trains with masked LM only (task masked_lm)")
-  if config.modern and task != "encoder":
-    if add_pooler is False:
-      raise errors.UsageError(f"The ModernBERT {task} model needs its prediction head")
-    add_pooler = True if task in OPTIONAL_POOLER_TASKS else None
+  if config.modern and task != "encoder" and add_pooler is False:
+    raise errors.UsageError(f"The ModernBERT {task} model needs its prediction head")
   kwargs = {}
   if task in LABELLED_TASKS:
     if num_labels < 1:

@@ -269,9 +269,14 @@ def _presets() -> dict[str, dict[str, Any]]:
     presets[f"table6_L{layers}_H{hidden}_A{heads}"] = _size(layers, hidden, heads)
   # ModernBERT (Warner et al., 2024), as transformers' ModernBertConfig and
   # the released answerdotai/ModernBERT-base and -large.
+  # Every ModernBERT field is named, so that a run's config shows (and
+  # overrides) them.
   modern = dict(family="modernbert", vocab_size=50368, max_position_embeddings=8192,
-                hidden_dropout_prob=0.0, attention_dropout_prob=0.0, classifier_dropout=0.0,
-                layer_norm_eps=1e-5, pad_token_id=50283)
+                hidden_act="gelu", hidden_dropout_prob=0.0, attention_dropout_prob=0.0,
+                mlp_dropout_prob=0.0, classifier_dropout=0.0, layer_norm_eps=1e-5,
+                pad_token_id=50283, global_attention_every=3, local_attention=128,
+                global_rope_theta=160_000.0, local_rope_theta=10_000.0,
+                classifier_pooling="cls")
   presets["modernbert_base"] = dict(modern, num_layers=22, hidden_size=768, num_heads=12,
                                     intermediate_size=1152)
   presets["modernbert_large"] = dict(modern, num_layers=28, hidden_size=1024, num_heads=16,
