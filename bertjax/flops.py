@@ -15,6 +15,7 @@ from typing import TypeVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bertjax.models import BertConfig
 
@@ -51,8 +52,29 @@ PEAK_TFLOPS = {
 Count = TypeVar("Count", float, jax.Array)
 
 
+def local_pairs(tokens: Count, window: int) -> Count:
+  """(query, key) pairs of a sequence of `tokens` tokens whose queries see the
+  keys at most `window` positions away (numbers or arrays of sizes)."""
+  xp = jnp if isinstance(tokens, jax.Array) else np
+  # n (2w + 1), less the keys past each end: w (w + 1) / 2 at each end of a
+  # sequence of at least w tokens, n w - n (n - 1) / 2 of a shorter one.
+  missing = xp.where(tokens >= window, window * (window + 1) / 2,
+                     tokens * window - tokens * (tokens - 1) / 2)
+  return tokens * (2 * window + 1) - 2 * missing
+
+
+def work_flops(config: BertConfig, work: dict[str, Count], scale: float = 1.0,
+               training: bool = True) -> Count:
+  """`model_flops` of a work count (`row_work`, `bertjax.train.batch_work`),
+  times `scale` (rows)."""
+  return model_flops(config, scale * work["real_tokens"], scale * work["token_pairs"],
+                     scale * work["predictions"], scale * work["nsp_pairs"], training,
+                     scale * work["local_token_pairs"])
+
+
 def model_flops(config: BertConfig, tokens: Count, token_pairs: Count, predictions: Count,
-                nsp_sequences: Count, training: bool = True) -> Count:
+                nsp_sequences: Count, training: bool = True,
+                local_token_pairs: Count | None = None) -> Count:
   """Model FLOPs of the useful work of a batch (numbers or device scalars).
 
   Args:
@@ -63,12 +85,21 @@ def model_flops(config: BertConfig, tokens: Count, token_pairs: Count, predictio
     predictions: Positions scored against the vocabulary (real masked ones).
     nsp_sequences: Sequences with a next-sentence prediction (pooler + head).
     training: Count the backward pass too (2x the forward).
+    local_token_pairs: ModernBERT: the pairs its local layers attend
+      (`local_pairs` of each sequence); default `token_pairs`.
   """
   hidden, inner, vocab = config.hidden_size, config.intermediate_size, config.vocab_size
-  per_token = (2 * 4 * hidden * hidden     # query, key, value, output projections
-               + 2 * 2 * hidden * inner)   # feed-forward
+  # Query, key, value and output projections; the feed-forward (ModernBERT's
+  # gated one has two input matrices).
+  per_token = 2 * 4 * hidden * hidden + 2 * (3 if config.modern else 2) * hidden * inner
   per_pair = 2 * 2 * hidden                # scores and weighted values, all heads
-  encoder = config.num_layers * (per_token * tokens + per_pair * token_pairs)
+  global_layers = sum(config.is_global_layer(i) for i in range(config.num_layers))
+  local_layers = config.num_layers - global_layers
+  if local_token_pairs is None:
+    local_token_pairs = token_pairs
+  encoder = (config.num_layers * per_token * tokens + per_pair * (
+      global_layers * token_pairs + local_layers * local_token_pairs))
+  # BERT's MLM transform is the head's; ModernBERT's is its prediction head.
   mlm = predictions * (2 * hidden * hidden + 2 * hidden * vocab)
   pooler_nsp = nsp_sequences * (2 * hidden * hidden + 2 * hidden * 2)
   forward = encoder + mlm + pooler_nsp
@@ -86,11 +117,14 @@ def flops_per_token(config: BertConfig, seq_len: int, max_predictions: int,
     max_predictions: Masked positions per sequence scored by the MLM head.
     training: Count the backward pass too (2x the forward).
   """
-  return model_flops(config, seq_len, seq_len ** 2, max_predictions, 1, training) / seq_len
+  local = local_pairs(seq_len, config.local_attention // 2) if config.modern else None
+  nsp = 0 if config.modern else 1
+  return model_flops(config, seq_len, seq_len ** 2, max_predictions, nsp, training,
+                     local) / seq_len
 
 
 def row_work(objective: str, real_tokens: float, max_predictions: int,
-             masked_lm_prob: float) -> dict[str, float]:
+             masked_lm_prob: float, window: int | None = None) -> dict[str, float]:
   """The useful work of a row holding one sequence of `real_tokens` tokens,
   as `bertjax.train.batch_work` counts a batch's (`model_flops`' arguments).
 
@@ -103,14 +137,17 @@ def row_work(objective: str, real_tokens: float, max_predictions: int,
     real_tokens: Tokens of the sequence ([CLS] and [SEP] included).
     max_predictions: Prediction slots of a row.
     masked_lm_prob: The share of tokens masked.
+    window: ModernBERT's local window (keys either side), for its local layers.
   """
   causal = objective == "ltr"
   if causal:
     predictions = max(real_tokens - 1, 0.0)
   else:
     predictions = min(max_predictions, max(1, round(real_tokens * masked_lm_prob)))
-  return {"real_tokens": real_tokens, "sequences": 1.0,
-          "token_pairs": real_tokens * (real_tokens + 1) / 2 if causal else real_tokens ** 2,
+  pairs = real_tokens * (real_tokens + 1) / 2 if causal else real_tokens ** 2
+  return {"real_tokens": real_tokens, "sequences": 1.0, "token_pairs": pairs,
+          "local_token_pairs": pairs if window is None else float(local_pairs(real_tokens,
+                                                                                window)),
           "predictions": float(predictions),
           "nsp_pairs": 1.0 if objective == "mlm_nsp" else 0.0}
 

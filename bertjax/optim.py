@@ -1,9 +1,14 @@
-"""Optimizers and the learning-rate schedule of the paper.
+"""Optimizers and learning-rate schedules: the paper's, and ModernBERT's.
 
 AdamW with weight decay off LayerNorm and biases, global-norm clipping, and the
 original code's schedule: linear warmup to the peak, and `peak * (1 - step /
 total)` after it (the decay is measured from step 0, as in
 `optimization.py`). LAMB (You et al., 2019) for large batches.
+
+ModernBERT's recipe: StableAdamW (Wortsman et al., 2023, as ModernBERT's
+`optimi`-based code runs it; `scale_by_stable_adam`) with fully decoupled
+weight decay, no gradient clipping, and a warmup-stable-decay schedule
+(`warmup_stable_decay`).
 
 The original's `AdamWeightDecayOptimizer` leaves out Adam's bias correction
 (`m / (1 - b1^t)`, `v / (1 - b2^t)`): with b1 = 0.9 and b2 = 0.999 its update
@@ -16,7 +21,7 @@ way, so a checkpoint restores under both.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +29,9 @@ import optax
 
 from bertjax import errors
 
-OPTIMIZERS = ("adamw", "lamb")
+OPTIMIZERS = ("adamw", "lamb", "stableadamw")
+SCHEDULES = ("linear", "wsd")
+DECAY_SHAPES = ("linear", "1-sqrt")
 
 
 def decay_mask(params: Any) -> Any:
@@ -54,6 +61,111 @@ def learning_rate_schedule(peak: float, warmup_steps: int, total_steps: int) -> 
     return jnp.where(step < warmup_steps, warmup, decay)
 
   return schedule
+
+
+def warmup_stable_decay(peak: float, warmup_steps: int, total_steps: int, decay_steps: int, *,
+                        shape: str = "1-sqrt", final_fraction: float = 0.0,
+                        long_from_step: int = -1, long_peak: float | None = None
+                        ) -> optax.Schedule:
+  """Warmup-stable-decay (trapezoidal): linear warmup to `peak`, constant, then
+  a decay over the last `decay_steps` steps to `final_fraction` of the plateau.
+
+  ModernBERT's decay is "1-sqrt": `plateau * (f + (1 - f) * (1 - sqrt(t / T)))`
+  for t of T decay steps (its code's `one_minus_sqrt`); "linear" falls in a
+  straight line. From `long_from_step` on (the context-extension phase) the
+  plateau is `long_peak` (ModernBERT-base: 8e-4, then 3e-4 at 8,192 tokens),
+  and the decay starts from it.
+  """
+  if total_steps < 1 or not 0 <= warmup_steps <= total_steps:
+    raise errors.UsageError(f"need 0 <= warmup_steps ({warmup_steps}) <= total_steps "
+                            f"({total_steps}) and total_steps >= 1")
+  if not 0 <= decay_steps <= total_steps - warmup_steps:
+    raise errors.UsageError(f"optimizer.decay_steps={decay_steps} must be in [0, total_steps - "
+                            f"warmup_steps = {total_steps - warmup_steps}]")
+  if shape not in DECAY_SHAPES:
+    raise errors.UsageError(f"optimizer.decay_shape={shape!r} is not one of {DECAY_SHAPES}")
+  if not 0 <= final_fraction <= 1:
+    raise errors.UsageError(f"optimizer.final_fraction={final_fraction} must be in [0, 1]")
+  long_peak = peak if long_peak is None or long_peak < 0 else long_peak
+  decay_start = total_steps - decay_steps
+
+  def schedule(step):
+    step = jnp.asarray(step, jnp.float32)
+    plateau = jnp.where((long_from_step >= 0) & (step >= long_from_step), long_peak, peak)
+    progress = jnp.clip((step - decay_start) / max(decay_steps, 1), 0.0, 1.0)
+    left = 1.0 - (jnp.sqrt(progress) if shape == "1-sqrt" else progress)
+    decayed = plateau * (final_fraction + (1.0 - final_fraction) * left)
+    warmup = peak * step / max(warmup_steps, 1)
+    return jnp.where(step < warmup_steps, warmup, jnp.where(step < decay_start, plateau, decayed))
+
+  return schedule
+
+
+class ScaleByStableAdamState(NamedTuple):
+  count: jax.Array
+  mu: Any
+  nu: Any
+
+
+def _layer_axes(path, x) -> tuple[int, ...]:
+  """The axes one layer's tensor spans: all of them, but the leading one of
+  scanned layers (a subtree named `layers`), which stacks the layers."""
+  keys = [p.key for p in path if isinstance(p, jax.tree_util.DictKey)]
+  return tuple(range(1 if "layers" in keys else 0, x.ndim))
+
+
+def scale_by_stable_adam(b1: float = 0.9, b2: float = 0.98, eps: float = 1e-6,
+                         decay: float = 0.0, decay_mask: Any = None
+                         ) -> optax.GradientTransformation:
+  """StableAdamW's update before the learning rate, as ModernBERT's optimizer.
+
+  Moments with debiased betas `b^ = (b^t - b) / (b^t - 1)` (so that step 1
+  gives m = g, v = g^2), `m = b1^ m + (1 - b1^) g`, `v = b2^ v + (1 - b2^) g^2`;
+  each layer's tensor is then scaled by `1 / max(1, sqrt(mean(g^2 / max(v,
+  eps^2))))` (update clipping, which stands in for gradient clipping), and so
+  is its weight decay: `scale * (m / (sqrt(v) + eps) + decay * p)` for the
+  weights `decay_mask` selects. A scanned layer stack is clipped layer by
+  layer, as separate tensors would be.
+
+  Args:
+    b1, b2, eps: Adam's moments and epsilon.
+    decay: Weight decay per unit of learning rate: ModernBERT's fully
+      decoupled decay `wd` at a peak `lr` is `decay = wd / lr` here, so that
+      times the schedule it decays by `wd` a step at the peak.
+    decay_mask: Which weights decay (`decay_mask`), a pytree or a function of
+      the parameters.
+  """
+  def init(params):
+    zeros = lambda: jax.tree.map(jnp.zeros_like, params)
+    return ScaleByStableAdamState(count=jnp.zeros([], jnp.int32), mu=zeros(), nu=zeros())
+
+  def update(updates, state, params=None):
+    if params is None and decay:
+      raise ValueError("scale_by_stable_adam with weight decay needs the parameters")
+    count = optax.safe_int32_increment(state.count)
+    t = count.astype(jnp.float32)
+    debias = lambda b: (b ** t - b) / (b ** t - 1)
+    b1_t, b2_t = debias(b1), debias(b2)
+    mu = jax.tree.map(lambda m, g: b1_t * m + (1 - b1_t) * g, state.mu, updates)
+    nu = jax.tree.map(lambda v, g: b2_t * v + (1 - b2_t) * jnp.square(g), state.nu, updates)
+    mask = (decay_mask(params) if callable(decay_mask) else decay_mask) if decay else None
+
+    def step(path, g, m, v, p, decays):
+      ratio = jnp.square(g) / jnp.maximum(v, eps * eps)
+      axes = _layer_axes(path, g)
+      rms = jnp.sqrt(jnp.mean(ratio, axis=axes, keepdims=True))
+      out = m / (jnp.sqrt(v) + eps)
+      if decay and decays:
+        out = out + decay * p
+      return out / jnp.maximum(1.0, rms)
+
+    if mask is None:
+      mask = jax.tree.map(lambda _: False, updates)
+      params = updates
+    scaled = jax.tree_util.tree_map_with_path(step, updates, mu, nu, params, mask)
+    return scaled, ScaleByStableAdamState(count=count, mu=mu, nu=nu)
+
+  return optax.GradientTransformation(init, update)
 
 
 def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6, *,
@@ -86,23 +198,32 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6, *,
 def create_optimizer(name: str, learning_rate: optax.ScalarOrSchedule, *,
                      weight_decay: float = 0.01, b1: float = 0.9, b2: float = 0.999,
                      eps: float = 1e-6, max_grad_norm: float | None = 1.0,
-                     bias_correction: bool = True) -> optax.GradientTransformation:
-  """Global-norm clipping, then AdamW (the paper) or LAMB, decay masked.
+                     bias_correction: bool = True,
+                     peak_learning_rate: float | None = None) -> optax.GradientTransformation:
+  """Global-norm clipping, then AdamW (the paper), LAMB or StableAdamW, decay masked.
 
   Args:
-    name: "adamw" or "lamb".
+    name: "adamw", "lamb" or "stableadamw".
     learning_rate: A value or a schedule of the step.
     weight_decay: Decoupled weight decay of kernels and embeddings.
     b1, b2, eps: Adam's moments and epsilon (1e-6 in the original code).
     max_grad_norm: Clip the global gradient norm to this (None: no clipping).
     bias_correction: Adam's bias correction of the moments; the original
-      code has none (`scale_by_adam`).
+      code has none (`scale_by_adam`). StableAdamW debiases its betas instead.
+    peak_learning_rate: StableAdamW: the learning rate at which the weights
+      decay by `weight_decay` a step (fully decoupled; ModernBERT's).
   """
   if name not in OPTIMIZERS:
     raise errors.UsageError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
   chain = [optax.clip_by_global_norm(max_grad_norm)] if max_grad_norm else []
   adam = scale_by_adam(b1, b2, eps, bias_correction=bias_correction)
-  if name == "adamw":
+  if name == "stableadamw":
+    if not peak_learning_rate:
+      raise errors.UsageError("stableadamw's fully decoupled weight decay needs the peak "
+                              "learning rate")
+    chain += [scale_by_stable_adam(b1, b2, eps, weight_decay / peak_learning_rate, decay_mask),
+              optax.scale_by_learning_rate(learning_rate)]
+  elif name == "adamw":
     # optax.adamw's own chain (same state), with the Adam scaling chosen here.
     chain.append(optax.chain(adam, optax.add_decayed_weights(weight_decay, decay_mask),
                              optax.scale_by_learning_rate(learning_rate)))
@@ -123,10 +244,20 @@ def make_optimizer(config: Any) -> tuple[optax.GradientTransformation, optax.Sch
   if "bias_correction" not in opt:  # no silent default: the original runs without it
     raise errors.UsageError("config.optimizer.bias_correction is missing: False for the "
                             "original BERT's Adam (the paper's configs), True for optax's")
-  schedule = learning_rate_schedule(opt.learning_rate, opt.warmup_steps,
-                                    config.train.total_steps)
+  schedule_name = opt.get("schedule", "linear")
+  if schedule_name not in SCHEDULES:
+    raise errors.UsageError(f"optimizer.schedule={schedule_name!r} is not one of {SCHEDULES}")
+  if schedule_name == "wsd":
+    schedule = warmup_stable_decay(
+        opt.learning_rate, opt.warmup_steps, config.train.total_steps, opt.decay_steps,
+        shape=opt.decay_shape, final_fraction=opt.final_fraction,
+        long_from_step=config.train.long_from_step, long_peak=opt.long_learning_rate)
+  else:
+    schedule = learning_rate_schedule(opt.learning_rate, opt.warmup_steps,
+                                      config.train.total_steps)
   optimizer = create_optimizer(opt.name, schedule, weight_decay=opt.weight_decay,
                                b1=opt.b1, b2=opt.b2, eps=opt.eps,
                                max_grad_norm=opt.max_grad_norm,
-                               bias_correction=opt.bias_correction)
+                               bias_correction=opt.bias_correction,
+                               peak_learning_rate=opt.learning_rate)
   return optimizer, schedule

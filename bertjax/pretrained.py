@@ -352,6 +352,13 @@ def _load_training_run(path: str, do_lower_case: bool | None) -> Pretrained:
     raise errors.UsageError(f"{config_path}: not the config of a pre-training run")
   run_config, step, params = checkpoint.params_from_run(path)
   config = BertConfig.from_run_config(run_config)
+  # The model as the checkpoint's phase computes it (ModernBERT after its
+  # context extension: the raised rotary base); dropout stays the run's own.
+  from bertjax.tasks.pretrain_data import phases
+
+  reached = [phase for phase in phases(run_config) if phase.start < max(step, 1)][-1]
+  changes = {name: value for name, value in reached.model_changes if "dropout" not in name}
+  config = config.replace(**changes)
   if run_config.objective == "ltr":
     config = config.replace(causal=True)
   logger.info("%s: parameters of step %d", path, step)

@@ -82,10 +82,11 @@ def _nsp_weights(batch: Batch) -> Array:
   return batch.get("nsp_weights", jnp.ones(labels.shape, jnp.float32)).astype(jnp.float32)
 
 
-def batch_work(batch: Batch, objective: str) -> dict[str, Array]:
+def batch_work(batch: Batch, objective: str, window: int | None = None) -> dict[str, Array]:
   """The useful work of a batch, counted on device: real tokens, sequences,
-  (query, key) pairs attended within each sequence, real predictions and NSP
-  pairs (`bertjax.flops.model_flops` turns them into FLOPs)."""
+  (query, key) pairs attended within each sequence (and within a local
+  `window`, ModernBERT's), real predictions and NSP pairs
+  (`bertjax.flops.model_flops` turns them into FLOPs)."""
   ids = batch["segment_ids"] if "segment_ids" in batch else batch["attention_mask"]
   length = ids.shape[1]
   # Tokens of each sequence of a row: [batch, length] (ids 1..length).
@@ -93,10 +94,12 @@ def batch_work(batch: Batch, objective: str) -> dict[str, Array]:
       ids.astype(jnp.int32))[:, 1:].astype(jnp.float32)
   causal = objective == "ltr"
   weights = batch["lm_weights"] if causal else batch["masked_weights"]
+  pairs = (sizes * (sizes + 1) / 2 if causal else sizes * sizes).sum()
   return {
       "real_tokens": sizes.sum(),
       "sequences": (sizes > 0).sum().astype(jnp.float32),
-      "token_pairs": (sizes * (sizes + 1) / 2 if causal else sizes * sizes).sum(),
+      "token_pairs": pairs,
+      "local_token_pairs": pairs if window is None else flops.local_pairs(sizes, window).sum(),
       "predictions": weights.astype(jnp.float32).sum(),
       "nsp_pairs": (_nsp_weights(batch).sum() if objective == "mlm_nsp"
                     else jnp.zeros((), jnp.float32)),
@@ -258,11 +261,12 @@ def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
   if objective == "mlm_nsp":
     metrics["nsp_loss"] = sums["nsp_loss"] / jnp.maximum(sums["nsp_count"], 1.0)
     metrics["nsp_accuracy"] = sums["nsp_correct"] / jnp.maximum(sums["nsp_count"], 1.0)
-  work = batch_work(batch, objective)
+  config = model.config
+  work = batch_work(batch, objective, config.local_attention // 2 if config.modern else None)
   metrics.update(work)
-  metrics["model_flops"] = flops.model_flops(model.config, work["real_tokens"],
-                                             work["token_pairs"], work["predictions"],
-                                             work["nsp_pairs"])
+  metrics["model_flops"] = flops.model_flops(config, work["real_tokens"], work["token_pairs"],
+                                             work["predictions"], work["nsp_pairs"],
+                                             local_token_pairs=work["local_token_pairs"])
   return new_state, metrics
 
 

@@ -124,11 +124,24 @@ def pretrain_config(size: str = "bert_base") -> ml_collections.ConfigDict:
   config.train.long_from_step = 900_000   # then 512 "for the remaining 10%"
   config.train.long_seq_length = 512
   config.train.long_max_predictions = 80
+  config.train.long_batch_size = -1       # sequences a step from long_from_step; -1: batch_size
+  # Model fields the long phase changes (ModernBERT: its global rotary base);
+  # none that changes a parameter's shape.
+  config.train.long_model = ml_collections.ConfigDict()
 
   config.optimizer = ml_collections.ConfigDict()
-  config.optimizer.name = "adamw"         # or "lamb"
+  config.optimizer.name = "adamw"         # or "lamb", "stableadamw"
   config.optimizer.learning_rate = 1e-4
   config.optimizer.warmup_steps = 10_000
+  # "linear": the paper's (warmup, then a straight line to 0 at the end);
+  # "wsd": warmup, stable, then `decay_shape` over the last `decay_steps`
+  # to `final_fraction` of the plateau, which is `long_learning_rate` from
+  # train.long_from_step on (-1: learning_rate).
+  config.optimizer.schedule = "linear"
+  config.optimizer.decay_steps = 0
+  config.optimizer.decay_shape = "1-sqrt"
+  config.optimizer.final_fraction = 0.0
+  config.optimizer.long_learning_rate = -1.0
   config.optimizer.weight_decay = 0.01    # not on LayerNorm and biases
   config.optimizer.b1 = 0.9
   config.optimizer.b2 = 0.999

@@ -3,6 +3,7 @@
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from bertjax import flops
@@ -74,3 +75,31 @@ def test_model_flops_count_the_attention_of_each_sequence_alone():
   per_nsp = 3 * (2 * 64 * 64 + 2 * 64 * 2)
   assert full - packed == (128 ** 2 - (50 ** 2 + 40 ** 2 + 38 ** 2)) * per_pair - 2 * per_nsp
   assert flops.flops_per_token(config, 128, 20) == full / 128
+
+
+@pytest.mark.parametrize("tokens", [1, 5, 64, 65, 129, 300])
+def test_local_pairs_count_the_band(tokens):
+  window = 64
+  index = np.arange(tokens)
+  brute = int((np.abs(index[:, None] - index[None]) <= window).sum())
+  assert flops.local_pairs(tokens, window) == brute
+  assert float(flops.local_pairs(jnp.asarray(float(tokens)), window)) == brute
+
+
+def test_modernbert_flops_count_its_gated_feed_forward_and_local_layers():
+  """Per layer: 4 H^2 projections, 3 H I (GeGLU), 2 H per attended pair;
+  global layers attend every pair, local ones their band."""
+  from bertjax.models import BertConfig
+
+  config = BertConfig.from_preset("modernbert_base", num_layers=4)  # layers 0 and 3 global
+  hidden, inner, vocab = 768, 1152, 50368
+  tokens, predictions, window = 1024, 308, 64
+  pairs, local = tokens ** 2, flops.local_pairs(tokens, window)
+  expected = (4 * tokens * 2 * (4 * hidden ** 2 + 3 * hidden * inner)
+              + 4 * hidden * (2 * pairs + 2 * local)
+              + predictions * 2 * (hidden ** 2 + hidden * vocab))
+  got = flops.model_flops(config, tokens, pairs, predictions, 0, training=False,
+                          local_token_pairs=local)
+  assert got == pytest.approx(expected, rel=1e-12)
+  per_token = flops.flops_per_token(config, tokens, predictions, training=False)
+  assert per_token * tokens == pytest.approx(expected, rel=1e-12)

@@ -194,3 +194,90 @@ def test_a_fine_tuning_recipe_takes_every_setting_from_its_config():
   del config.train.bias_correction
   with pytest.raises(errors.UsageError, match="config.train is missing bias_correction"):
     finetune.Recipe.from_config(config)
+
+
+def _stable_adamw_reference(params, grads_per_step, lrs, peak, wd, decays, b1=0.9, b2=0.98,
+                            eps=1e-6):
+  """ModernBERT's StableAdamW (optimi's algorithm, `decouple_lr=True`), one
+  tensor at a time, in float64 numpy."""
+  params = {k: np.asarray(v, np.float64) for k, v in params.items()}
+  m = {k: np.zeros_like(v) for k, v in params.items()}
+  v = {k: np.zeros_like(v) for k, v in params.items()}
+  for t, (grads, lr) in enumerate(zip(grads_per_step, lrs), 1):
+    b1_t, b2_t = (b1 ** t - b1) / (b1 ** t - 1), (b2 ** t - b2) / (b2 ** t - 1)
+    for k in params:
+      g = np.asarray(grads[k], np.float64)
+      m[k] = m[k] + (1 - b1_t) * (g - m[k])  # torch.lerp
+      v[k] = b2_t * v[k] + (1 - b2_t) * g * g
+      rms = np.sqrt(np.mean(g * g / np.maximum(v[k], eps * eps)))
+      lr_t = lr / max(1.0, rms)
+      if decays[k]:
+        params[k] = params[k] * (1 - lr_t / peak * wd)
+      params[k] = params[k] - lr_t * m[k] / (np.sqrt(v[k]) + eps)
+  return params
+
+
+def test_stable_adamw_is_modernberts():
+  """Several steps, some of which clip (a gradient far larger than the moments
+  have seen), with the schedule's learning rate and fully decoupled decay."""
+  rng = np.random.default_rng(0)
+  params = {"kernel": rng.normal(size=(6, 5)), "bias": rng.normal(size=5),
+            "embedding": rng.normal(size=(7, 5))}
+  grads = [{k: rng.normal(size=x.shape) * (30.0 if t == 3 else 1.0) for k, x in params.items()}
+           for t in range(6)]
+  schedule = optim.warmup_stable_decay(8e-2, 2, 6, 2, final_fraction=0.1)
+  lrs = [float(schedule(t)) for t in range(6)]
+  wd = 0.2
+  optimizer = optim.create_optimizer("stableadamw", schedule, weight_decay=wd, b2=0.98,
+                                     max_grad_norm=None, peak_learning_rate=8e-2)
+  ours = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
+  state = optimizer.init(ours)
+  for g in grads:
+    updates, state = optimizer.update(jax.tree.map(jnp.float32, g), state, ours)
+    ours = optax.apply_updates(ours, updates)
+  expected = _stable_adamw_reference(params, grads, lrs, 8e-2, wd,
+                                     {"kernel": True, "bias": False, "embedding": True})
+  for k in params:
+    np.testing.assert_allclose(ours[k], expected[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_stable_adamw_clips_a_scanned_stack_layer_by_layer():
+  """Stacked layers (nn.scan's leading axis) update as the separate tensors."""
+  rng = np.random.default_rng(1)
+  layers = [rng.normal(size=(4, 3)) for _ in range(3)]
+  grads = [[rng.normal(size=(4, 3)) * scale for scale in (1.0, 50.0, 0.01)] for _ in range(3)]
+  optimizer = optim.create_optimizer("stableadamw", 1e-2, weight_decay=0.0, max_grad_norm=None,
+                                     peak_learning_rate=1e-2)
+
+  def run(params, grads_of_step):
+    state = optimizer.init(params)
+    for g in grads_of_step:
+      updates, state = optimizer.update(g, state, params)
+      params = optax.apply_updates(params, updates)
+    return params
+
+  stacked = run({"layers": {"kernel": jnp.asarray(np.stack(layers), jnp.float32)}},
+                [{"layers": {"kernel": jnp.asarray(np.stack(g), jnp.float32)}} for g in grads])
+  separate = run({f"layers_{i}": {"kernel": jnp.asarray(x, jnp.float32)}
+                  for i, x in enumerate(layers)},
+                 [{f"layers_{i}": {"kernel": jnp.asarray(x, jnp.float32)} for i, x in enumerate(g)}
+                  for g in grads])
+  for i in range(3):
+    np.testing.assert_allclose(stacked["layers"]["kernel"][i], separate[f"layers_{i}"]["kernel"],
+                               rtol=1e-6)
+
+
+def test_warmup_stable_decay():
+  schedule = optim.warmup_stable_decay(1e-3, 10, 100, 40, shape="1-sqrt", final_fraction=0.001,
+                                       long_from_step=50, long_peak=4e-4)
+  for step, expected in [(0, 0.0), (5, 5e-4), (10, 1e-3), (49, 1e-3), (50, 4e-4), (60, 4e-4),
+                         (70, 4e-4 * (0.001 + 0.999 * (1 - np.sqrt(10 / 40)))),
+                         (100, 4e-7), (130, 4e-7)]:
+    np.testing.assert_allclose(float(schedule(step)), expected, rtol=1e-5, atol=1e-12,
+                               err_msg=str(step))
+  linear = optim.warmup_stable_decay(1.0, 0, 10, 10, shape="linear")
+  np.testing.assert_allclose([float(linear(s)) for s in (0, 5, 10)], [1.0, 0.5, 0.0], atol=1e-7)
+  with pytest.raises(ValueError, match="decay_steps=95 must be in"):
+    optim.warmup_stable_decay(1e-3, 10, 100, 95)
+  with pytest.raises(ValueError, match="decay_shape='cosine'"):
+    optim.warmup_stable_decay(1e-3, 10, 100, 10, shape="cosine")

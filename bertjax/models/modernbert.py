@@ -106,7 +106,8 @@ class ModernLayer(nn.Module):
     window = config.local_attention // 2 if self.local else None
     attended = ModernAttention(config, window, name="attention")(
         h, segments, deterministic, rotary[1] if self.local else rotary[0])
-    attended = nn.Dropout(config.attention_dropout_prob)(attended, deterministic=deterministic)
+    attended = nn.Dropout(config.attention_output_dropout)(attended,
+                                                           deterministic=deterministic)
     x = (x.astype(jnp.float32) + attended.astype(jnp.float32)).astype(dtype)
     x = nn.with_logical_constraint(x, BATCH_LENGTH_EMBED)
 

@@ -39,25 +39,31 @@ def validate(config: ml_collections.ConfigDict, mesh_devices: int) -> tuple[int,
   bert = BertConfig.from_run_config(config)  # hidden size vs heads and the like
   shape = sharding.mesh_shape([config.mesh.data, config.mesh.fsdp, config.mesh.tensor],
                               mesh_devices)
-  batch, accumulation = config.train.batch_size, config.train.accumulation_steps
+  accumulation = config.train.accumulation_steps
   data_shards = shape[0] * shape[1]
   processes = jax.process_count()
-  if accumulation < 1 or batch % accumulation:
-    raise errors.UsageError(f"train.batch_size={batch} is not divisible by "
-                            f"train.accumulation_steps={accumulation}")
-  if (batch // accumulation) % data_shards:
-    raise errors.UsageError(
-        f"a micro-batch of {batch // accumulation} sequences (train.batch_size / "
-        f"train.accumulation_steps) does not divide over the {data_shards} data "
-        f"shards of the mesh (data x fsdp = {shape[0]} x {shape[1]}); make it a "
-        "multiple")
-  if batch % processes or config.eval.batch_size % processes:
-    raise errors.UsageError(f"train.batch_size={batch} and eval.batch_size="
-                            f"{config.eval.batch_size} must divide over the {processes} processes")
+  for phase in phases(config):
+    batch = phase.batch_size
+    name = "train.batch_size" if phase.index == 0 else "train.long_batch_size"
+    if accumulation < 1 or batch % accumulation:
+      raise errors.UsageError(f"{name}={batch} is not divisible by "
+                              f"train.accumulation_steps={accumulation}")
+    if (batch // accumulation) % data_shards:
+      raise errors.UsageError(
+          f"a micro-batch of {batch // accumulation} sequences ({name} / "
+          f"train.accumulation_steps) does not divide over the {data_shards} data "
+          f"shards of the mesh (data x fsdp = {shape[0]} x {shape[1]}); make it a "
+          "multiple")
+    if batch % processes:
+      raise errors.UsageError(f"{name}={batch} must divide over the {processes} processes")
+  if config.eval.batch_size % processes:
+    raise errors.UsageError(f"eval.batch_size={config.eval.batch_size} must divide over the "
+                            f"{processes} processes")
   if config.eval.batch_size % data_shards:
     raise errors.UsageError(f"eval.batch_size={config.eval.batch_size} does not divide over the "
                             f"{data_shards} data shards")
   for phase in phases(config):
+    phase.model(bert)  # the phase's own model fields are valid
     if phase.max_seq_length > bert.max_position_embeddings:
       raise errors.UsageError(f"sequence length {phase.max_seq_length} is above the model's "
                               f"max_position_embeddings={bert.max_position_embeddings}; raise "
@@ -142,6 +148,7 @@ class _Trainer:
     self.meter = throughput.Meter()
     self.warned_input_bound = False
     self.workers = 0  # loader processes of the phase running
+    self.batch_size = config.train.batch_size  # sequences a step of the phase running
     self.stop: signals.StopRequests | None = None
     self.saving: int | None = None  # the step of the last save started
     self.guard: divergence.DivergenceGuard | None = None  # the loss's range, once restored
@@ -173,10 +180,7 @@ class _Trainer:
           (restored_data or {}).get("recent_losses"))
       # Checked and restored: now the workdir's config.json may say what it holds.
       runs.save_config(config, self.workdir)
-      self.train_step, self.eval_step = train.jit_steps(
-          self.model, self.optimizer, self.learning_rate_fn, config.objective,
-          config.train.accumulation_steps, shardings, self.batch_sharding,
-          sharding.replicated(self.mesh))
+      self.shardings = shardings
       try:
         for phase in self.phases:
           if int(state.step) >= phase.end:
@@ -308,12 +312,19 @@ class _Trainer:
   def _train_phase(self, phase: Phase, state, restored_data, result):
     """Opens the phase's data where the checkpoint left it and runs its steps."""
     config = self.config
-    logging.info("Phase %d: steps %d-%d at length %d", phase.index, phase.start, phase.end,
-                 phase.max_seq_length)
+    logging.info("Phase %d: steps %d-%d at length %d%s", phase.index, phase.start, phase.end,
+                 phase.max_seq_length, "".join(f", {name}={value}"
+                                               for name, value in phase.model_changes))
+    # The steps of the phase's model (the same parameters; a phase may change
+    # how it computes, e.g. ModernBERT's rotary base).
+    self.train_step, self.eval_step = train.jit_steps(
+        train.pretraining_model(phase.model(self.bert), config.objective), self.optimizer,
+        self.learning_rate_fn, config.objective, config.train.accumulation_steps,
+        self.shardings, self.batch_sharding, sharding.replicated(self.mesh))
     resuming = restored_data is not None and restored_data["phase"] == phase.index
     self.workers = self._loader_workers(phase, restored_data if resuming else None)
     iterator = loader.DeviceIterator(iter(loader.make_dataset(
-        loader_config(config, self.data_dir, phase, "train", config.train.batch_size,
+        loader_config(config, self.data_dir, phase, "train", phase.batch_size,
                       worker_count=self.workers),
         jax.process_index(), jax.process_count())), self.batch_sharding)
     try:
@@ -344,7 +355,7 @@ class _Trainer:
     workers = throughput.loader_workers(
         platform=device.platform, length=phase.max_seq_length,
         flops_per_row=phase.max_seq_length * flops.flops_per_token(
-            self.bert, phase.max_seq_length, phase.max_predictions),
+            phase.model(self.bert), phase.max_seq_length, phase.max_predictions),
         local_devices=jax.local_device_count(), peak_tflops=self.peak,
         cpus=os.cpu_count() or 1, sequences_per_row=self.config.data.max_sequences_per_row)
     logging.info("Input pipeline: %d worker process(es) for length %d (data.worker_count=-1: "
@@ -358,6 +369,7 @@ class _Trainer:
     """The steps of one phase; returns (state, last metrics)."""
     config = self.config
     length = phase.max_seq_length
+    self.batch_size = phase.batch_size
     step = int(state.step)
     batch = next(iterator)
     start = time.perf_counter()
@@ -476,7 +488,7 @@ class _Trainer:
     # Steps up to `step` are done (its metrics arrived): time per finished step.
     rates = self.meter.take(step, whole_interval=last)
     seconds_per_step = rates.seconds_per_step
-    batch_size = config.train.batch_size
+    batch_size = self.batch_size  # of the phase running
     values["sequences_per_s"] = rates.sequences_per_s
     values["tokens_per_s"] = batch_size * length / seconds_per_step  # padding included
     values["real_tokens_per_s"] = rates.real_tokens_per_s
@@ -522,7 +534,8 @@ class _Trainer:
 
 
 # A step's useful work (`bertjax.train.batch_work`), turned into rates.
-_WORK = ("real_tokens", "sequences", "token_pairs", "predictions", "nsp_pairs", "model_flops")
+_WORK = ("real_tokens", "sequences", "token_pairs", "local_token_pairs", "predictions",
+         "nsp_pairs", "model_flops")
 
 
 def _memory_numbers(memory) -> dict[str, float]:

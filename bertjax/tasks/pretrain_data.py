@@ -2,7 +2,9 @@
 and the prepared data checked (or built) before the first step.
 
 A run is one or two phases: `train.max_seq_length` (128 in the paper) until
-`train.long_from_step`, then `train.long_seq_length` (512) to the end. The
+`train.long_from_step`, then `train.long_seq_length` (512) to the end (with
+`train.long_batch_size` sequences a step, if set, and the model fields
+`train.long_model` changes). The
 prepared documents are built first when the config says how (`data.build_from`,
 the demo), checked for documents in every process's splits and against the
 model's vocabulary, and given each phase's statically masked instances when
@@ -22,29 +24,61 @@ import ml_collections
 from bertjax import errors, files, hosts, paths
 from bertjax.data import loader, shards
 from bertjax.data.masking import MaskingConfig
+from bertjax.models.config import BertConfig
+
+
+# Model fields a phase may change (`train.long_model`): none changes a
+# parameter's shape, so one state runs through both phases.
+PHASE_MODEL_FIELDS = ("global_rope_theta", "local_rope_theta", "local_attention",
+                      "hidden_dropout_prob", "attention_dropout_prob", "mlp_dropout_prob",
+                      "attention_output_dropout_prob",
+                      "attention_impl", "remat_policy")
 
 
 @dataclasses.dataclass(frozen=True)
 class Phase:
-  """Steps [start, end) at one sequence length."""
+  """Steps [start, end) at one sequence length and batch size (sequences a
+  step), with the model fields the phase changes (ModernBERT's context
+  extension raises the global rotary base)."""
 
   index: int
   start: int
   end: int
   max_seq_length: int
   max_predictions: int
+  batch_size: int
+  model_changes: tuple[tuple[str, Any], ...] = ()
+
+  def model(self, base: BertConfig) -> BertConfig:
+    """The run's model (`base`) as this phase computes it."""
+    return base.replace(**dict(self.model_changes)) if self.model_changes else base
 
 
 def phases(config: ml_collections.ConfigDict) -> list[Phase]:
-  """The run's phases from `config.train`."""
+  """The run's phases from `config.train`.
+
+  Raises:
+    errors.UsageError: `train.long_model` names a field a phase cannot change.
+  """
   train_config = config.train
   total = train_config.total_steps
   long_from = train_config.long_from_step
+  batch = train_config.batch_size
   if long_from is None or long_from < 0 or long_from >= total:
-    return [Phase(0, 0, total, train_config.max_seq_length, train_config.max_predictions)]
-  return [Phase(0, 0, long_from, train_config.max_seq_length, train_config.max_predictions),
+    return [Phase(0, 0, total, train_config.max_seq_length, train_config.max_predictions, batch)]
+  changes = train_config.get("long_model") or {}
+  changes = changes.to_dict() if hasattr(changes, "to_dict") else dict(changes)
+  fixed = sorted(set(changes) - set(PHASE_MODEL_FIELDS))
+  if fixed:
+    raise errors.UsageError(f"train.long_model changes {fixed}, which a phase cannot change "
+                            f"(the parameters would not carry over); it may change "
+                            f"{', '.join(PHASE_MODEL_FIELDS)}")
+  long_batch = train_config.get("long_batch_size", -1)
+  return [Phase(0, 0, long_from, train_config.max_seq_length, train_config.max_predictions,
+                batch),
           Phase(1, long_from, total, train_config.long_seq_length,
-                train_config.long_max_predictions)]
+                train_config.long_max_predictions, long_batch if long_batch > 0 else batch,
+                tuple(sorted(changes.items())))]
 
 
 def stream_settings(config: ml_collections.ConfigDict) -> dict[str, Any]:

@@ -102,7 +102,7 @@ def make_target(config, accelerator_type: str, num_slices: int) -> Target:
     errors.UsageError: an unknown slice, or a config that does not fit its shape.
   """
   from bertjax import sharding, topology
-  from bertjax.tasks import pretrain
+  from bertjax.tasks import pretrain, pretrain_data
 
   if config.get("task") != "pretrain":
     raise errors.UsageError(
@@ -118,8 +118,11 @@ def make_target(config, accelerator_type: str, num_slices: int) -> Target:
   except ValueError as e:
     raise errors.UsageError(str(e)) from None
   hosts = tpu_slice.hosts * num_slices
-  for name, batch in (("train.batch_size", config.train.batch_size),
-                      ("eval.batch_size", config.eval.batch_size)):
+  batches = [("train.batch_size", config.train.batch_size),
+             ("eval.batch_size", config.eval.batch_size)]
+  batches += [("train.long_batch_size", phase.batch_size)
+              for phase in pretrain_data.phases(config)[1:]]
+  for name, batch in batches:
     if batch % hosts:  # each host loads its share (pretrain.validate checks one host here)
       raise errors.UsageError(f"{name}={batch} does not divide over the {hosts} hosts of "
                               f"{accelerator_type}" + (f" x {num_slices}" if num_slices > 1 else "")
@@ -397,8 +400,12 @@ def _phase_programs(config) -> list[tuple[str, Any]]:
   return list(programs.items())
 
 
-# `bertjax.flops.model_flops`' counts, in its order.
-_WORK = ("real_tokens", "token_pairs", "predictions", "nsp_pairs")
+def _window(config, phase) -> int | None:
+  """ModernBERT's local window (keys either side) in a phase, None for BERT."""
+  from bertjax.models import BertConfig
+
+  bert = phase.model(BertConfig.from_run_config(config))
+  return bert.local_attention // 2 if bert.modern else None
 
 
 @dataclasses.dataclass
@@ -423,7 +430,8 @@ class RealWork:
     per_row = {}
     for phase in pretrain_data.phases(config):
       row = flops.row_work(config.objective, (1 - padding) * phase.max_seq_length,
-                           phase.max_predictions, config.data.masked_lm_prob)
+                           phase.max_predictions, config.data.masked_lm_prob,
+                           _window(config, phase))
       per_row[phase.index] = {**row, "padding": padding}
     return cls(per_row, f"given: {padding:g} of the token slots are padding, one sequence a row")
 
@@ -457,7 +465,7 @@ class RealWork:
       sums: dict[str, float] = {}
       for _ in range(batches):
         batch = next(iterator)
-        work = train.batch_work(batch, config.objective)
+        work = train.batch_work(batch, config.objective, _window(config, phase))
         work["padding"] = packing.padding_share(batch)
         for name, value in work.items():
           sums[name] = sums.get(name, 0.0) + float(np.asarray(value))
@@ -491,20 +499,21 @@ class Compiler:
     self.parameter_count = sum(math.prod(leaf.shape)
                                for leaf in jax.tree.leaves(self.state.params))
 
-  def _steps(self, accumulation_steps: int):
+  def _steps(self, accumulation_steps: int, phase):
     from bertjax import sharding, train
 
-    return train.jit_steps(self.model, self.optimizer, self.schedule, self.config.objective,
+    model = train.pretraining_model(phase.model(self.bert), self.config.objective)
+    return train.jit_steps(model, self.optimizer, self.schedule, self.config.objective,
                            accumulation_steps, self.shardings, self.batch_sharding,
                            sharding.replicated(self.target.mesh))
 
   def train(self, phase, batch_size: int, accumulation_steps: int) -> dict[str, Any]:
     """Compiles the training step of a phase; its memory, FLOPs, collectives."""
-    return self._compile(self._steps(accumulation_steps)[0], phase, batch_size, True)
+    return self._compile(self._steps(accumulation_steps, phase)[0], phase, batch_size, True)
 
   def evaluate(self, phase, batch_size: int) -> dict[str, Any]:
     """Compiles the evaluation step of a phase; its memory, FLOPs, collectives."""
-    return self._compile(self._steps(1)[1], phase, batch_size, False)
+    return self._compile(self._steps(1, phase)[1], phase, batch_size, False)
 
   def _compile(self, step, phase, batch_size: int, training: bool) -> dict[str, Any]:
     import flax.linen as nn
@@ -526,9 +535,9 @@ class Compiler:
                       and total <= self.target.tpu_slice.generation.hbm_bytes)
     if "flops_per_chip" in result:
       # Full rows: every slot a token, every prediction slot used.
-      full = flops.row_work(self.config.objective, length, phase.max_predictions, 1.0)
-      model = flops.model_flops(self.bert, *(batch_size * full[name] for name in _WORK),
-                                training=training)
+      full = flops.row_work(self.config.objective, length, phase.max_predictions, 1.0,
+                            _window(self.config, phase))
+      model = flops.work_flops(phase.model(self.bert), full, batch_size, training)
       compiled = result.pop("flops_per_chip") * self.target.chips
       traced = result.pop("traced_flops")
       counts = {
@@ -538,8 +547,7 @@ class Compiler:
           "cost_analysis_ratio": round(compiled / model, 3)}
       if self.real_work is not None:
         row = self.real_work.per_row[phase.index]
-        real = flops.model_flops(self.bert, *(batch_size * row[name] for name in _WORK),
-                                 training=training)
+        real = flops.work_flops(phase.model(self.bert), row, batch_size, training)
         counts.update(model_real=real, real_share=round(real / traced.matmuls, 3))
       result["flops_per_step"] = counts
     return result
@@ -664,7 +672,10 @@ def run(config, accelerator_type: str, num_slices: int = 1, find_max_batch: bool
   for name, phase in _phase_programs(config):
     report["phases"].append({"name": name, "steps": [phase.start, phase.end],
                              "max_seq_length": phase.max_seq_length,
-                             "max_predictions": phase.max_predictions})
+                             "max_predictions": phase.max_predictions,
+                             "batch_size": phase.batch_size,
+                             **({"model": dict(phase.model_changes)}
+                                if phase.model_changes else {})})
     if real_work is not None:
       report.setdefault("real_work", {"source": real_work.source, "per_row": {}})
       report["real_work"]["per_row"][name] = {
@@ -674,7 +685,7 @@ def run(config, accelerator_type: str, num_slices: int = 1, find_max_batch: bool
       logging.info("Compiling %s for %s", key, accelerator_type)
       if kind == "train":
         result = train_results[name] = compiler.train(
-            phase, train_config.batch_size, train_config.accumulation_steps)
+            phase, phase.batch_size, train_config.accumulation_steps)
       else:
         result = compiler.evaluate(phase, config.eval.batch_size)
       fits = fits and result["fits"]
@@ -689,11 +700,11 @@ def run(config, accelerator_type: str, num_slices: int = 1, find_max_batch: bool
           report["xla_hbm_limit_bytes"] = result["xla_hbm_limit_bytes"]
       print(summary_line(key, result, report), flush=True)
     if find_max_batch:
-      known = ({report["per_chip_batch"]: train_results[name]}
-               if train_config.accumulation_steps == 1 else {})
-      best, tried = compiler.max_per_chip_batch(phase, report["per_chip_batch"], known)
+      per_chip = phase.batch_size // train_config.accumulation_steps // compiler.data_shards
+      known = ({per_chip: train_results[name]} if train_config.accumulation_steps == 1 else {})
+      best, tried = compiler.max_per_chip_batch(phase, per_chip, known)
       report.setdefault("max_batch_trials", {})[f"train_{name}"] = tried
-      steps = accumulation_for(train_config.batch_size, compiler.data_shards, best)
+      steps = accumulation_for(phase.batch_size, compiler.data_shards, best)
       report.setdefault("max_per_chip_batch", {})[f"train_{name}"] = best
       report.setdefault("accumulation_to_fit", {})[f"train_{name}"] = steps
       print(f"train_{name}: at most {best} sequences a chip fit (without accumulation)",
@@ -718,19 +729,21 @@ def _accumulation_that_fits(compiler: Compiler, config, report: dict[str, Any],
 
   `compiled`: the training steps already compiled at the configured setting.
   """
-  batch, shards = config.train.batch_size, compiler.data_shards
-  needed = [accumulation_for(batch, shards, best)
-            for best in report["max_per_chip_batch"].values()]
+  shards = compiler.data_shards
+  programs = _phase_programs(config)
+  needed = [accumulation_for(phase.batch_size, shards, report["max_per_chip_batch"][
+      f"train_{name}"]) for name, phase in programs]
   steps = None if None in needed else max(needed)  # one setting serves every phase
+  batch = min(phase.batch_size for _, phase in programs)
   tried = []
   while steps is not None and len(tried) < 4:
     results = {}
-    for name, phase in _phase_programs(config):
+    for name, phase in programs:
       if steps == config.train.accumulation_steps:
         results[name] = compiled[name]
       else:
         logging.info("Trying accumulation_steps=%d at length %d", steps, phase.max_seq_length)
-        results[name] = compiler.train(phase, batch, steps)
+        results[name] = compiler.train(phase, phase.batch_size, steps)
     fit = all(result["fits"] for result in results.values())
     tried.append({"accumulation_steps": steps, "fits": fit,
                   "total_bytes": {f"train_{name}": result["per_chip_bytes"].get("total")

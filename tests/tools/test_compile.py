@@ -193,6 +193,7 @@ def test_the_real_tokens_of_a_given_padding_share():
   work = compile_tool.RealWork.given(config, 0.25)
   short, long = work.per_row[0], work.per_row[1]
   assert short == {"real_tokens": 96.0, "sequences": 1.0, "token_pairs": 96.0 ** 2,
+                   "local_token_pairs": 96.0 ** 2,  # BERT: every layer global
                    "predictions": 14.0, "nsp_pairs": 1.0, "padding": 0.25}
   assert long["real_tokens"] == 384 and long["predictions"] == 58  # round(0.15 * 384)
   full = compile_tool.RealWork.given(config, 0.0).per_row[0]
@@ -288,7 +289,7 @@ def test_max_batch_search_brackets_then_closes_in(fixed_gib, per_sequence_gib, s
     return {"fits": total(per_chip) <= hbm, "per_chip_bytes": {"total": total(per_chip)}}
 
   compiler.train = train
-  best, tried = compiler.max_per_chip_batch(Phase(0, 0, 10, 128, 20), start)
+  best, tried = compiler.max_per_chip_batch(Phase(0, 0, 10, 128, 20, 256), start)
   expected = max([b for b in range(1, 10_000) if total(b) <= hbm and (b < 8 or b % 8 == 0)],
                  default=0)
   assert best == expected
@@ -299,7 +300,7 @@ def test_max_batch_search_brackets_then_closes_in(fixed_gib, per_sequence_gib, s
 def pretrain_phase(length):
   from bertjax.tasks.pretrain import Phase
 
-  return Phase(0, 0, 1, length, length * 15 // 100)
+  return Phase(0, 0, 1, length, length * 15 // 100, 256)
 
 
 def test_the_accumulation_that_fits_is_checked_by_compiling():

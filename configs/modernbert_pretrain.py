@@ -1,0 +1,76 @@
+r"""ModernBERT pre-training (Warner et al., 2024), base by default.
+
+  python -m bertjax.main --config=configs/modernbert_pretrain.py --workdir=gs://BUCKET/mb \
+      --config.data.dir=gs://BUCKET/data/web
+
+`--config=configs/modernbert_pretrain.py:large` for ModernBERT-large. The
+recipe of ModernBERT's own training configs, in steps of the same tokens:
+- masked LM alone at 30% (80/10/10), on contiguous text packed to the length
+  (`objective="mlm"`), no next-sentence prediction and no token types;
+- 1,024 tokens with a rotary base of 10,000 in every layer, then context
+  extension to 8,192 tokens with the global layers' base raised to 160,000
+  (`train.long_model`) and a lower plateau, then a 1-sqrt decay to 0.1% of
+  it: warmup-stable-decay (`optimizer.schedule="wsd"`);
+- StableAdamW (update clipping instead of gradient clipping), betas 0.9 and
+  0.98, epsilon 1e-6, fully decoupled weight decay 1e-5 off biases and norms;
+- dropout 0.1 on the attention output only; none on the embeddings, the
+  attention probabilities (so "auto" runs the fused kernels) or the
+  feed-forward.
+Base: 4,608 sequences of 1,024 tokens a step (4.7M tokens), lr 8e-4 after a
+3B-token warmup, 1.719T tokens; then 576 sequences of 8,192 (the same tokens
+a step) at 3e-4 for 250B tokens and a 50B-token decay. Large: 4,928 / 616
+sequences, lr 5e-4 then 5e-5, 2B tokens of warmup. docs/modernbert.md says
+where bertjax differs from ModernBERT's code (its batch-size warmup among
+them).
+"""
+
+from bertjax.configs import common
+
+
+def _steps(tokens: float, sequences: int, length: int) -> int:
+  return round(tokens / (sequences * length))
+
+
+def get_config(arg: str | None = None):
+  size = common.choose(arg or "base", ("base", "large"), "configs/modernbert_pretrain.py",
+                       "the model size")
+  config = common.pretrain_config(f"modernbert_{size}")
+  config.objective = "mlm"
+  config.model.vocab_pad_multiple = 128  # 50,368 words: already whole tiles
+  config.model.global_rope_theta = 10_000.0   # 160,000 from the context extension on
+  config.model.attention_output_dropout_prob = 0.1
+  config.data.vocab_size = 50368
+  config.data.masked_lm_prob = 0.3
+
+  batch, long_batch = (4608, 576) if size == "base" else (4928, 616)
+  short_steps = _steps(1.719e12, batch, 1024)
+  extension_steps = _steps(250e9, long_batch, 8192)
+  decay_steps = _steps(50e9, long_batch, 8192)
+  config.train.batch_size = batch
+  config.train.max_seq_length = 1024
+  config.train.max_predictions = 308      # 30% of 1,024
+  config.train.long_from_step = short_steps
+  config.train.long_seq_length = 8192
+  config.train.long_max_predictions = 2458  # 30% of 8,192
+  config.train.long_batch_size = long_batch
+  config.train.long_model = {"global_rope_theta": 160_000.0}
+  config.train.total_steps = short_steps + extension_steps + decay_steps
+
+  config.optimizer.name = "stableadamw"
+  config.optimizer.learning_rate = 8e-4 if size == "base" else 5e-4
+  config.optimizer.long_learning_rate = 3e-4 if size == "base" else 5e-5
+  config.optimizer.warmup_steps = _steps(3e9 if size == "base" else 2e9, batch, 1024)
+  config.optimizer.schedule = "wsd"
+  config.optimizer.decay_steps = decay_steps
+  config.optimizer.decay_shape = "1-sqrt"
+  config.optimizer.final_fraction = 0.001
+  config.optimizer.weight_decay = 1e-5
+  config.optimizer.b1 = 0.9
+  config.optimizer.b2 = 0.98
+  config.optimizer.eps = 1e-6
+  config.optimizer.max_grad_norm = 0.0    # StableAdamW clips its updates instead
+  config.optimizer.bias_correction = False  # StableAdamW debiases its betas itself
+
+  config.checkpoint.every_steps = 2_000
+  config.eval.every_steps = 2_000
+  return config

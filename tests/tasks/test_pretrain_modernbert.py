@@ -1,0 +1,111 @@
+"""ModernBERT's recipe through `python -m bertjax.main`: configs/modernbert_pretrain.py
+scaled down (L4/H32 on the test vocabulary), its two phases (the rotary base
+raised and the batch cut for the long phase), StableAdamW and the
+warmup-stable-decay schedule, exact resume after kill -9 in the long phase,
+and the run's model exported to transformers.
+"""
+
+import json
+import os
+import signal
+import sys
+
+import numpy as np
+import pytest
+
+from tests.tasks.test_pretrain import ROOT, _env, _losses, _run, _saved_steps, _start_and_stop
+
+TOTAL, SWITCH, DECAY = 90, 50, 20
+
+
+def _args(workdir, prepared_dir, **overrides):
+  settings = {
+      "data.dir": prepared_dir, "data.host_sharding": "rows", "data.eval_percent": 10.0,
+      "data.vocab_size": 210, "data.shuffle_window": 200,
+      "model.vocab_size": 210, "model.hidden_size": 32, "model.num_layers": 4,
+      "model.num_heads": 2, "model.intermediate_size": 48, "model.max_position_embeddings": 64,
+      "model.local_attention": 8, "model.dtype": "float32",
+      "train.batch_size": 8, "train.long_batch_size": 4, "train.total_steps": TOTAL,
+      "train.max_seq_length": 32, "train.max_predictions": 10, "train.long_from_step": SWITCH,
+      "train.long_seq_length": 64, "train.long_max_predictions": 20,
+      "optimizer.warmup_steps": 10, "optimizer.decay_steps": DECAY,
+      "optimizer.learning_rate": 2e-3, "optimizer.long_learning_rate": 1e-3,
+      "checkpoint.every_steps": 15, "eval.every_steps": 45, "eval.batches": 2,
+      "eval.batch_size": 8, "log_every_steps": 1, **overrides}
+  return ([sys.executable, "-m", "bertjax.main", "--config=configs/modernbert_pretrain.py",
+           f"--workdir={workdir}"] + [f"--config.{k}={v}" for k, v in settings.items()])
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(prepared_dir, tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp("modernbert"))
+  result = _run(_args(workdir, prepared_dir), _env())
+  return workdir, result.stderr
+
+
+def _records(workdir):
+  return [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+
+
+def test_the_recipe_runs_both_phases(uninterrupted):
+  workdir, log = uninterrupted
+  assert "Phase 1: steps 50-90 at length 64, global_rope_theta=160000.0" in log
+  train = {r["step"]: r for r in _records(workdir) if "train/loss" in r}
+  assert sorted(train) == list(range(1, TOTAL + 1))
+  assert train[SWITCH]["train/max_seq_length"] == 32
+  assert train[SWITCH + 1]["train/max_seq_length"] == 64
+  # Sequences a step: 8, then 4 (the long phase's own batch).
+  short = np.median([train[s]["train/sequences_per_s"] / train[s]["train/tokens_per_s"]
+                     for s in range(5, SWITCH)])
+  assert short == pytest.approx(1 / 32)
+  # Warmup to 2e-3, the plateau, 1e-3 from the switch, then 1-sqrt to 0.1% of it.
+  rate = lambda step: train[step + 1]["train/learning_rate"]  # logged: the step's own
+  assert rate(5) == pytest.approx(1e-3) and rate(30) == pytest.approx(2e-3)
+  assert rate(SWITCH) == pytest.approx(1e-3) and rate(TOTAL - DECAY) == pytest.approx(1e-3)
+  assert rate(TOTAL - 5) == pytest.approx(1e-3 * (0.001 + 0.999 * (1 - np.sqrt(15 / 20))))
+  first, last = (np.mean([train[s]["train/loss"] for s in steps])
+                 for steps in (range(1, 6), range(SWITCH - 5, SWITCH)))
+  assert last < first - 0.5  # it learns
+  saved = json.load(open(os.path.join(workdir, "config.json")))
+  assert saved["model"]["family"] == "modernbert" and saved["optimizer"]["name"] == "stableadamw"
+
+
+def test_kill_in_the_long_phase_and_restart_reproduces_every_loss(uninterrupted, prepared_dir,
+                                                                  tmp_path):
+  expected = {step: values[0] for step, values in _losses(uninterrupted[0]).items()}
+  workdir = str(tmp_path)
+  args = _args(workdir, prepared_dir, **{"checkpoint.every_steps": 10})
+  code, _ = _start_and_stop(args, _env(), workdir, SWITCH + 25, signal.SIGKILL)
+  assert code == -signal.SIGKILL
+  killed_at = max(_losses(workdir))
+  restart_from = _saved_steps(workdir)[-1]
+  assert SWITCH < restart_from <= killed_at < TOTAL
+  _run(args, _env())
+  losses = _losses(workdir)
+  assert sorted(losses) == list(range(1, TOTAL + 1))
+  for step, values in losses.items():
+    assert values == [expected[step]] * len(values), step  # bit-identical, reruns included
+
+
+def test_the_run_exports_its_long_phase_model_to_transformers(uninterrupted, tmp_path):
+  import torch
+  import transformers
+
+  import bertjax
+
+  workdir, _ = uninterrupted
+  bundle = bertjax.load_pretrained(workdir)
+  assert bundle.config.global_rope_theta == 160_000.0  # as the last phase computed
+  out = str(tmp_path / "hf")
+  result = _run([sys.executable, "-m", "bertjax.tools.convert", f"--input={workdir}",
+                 "--to=hf", f"--output={out}"], _env(1))
+  assert "masked_lm model" in result.stdout
+  saved = json.load(open(os.path.join(out, "config.json")))
+  assert saved["rope_parameters"]["full_attention"]["rope_theta"] == 160_000.0
+  model = transformers.AutoModelForMaskedLM.from_pretrained(out, attn_implementation="eager")
+  ids = bundle.tokenizer.encode("the quick brown fox", "jumps over the dog")
+  ours = bundle.model().apply({"params": bundle.params}, np.asarray([ids]))["mlm_logits"]
+  with torch.no_grad():
+    theirs = model(torch.tensor([ids])).logits.numpy()
+  np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-4)
+  assert os.path.isdir(ROOT)
