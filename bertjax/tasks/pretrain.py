@@ -312,9 +312,10 @@ class _Trainer:
   def _train_phase(self, phase: Phase, state, restored_data, result):
     """Opens the phase's data where the checkpoint left it and runs its steps."""
     config = self.config
-    logging.info("Phase %d: steps %d-%d at length %d%s", phase.index, phase.start, phase.end,
-                 phase.max_seq_length, "".join(f", {name}={value}"
-                                               for name, value in phase.model_changes))
+    logging.info("Phase %d: steps %d-%d at length %d, %d %s a step%s", phase.index,
+                 phase.start, phase.end, phase.max_seq_length, phase.batch_size,
+                 "rows" if config.data.max_sequences_per_row > 1 else "sequences",
+                 "".join(f", {name}={value}" for name, value in phase.model_changes))
     # The steps of the phase's model (the same parameters; a phase may change
     # how it computes, e.g. ModernBERT's rotary base).
     self.train_step, self.eval_step = train.jit_steps(
