@@ -125,6 +125,11 @@ def pretrain_config(size: str = "bert_base") -> ml_collections.ConfigDict:
   config.train.long_seq_length = 512
   config.train.long_max_predictions = 80
   config.train.long_batch_size = -1       # sequences a step from long_from_step; -1: batch_size
+  # Batch-size warmup (ModernBERT's): the first phase's batch grows from
+  # batch_ramp_start in steps of it to batch_size over batch_ramp_steps steps,
+  # each size for an equal run of steps (0: the full batch from the start).
+  config.train.batch_ramp_start = 0
+  config.train.batch_ramp_steps = 0
   # Model fields the long phase changes (ModernBERT: its global rotary base);
   # none that changes a parameter's shape.
   config.train.long_model = ml_collections.ConfigDict()

@@ -15,6 +15,8 @@ recipe of ModernBERT's own training configs, in steps of the same tokens:
   it: warmup-stable-decay (`optimizer.schedule="wsd"`);
 - StableAdamW (update clipping instead of gradient clipping), betas 0.9 and
   0.98, epsilon 1e-6, fully decoupled weight decay 1e-5 off biases and norms;
+- a batch-size warmup, 768 to 4,608 sequences in six steps over the first
+  50B tokens (`train.batch_ramp_start`, `train.batch_ramp_steps`);
 - dropout 0.1 on the attention output only; none on the embeddings, the
   attention probabilities (so "auto" runs the fused kernels) or the
   feed-forward.
@@ -22,8 +24,7 @@ Base: 4,608 sequences of 1,024 tokens a step (4.7M tokens), lr 8e-4 after a
 3B-token warmup, 1.719T tokens; then 576 sequences of 8,192 (the same tokens
 a step) at 3e-4 for 250B tokens and a 50B-token decay. Large: 4,928 / 616
 sequences, lr 5e-4 then 5e-5, 2B tokens of warmup. docs/modernbert.md says
-where bertjax differs from ModernBERT's code (its batch-size warmup among
-them).
+where bertjax differs from ModernBERT's code.
 """
 
 from bertjax.configs import common
@@ -31,6 +32,17 @@ from bertjax.configs import common
 
 def _steps(tokens: float, sequences: int, length: int) -> int:
   return round(tokens / (sequences * length))
+
+
+def _ramped_steps(tokens: float, start: int, batch: int, ramp_steps: int, length: int) -> int:
+  """Steps to train `tokens` tokens when the batch grows from `start` to
+  `batch` in steps of `start` over `ramp_steps` steps (as the trainer does)."""
+  stages = batch // start
+  done = steps = 0
+  while done < tokens and steps < ramp_steps:
+    done += (1 + steps * stages // ramp_steps) * start * length
+    steps += 1
+  return steps + max(0, -int((done - tokens) // (batch * length)))
 
 
 def get_config(arg: str | None = None):
@@ -48,10 +60,18 @@ def get_config(arg: str | None = None):
   config.data.max_sequences_per_row = 8
 
   batch, long_batch = (4608, 576) if size == "base" else (4928, 616)
-  short_steps = _steps(1.719e12, batch, 1024)
   extension_steps = _steps(250e9, long_batch, 8192)
   decay_steps = _steps(50e9, long_batch, 8192)
   config.train.batch_size = batch
+  # Batch-size warmup: 768 to 4,608 sequences in steps of 768 over the first
+  # 50B tokens (large: 448 to 4,928 over 10B), each size for an equal run of
+  # steps (the steps of those tokens at the mean batch).
+  ramp_start, ramp_tokens = (768, 50e9) if size == "base" else (448, 10e9)
+  ramp_steps = _steps(ramp_tokens, (ramp_start + batch) // 2, 1024)
+  config.train.batch_ramp_start = ramp_start
+  config.train.batch_ramp_steps = ramp_steps
+  # 1.719T tokens at 1,024, the warmup's steps carrying fewer.
+  short_steps = _ramped_steps(1.719e12, ramp_start, batch, ramp_steps, 1024)
   config.train.max_seq_length = 1024
   config.train.max_predictions = 308      # 30% of 1,024
   config.train.long_from_step = short_steps
@@ -64,7 +84,8 @@ def get_config(arg: str | None = None):
   config.optimizer.name = "stableadamw"
   config.optimizer.learning_rate = 8e-4 if size == "base" else 5e-4
   config.optimizer.long_learning_rate = 3e-4 if size == "base" else 5e-5
-  config.optimizer.warmup_steps = _steps(3e9 if size == "base" else 2e9, batch, 1024)
+  config.optimizer.warmup_steps = _ramped_steps(3e9 if size == "base" else 2e9, ramp_start,
+                                               batch, ramp_steps, 1024)
   config.optimizer.schedule = "wsd"
   config.optimizer.decay_steps = decay_steps
   config.optimizer.decay_shape = "1-sqrt"

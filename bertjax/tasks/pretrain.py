@@ -56,6 +56,8 @@ def validate(config: ml_collections.ConfigDict, mesh_devices: int) -> tuple[int,
           "multiple")
     if batch % processes:
       raise errors.UsageError(f"{name}={batch} must divide over the {processes} processes")
+    if phase.ramp_steps:
+      _check_ramp(phase, accumulation, data_shards, processes)
   if config.eval.batch_size % processes:
     raise errors.UsageError(f"eval.batch_size={config.eval.batch_size} must divide over the "
                             f"{processes} processes")
@@ -111,6 +113,35 @@ def validate(config: ml_collections.ConfigDict, mesh_devices: int) -> tuple[int,
   return shape
 
 
+def stage_accumulation(rows: int, micro: int) -> int:
+  """Micro-batches of a warmup step of `rows` rows: as few as keep each within
+  the configured micro-batch (`micro` rows)."""
+  return -(-rows // micro)
+
+
+def _check_ramp(phase: Phase, accumulation: int, data_shards: int, processes: int) -> None:
+  """Every batch size of the batch-size warmup divides into micro-batches that
+  divide over the data shards."""
+  start, batch = phase.ramp_start, phase.batch_size
+  if start <= 0 or batch % start:
+    raise errors.UsageError(f"train.batch_ramp_start={start} must divide train.batch_size="
+                            f"{batch} (the warmup's batches are its multiples)")
+  if start % processes:
+    raise errors.UsageError(f"train.batch_ramp_start={start} must divide over the "
+                            f"{processes} processes")
+  micro = batch // accumulation
+  for rows in range(start, batch + 1, start):
+    parts = stage_accumulation(rows, micro)
+    if rows % parts or (rows // parts) % data_shards:
+      raise errors.UsageError(
+          f"the warmup's batch of {rows} rows does not divide into micro-batches of at most "
+          f"{micro} (train.batch_size / train.accumulation_steps) that divide over the "
+          f"{data_shards} data shards; choose train.batch_ramp_start to make it so")
+  if phase.ramp_steps > phase.end - phase.start:
+    raise errors.UsageError(f"train.batch_ramp_steps={phase.ramp_steps} is longer than the "
+                            f"first phase ({phase.end - phase.start} steps)")
+
+
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Pre-trains as `config` says, resuming from `workdir` if it holds a checkpoint.
 
@@ -148,7 +179,7 @@ class _Trainer:
     self.meter = throughput.Meter()
     self.warned_input_bound = False
     self.workers = 0  # loader processes of the phase running
-    self.batch_size = config.train.batch_size  # sequences a step of the phase running
+    self.batch_size = config.train.batch_size  # sequences a step, of the step running
     self.stop: signals.StopRequests | None = None
     self.saving: int | None = None  # the step of the last save started
     self.guard: divergence.DivergenceGuard | None = None  # the loss's range, once restored
@@ -316,16 +347,31 @@ class _Trainer:
                  phase.start, phase.end, phase.max_seq_length, phase.batch_size,
                  "rows" if config.data.max_sequences_per_row > 1 else "sequences",
                  "".join(f", {name}={value}" for name, value in phase.model_changes))
+    if phase.ramp_steps:
+      logging.info("Batch-size warmup: %d, %d, ... %d a step over steps %d-%d",
+                   phase.ramp_start, 2 * phase.ramp_start, phase.batch_size, phase.start,
+                   phase.start + phase.ramp_steps)
     # The steps of the phase's model (the same parameters; a phase may change
-    # how it computes, e.g. ModernBERT's rotary base).
-    self.train_step, self.eval_step = train.jit_steps(
-        train.pretraining_model(phase.model(self.bert), config.objective), self.optimizer,
-        self.learning_rate_fn, config.objective, config.train.accumulation_steps,
-        self.shardings, self.batch_sharding, sharding.replicated(self.mesh))
+    # how it computes, e.g. ModernBERT's rotary base), one per batch size of
+    # the warmup: each takes the configured micro-batches.
+    model = train.pretraining_model(phase.model(self.bert), config.objective)
+    micro = phase.batch_size // config.train.accumulation_steps
+    jitted: dict[int, tuple[Any, Any]] = {}
+
+    def steps_for(parts: int):
+      if parts not in jitted:
+        jitted[parts] = train.jit_steps(
+            model, self.optimizer, self.learning_rate_fn, config.objective,
+            stage_accumulation(parts * phase.loader_batch, micro), self.shardings,
+            self.batch_sharding, sharding.replicated(self.mesh))
+      return jitted[parts]
+
+    self.steps_for = steps_for
+    self.eval_step = steps_for(phase.batch_size // phase.loader_batch)[1]
     resuming = restored_data is not None and restored_data["phase"] == phase.index
     self.workers = self._loader_workers(phase, restored_data if resuming else None)
     iterator = loader.DeviceIterator(iter(loader.make_dataset(
-        loader_config(config, self.data_dir, phase, "train", phase.batch_size,
+        loader_config(config, self.data_dir, phase, "train", phase.loader_batch,
                       worker_count=self.workers),
         jax.process_index(), jax.process_count())), self.batch_sharding)
     try:
@@ -370,16 +416,20 @@ class _Trainer:
     """The steps of one phase; returns (state, last metrics)."""
     config = self.config
     length = phase.max_seq_length
-    self.batch_size = phase.batch_size
     step = int(state.step)
-    batch = next(iterator)
-    start = time.perf_counter()
-    compiled = self.train_step.lower(state, batch).compile()
-    compile_s = time.perf_counter() - start
-    memory = _memory_numbers(compiled.memory_analysis())
-    logging.info("Compiled the step for length %d in %.1f s; memory: %s", length, compile_s,
-                 ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in memory.items()))
-    self.writer.write(step, {"compile_s": compile_s, **memory}, "setup/")
+    programs: dict[int, Any] = {}  # loader batches a step -> its compiled step
+
+    def fetch(step: int):
+      """(compiled step, batch) of the step after `step` steps."""
+      parts = phase.parts(step)
+      batches = [next(iterator) for _ in range(parts)]
+      batch = batches[0] if parts == 1 else self._concatenate(batches)
+      self.batch_size = parts * phase.loader_batch
+      if parts not in programs:
+        programs[parts] = self._compile(self.steps_for(parts)[0], state, batch, step, length)
+      return programs[parts], batch
+
+    compiled, batch = fetch(step)
 
     profile_dir = os.path.join(self.workdir, "profile")
     pending = None  # (step, device metrics): fetched one step late
@@ -427,11 +477,33 @@ class _Trainer:
         self.meter.restart(step)  # evaluation left out
       if step < phase.end:
         waiting = time.perf_counter()
-        batch = next(iterator)  # prefetched while the device runs: waiting is input-bound
+        # Prefetched while the device runs: waiting is input-bound. (A warmup's
+        # next batch size compiles here, its time left out as the waiting is.)
+        compiled, batch = fetch(step)
         self.meter.waited(time.perf_counter() - waiting)
     if pending is not None:
       result = self._report(*pending, length, last=True) or result
     return state, result
+
+  def _compile(self, step_fn, state, batch, step: int, length: int):
+    """The training step compiled for `batch`'s shape; its time and memory logged."""
+    start = time.perf_counter()
+    compiled = step_fn.lower(state, batch).compile()
+    compile_s = time.perf_counter() - start
+    memory = _memory_numbers(compiled.memory_analysis())
+    rows = jax.tree.leaves(batch)[0].shape[0]
+    logging.info("Compiled the step for length %d (%d a step) in %.1f s; memory: %s", length,
+                 rows, compile_s, ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in memory.items()))
+    self.writer.write(step, {"compile_s": compile_s, **memory}, "setup/")
+    return compiled
+
+  def _concatenate(self, batches: list[dict[str, jax.Array]]) -> dict[str, jax.Array]:
+    """Loader batches as one batch on the mesh, rows in their order."""
+    if not hasattr(self, "_concatenate_fn"):
+      self._concatenate_fn = jax.jit(
+          lambda parts: jax.tree.map(lambda *x: jax.numpy.concatenate(x), *parts),
+          out_shardings=self.batch_sharding)
+    return self._concatenate_fn(batches)
 
   def _save_in_range(self, step: int, state: train.TrainState,
                      data_state: dict[str, Any]) -> bool:

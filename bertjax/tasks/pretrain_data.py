@@ -48,10 +48,25 @@ class Phase:
   max_predictions: int
   batch_size: int
   model_changes: tuple[tuple[str, Any], ...] = ()
+  ramp_start: int = 0  # batch-size warmup: the first steps' batch, in its multiples ...
+  ramp_steps: int = 0  # ... up to `batch_size` over these steps (0: none)
 
   def model(self, base: BertConfig) -> BertConfig:
     """The run's model (`base`) as this phase computes it."""
     return base.replace(**dict(self.model_changes)) if self.model_changes else base
+
+  @property
+  def loader_batch(self) -> int:
+    """Sequences (rows) of one loader batch: a step takes `parts(step)` of them."""
+    return self.ramp_start if self.ramp_steps else self.batch_size
+
+  def parts(self, step: int) -> int:
+    """Loader batches of the step after `step` steps: during the batch-size
+    warmup, 1, 2, ... in equal runs of steps, then all of the batch."""
+    full = self.batch_size // self.loader_batch
+    if not self.ramp_steps or step >= self.start + self.ramp_steps:
+      return full
+    return 1 + (step - self.start) * full // self.ramp_steps
 
 
 def phases(config: ml_collections.ConfigDict) -> list[Phase]:
@@ -64,8 +79,13 @@ def phases(config: ml_collections.ConfigDict) -> list[Phase]:
   total = train_config.total_steps
   long_from = train_config.long_from_step
   batch = train_config.batch_size
+  ramp = {"ramp_start": train_config.get("batch_ramp_start", 0),
+          "ramp_steps": train_config.get("batch_ramp_steps", 0)}
+  if ramp["ramp_steps"] <= 0:
+    ramp = {}
   if long_from is None or long_from < 0 or long_from >= total:
-    return [Phase(0, 0, total, train_config.max_seq_length, train_config.max_predictions, batch)]
+    return [Phase(0, 0, total, train_config.max_seq_length, train_config.max_predictions, batch,
+                  **ramp)]
   changes = train_config.get("long_model") or {}
   changes = changes.to_dict() if hasattr(changes, "to_dict") else dict(changes)
   fixed = sorted(set(changes) - set(PHASE_MODEL_FIELDS))
@@ -75,7 +95,7 @@ def phases(config: ml_collections.ConfigDict) -> list[Phase]:
                             f"{', '.join(PHASE_MODEL_FIELDS)}")
   long_batch = train_config.get("long_batch_size", -1)
   return [Phase(0, 0, long_from, train_config.max_seq_length, train_config.max_predictions,
-                batch),
+                batch, **ramp),
           Phase(1, long_from, total, train_config.long_seq_length,
                 train_config.long_max_predictions, long_batch if long_batch > 0 else batch,
                 tuple(sorted(changes.items())))]
@@ -87,6 +107,9 @@ def stream_settings(config: ml_collections.ConfigDict) -> dict[str, Any]:
   documents each host reads (the held-out share, the host sharding), static
   instances or not, and the windows of the shuffle and the packing."""
   return {"seed": config.seed, "objective": config.objective,
+          # The loader's batches are the warmup's first batch (when it has one).
+          "train.batch_ramp_start": (config.train.get("batch_ramp_start", 0)
+                                     if config.train.get("batch_ramp_steps", 0) > 0 else 0),
           **{f"data.{name}": config.data[name]
              for name in ("eval_percent", "host_sharding", "static", "shuffle_window",
                           "max_sequences_per_row", "packing_window")}}

@@ -1,8 +1,9 @@
 """ModernBERT's recipe through `python -m bertjax.main`: configs/modernbert_pretrain.py
-scaled down (L4/H32 on the test vocabulary), its two phases (the rotary base
-raised and the batch cut for the long phase), StableAdamW and the
-warmup-stable-decay schedule, exact resume after kill -9 in the long phase,
-and the run's model exported to transformers.
+scaled down (L4/H32 on the test vocabulary, two devices), its batch-size
+warmup (2, 4, 6, then 8 rows a step), its two phases (the rotary base raised
+and a batch of its own for the long phase), StableAdamW and the
+warmup-stable-decay schedule, exact resume after kill -9 in the warmup and in
+the long phase, and the run's model exported to transformers.
 """
 
 import json
@@ -15,7 +16,7 @@ import pytest
 
 from tests.tasks.test_pretrain import ROOT, _env, _losses, _run, _saved_steps, _start_and_stop
 
-TOTAL, SWITCH, DECAY = 90, 50, 20
+TOTAL, SWITCH, DECAY, RAMP = 90, 50, 20, 24
 
 
 def _args(workdir, prepared_dir, **overrides):
@@ -25,7 +26,8 @@ def _args(workdir, prepared_dir, **overrides):
       "model.vocab_size": 210, "model.hidden_size": 32, "model.num_layers": 4,
       "model.num_heads": 2, "model.intermediate_size": 48, "model.max_position_embeddings": 64,
       "model.local_attention": 8, "model.dtype": "float32",
-      "train.batch_size": 8, "train.long_batch_size": 4, "train.total_steps": TOTAL,
+      "train.batch_size": 8, "train.long_batch_size": 16, "train.accumulation_steps": 4,
+      "train.batch_ramp_start": 2, "train.batch_ramp_steps": RAMP, "train.total_steps": TOTAL,
       "train.max_seq_length": 32, "train.max_predictions": 10, "train.long_from_step": SWITCH,
       "train.long_seq_length": 64, "train.long_max_predictions": 20,
       "optimizer.warmup_steps": 10, "optimizer.decay_steps": DECAY,
@@ -39,7 +41,7 @@ def _args(workdir, prepared_dir, **overrides):
 @pytest.fixture(scope="module")
 def uninterrupted(prepared_dir, tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("modernbert"))
-  result = _run(_args(workdir, prepared_dir), _env())
+  result = _run(_args(workdir, prepared_dir), _env(2))
   return workdir, result.stderr
 
 
@@ -50,7 +52,11 @@ def _records(workdir):
 def test_the_recipe_runs_both_phases(uninterrupted):
   workdir, log = uninterrupted
   assert "Phase 0: steps 0-50 at length 32, 8 rows a step" in log
-  assert "Phase 1: steps 50-90 at length 64, 4 rows a step, global_rope_theta=160000.0" in log
+  assert "Batch-size warmup: 2, 4, ... 8 a step over steps 0-24" in log
+  for rows in (2, 4, 6, 8):  # one program for each batch size of the warmup
+    assert f"Compiled the step for length 32 ({rows} a step)" in log
+  assert "Phase 1: steps 50-90 at length 64, 16 rows a step, global_rope_theta=160000.0" in log
+  assert "Compiled the step for length 64 (16 a step)" in log
   train = {r["step"]: r for r in _records(workdir) if "train/loss" in r}
   assert sorted(train) == list(range(1, TOTAL + 1))
   assert train[SWITCH]["train/max_seq_length"] == 32
@@ -71,17 +77,21 @@ def test_the_recipe_runs_both_phases(uninterrupted):
   assert saved["model"]["family"] == "modernbert" and saved["optimizer"]["name"] == "stableadamw"
 
 
-def test_kill_in_the_long_phase_and_restart_reproduces_every_loss(uninterrupted, prepared_dir,
-                                                                  tmp_path):
+@pytest.mark.parametrize("kill_at,resumed", [
+    (17, (0, RAMP)),             # in the batch-size warmup
+    (SWITCH + 25, (SWITCH, TOTAL)),  # in the long phase
+])
+def test_kill_and_restart_reproduces_every_loss(uninterrupted, prepared_dir, tmp_path, kill_at,
+                                                resumed):
   expected = {step: values[0] for step, values in _losses(uninterrupted[0]).items()}
   workdir = str(tmp_path)
-  args = _args(workdir, prepared_dir, **{"checkpoint.every_steps": 10})
-  code, _ = _start_and_stop(args, _env(), workdir, SWITCH + 25, signal.SIGKILL)
+  args = _args(workdir, prepared_dir, **{"checkpoint.every_steps": 5})
+  code, _ = _start_and_stop(args, _env(2), workdir, kill_at, signal.SIGKILL)
   assert code == -signal.SIGKILL
   killed_at = max(_losses(workdir))
   restart_from = _saved_steps(workdir)[-1]
-  assert SWITCH < restart_from <= killed_at < TOTAL
-  _run(args, _env())
+  assert resumed[0] < restart_from <= killed_at < resumed[1]
+  _run(args, _env(2))
   losses = _losses(workdir)
   assert sorted(losses) == list(range(1, TOTAL + 1))
   for step, values in losses.items():
@@ -110,3 +120,28 @@ def test_the_run_exports_its_long_phase_model_to_transformers(uninterrupted, tmp
     theirs = model(torch.tensor([ids])).logits.numpy()
   np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-4)
   assert os.path.isdir(ROOT)
+
+
+def test_the_warmup_grows_the_batch_in_equal_runs_of_steps():
+  from bertjax.tasks.pretrain_data import Phase
+
+  phase = Phase(0, 0, 100, 128, 20, 48, ramp_start=8, ramp_steps=30)
+  assert phase.loader_batch == 8
+  assert [phase.parts(step) for step in range(0, 40, 5)] == [1, 2, 3, 4, 5, 6, 6, 6]
+  assert Phase(1, 100, 200, 512, 80, 48).parts(150) == 1  # no warmup: whole batches
+
+
+@pytest.mark.parametrize("changes, says", [
+    ({"train.batch_ramp_start": 5}, "must divide train.batch_size=4608"),
+    ({"train.batch_ramp_start": 9}, "batch of 9 rows does not divide"),  # over 8 devices
+    ({"train.batch_ramp_steps": 10**7}, "is longer than the first phase"),
+])
+def test_warmup_settings_that_cannot_run_are_refused(changes, says):
+  from bertjax import errors
+  from bertjax.configs import modernbert_pretrain
+  from bertjax.tasks import pretrain
+
+  config = modernbert_pretrain.get_config()
+  config.update_from_flattened_dict(changes)
+  with pytest.raises(errors.UsageError, match=says):
+    pretrain.validate(config, 8)
