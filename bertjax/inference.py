@@ -9,7 +9,8 @@ import jax
 import numpy as np
 
 from bertjax import errors
-from bertjax.models import BertConfig, BertEncoder
+from bertjax.models import BertConfig
+from bertjax.models.bert import encoder, pooler_name
 from bertjax.pretrained import Pretrained
 
 # Padded lengths are rounded up to this multiple, so that calls with slightly
@@ -19,7 +20,7 @@ _LENGTH_MULTIPLE = 8
 
 @functools.lru_cache(maxsize=16)
 def _encoder_fn(config: BertConfig, add_pooler: bool) -> Callable:
-  model = BertEncoder(config, add_pooler=add_pooler)
+  model = encoder(config, add_pooler=add_pooler)
 
   @jax.jit
   def apply(params, input_ids, attention_mask, token_type_ids):
@@ -55,7 +56,7 @@ def encode(bundle: Pretrained, texts: str | Sequence[str],
   texts = [texts] if isinstance(texts, str) else list(texts)
   if isinstance(text_pairs, str):
     text_pairs = [text_pairs]
-  if text_pairs is not None and bundle.config.type_vocab_size < 2:
+  if text_pairs is not None and not bundle.config.modern and bundle.config.type_vocab_size < 2:
     raise errors.UsageError(f"This model has type_vocab_size={bundle.config.type_vocab_size}: "
                             "it has no token type for a second segment")
   config = bundle.config.replace(return_hidden_states=output_hidden_states)
@@ -64,7 +65,7 @@ def encode(bundle: Pretrained, texts: str | Sequence[str],
                                          pad_to_multiple_of=_LENGTH_MULTIPLE)
   # On the device once, not once per batch.
   encoder_params = jax.device_put(bundle.params["bert"])
-  apply = _encoder_fn(config, add_pooler="pooler" in encoder_params)
+  apply = _encoder_fn(config, add_pooler=pooler_name(config) in encoder_params)
 
   results: dict[str, list[np.ndarray]] = {}
   for start in range(0, len(texts), batch_size):

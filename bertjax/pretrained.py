@@ -242,7 +242,9 @@ def _retarget(bundle: Pretrained, task: str, labels: list[str] | None, seed: int
   if not same_head:
     reference = {name: value for name, value in reference.items()
                  if not name.startswith(("classifier.", "qa_outputs."))}
-  add_pooler = bundle.has_pooler if task in OPTIONAL_POOLER_TASKS else True
+  # ModernBERT's task models all read its prediction head (new if the encoder lacks it).
+  add_pooler = (bundle.has_pooler if task in OPTIONAL_POOLER_TASKS
+                and not (bundle.config.modern and task != "encoder") else True)
   params, report = mapping.params_from_reference(
       reference, bundle.config, task, len(labels) if labels else 2, path,
       rng=jax.random.key(seed), add_pooler=add_pooler)
@@ -357,7 +359,8 @@ def _load_training_run(path: str, do_lower_case: bool | None) -> Pretrained:
   from bertjax.tasks.pretrain_data import phases
 
   reached = [phase for phase in phases(run_config) if phase.start < max(step, 1)][-1]
-  changes = {name: value for name, value in reached.model_changes if "dropout" not in name}
+  changes = {name: value for name, value in reached.model_changes
+             if "dropout" not in name and name not in COMPUTATION_FIELDS}
   config = config.replace(**changes)
   if run_config.objective == "ltr":
     config = config.replace(causal=True)

@@ -57,6 +57,8 @@ OBJECTIVES = ("mlm_nsp", "mlm_pairs", "mlm", "ltr")
 
 def pretraining_model(config: BertConfig, objective: str) -> nn.Module:
   """The model of an objective: MLM + NSP heads, MLM only, or a causal LM."""
+  if config.modern and objective not in ("mlm", "mlm_pairs"):
+    raise errors.UsageError(f"ModernBERT pre-trains with masked LM only, not {objective!r}")
   if objective == "mlm_nsp":
     return BertForPreTraining(config)
   if objective in ("mlm", "mlm_pairs"):

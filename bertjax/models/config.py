@@ -101,7 +101,7 @@ class BertConfig:
       units (`hidden_dropout_prob` is the embeddings' dropout and
       `attention_dropout_prob` the attention probabilities').
     attention_output_dropout_prob: ModernBERT: dropout on the attention's
-      output; None: `attention_dropout_prob`, as transformers' ModernBERT
+      output; negative: `attention_dropout_prob`, as transformers' ModernBERT
       (one setting for both). ModernBERT's pre-training ran 0.1 here and 0 on
       the probabilities (which lets the fused attention kernels run).
     classifier_pooling: ModernBERT: what sequence classification and multiple
@@ -136,7 +136,7 @@ class BertConfig:
   global_rope_theta: float = 160_000.0
   local_rope_theta: float = 10_000.0
   mlp_dropout_prob: float = 0.0
-  attention_output_dropout_prob: float | None = None
+  attention_output_dropout_prob: float = -1.0
   classifier_pooling: str = "cls"
 
   def __post_init__(self):
@@ -163,7 +163,7 @@ class BertConfig:
   @property
   def attention_output_dropout(self) -> float:
     """ModernBERT's dropout on the attention output."""
-    if self.attention_output_dropout_prob is None:
+    if self.attention_output_dropout_prob < 0:
       return self.attention_dropout_prob
     return self.attention_output_dropout_prob
 
@@ -194,8 +194,8 @@ class BertConfig:
     for name in ("hidden_dropout_prob", "attention_dropout_prob", "mlp_dropout_prob",
                  "attention_output_dropout_prob"):
       value = getattr(self, name)
-      if value is None and name == "attention_output_dropout_prob":
-        continue
+      if name == "attention_output_dropout_prob" and value < 0:
+        continue  # follows attention_dropout_prob
       if not 0.0 <= value < 1.0:
         raise errors.UsageError(f"BertConfig.{name} must be in [0, 1), got {value!r}")
     _check_choice("hidden_act", self.hidden_act, ACTIVATIONS)
@@ -287,7 +287,7 @@ def _presets() -> dict[str, dict[str, Any]]:
   # overrides) them.
   modern = dict(family="modernbert", vocab_size=50368, max_position_embeddings=8192,
                 hidden_act="gelu", hidden_dropout_prob=0.0, attention_dropout_prob=0.0,
-                mlp_dropout_prob=0.0, attention_output_dropout_prob=None,
+                mlp_dropout_prob=0.0, attention_output_dropout_prob=-1.0,
                 classifier_dropout=0.0, layer_norm_eps=1e-5,
                 pad_token_id=50283, global_attention_every=3, local_attention=128,
                 global_rope_theta=160_000.0, local_rope_theta=10_000.0,

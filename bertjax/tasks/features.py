@@ -31,7 +31,7 @@ import optax
 
 from bertjax import errors, files, metrics, runs, sharding
 from bertjax.data import conll as conll_data
-from bertjax.models import BertEncoder
+from bertjax.models.bert import encoder
 from bertjax.models.bilstm import BiLSTMTagger
 from bertjax.pretrained import load_pretrained
 from bertjax.tasks import ner
@@ -64,7 +64,7 @@ def layer_indices(variant: str, num_layers: int) -> list[int]:
 
 @functools.lru_cache(maxsize=4)
 def _extract_fn(config, add_pooler: bool, layers: tuple[int, ...]):
-  model = BertEncoder(config.replace(return_hidden_states=True), add_pooler=add_pooler)
+  model = encoder(config.replace(return_hidden_states=True), add_pooler=add_pooler)
 
   @jax.jit
   def extract(params, input_ids, attention_mask, token_type_ids, positions):

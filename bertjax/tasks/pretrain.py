@@ -37,6 +37,10 @@ def validate(config: ml_collections.ConfigDict, mesh_devices: int) -> tuple[int,
     ValueError: saying what to change.
   """
   bert = BertConfig.from_run_config(config)  # hidden size vs heads and the like
+  if bert.modern and config.objective not in ("mlm", "mlm_pairs"):
+    raise errors.UsageError(f"objective={config.objective!r} is BERT's: ModernBERT pre-trains "
+                            "with masked LM only; set --config.objective=mlm (or use "
+                            "configs/modernbert_pretrain.py)")
   shape = sharding.mesh_shape([config.mesh.data, config.mesh.fsdp, config.mesh.tensor],
                               mesh_devices)
   accumulation = config.train.accumulation_steps
@@ -179,7 +183,6 @@ class _Trainer:
     self.meter = throughput.Meter()
     self.warned_input_bound = False
     self.workers = 0  # loader processes of the phase running
-    self.batch_size = config.train.batch_size  # sequences a step, of the step running
     self.stop: signals.StopRequests | None = None
     self.saving: int | None = None  # the step of the last save started
     self.guard: divergence.DivergenceGuard | None = None  # the loss's range, once restored
@@ -424,12 +427,15 @@ class _Trainer:
       parts = phase.parts(step)
       batches = [next(iterator) for _ in range(parts)]
       batch = batches[0] if parts == 1 else self._concatenate(batches)
-      self.batch_size = parts * phase.loader_batch
+      held = 0.0
       if parts not in programs:
+        started = time.perf_counter()
         programs[parts] = self._compile(self.steps_for(parts)[0], state, batch, step, length)
-      return programs[parts], batch
+        held = time.perf_counter() - started
+        self.meter.hold(held)  # neither the steps' time nor waiting for input
+      return programs[parts], batch, parts * phase.loader_batch, held
 
-    compiled, batch = fetch(step)
+    compiled, batch, rows, _ = fetch(step)
 
     profile_dir = os.path.join(self.workdir, "profile")
     pending = None  # (step, device metrics): fetched one step late
@@ -441,7 +447,7 @@ class _Trainer:
       step += 1
       if pending is not None:
         result = self._report(*pending, length) or result
-      pending = (step, step_metrics)
+      pending = (step, step_metrics, rows)
       if config.profile.start_step >= 0 and step == (config.profile.start_step
                                                      + config.profile.num_steps):
         jax.profiler.stop_trace()
@@ -478,9 +484,9 @@ class _Trainer:
       if step < phase.end:
         waiting = time.perf_counter()
         # Prefetched while the device runs: waiting is input-bound. (A warmup's
-        # next batch size compiles here, its time left out as the waiting is.)
-        compiled, batch = fetch(step)
-        self.meter.waited(time.perf_counter() - waiting)
+        # next batch size compiles here, its time held out of the throughput.)
+        compiled, batch, rows, held = fetch(step)
+        self.meter.waited(time.perf_counter() - waiting - held)
     if pending is not None:
       result = self._report(*pending, length, last=True) or result
     return state, result
@@ -534,7 +540,7 @@ class _Trainer:
     self.meter.hold(held)
     self.writer.write(step, {"save_blocking_s": held}, "checkpoint/")
 
-  def _report(self, step: int, device_metrics, length: int,
+  def _report(self, step: int, device_metrics, rows: int, length: int,
               last: bool = False) -> dict[str, Any] | None:
     """Fetches a step's metrics (the device is busy with the next); logs if due.
 
@@ -561,7 +567,7 @@ class _Trainer:
     # Steps up to `step` are done (its metrics arrived): time per finished step.
     rates = self.meter.take(step, whole_interval=last)
     seconds_per_step = rates.seconds_per_step
-    batch_size = self.batch_size  # of the phase running
+    batch_size = rows  # of this step (the batch-size warmup changes it)
     values["sequences_per_s"] = rates.sequences_per_s
     values["tokens_per_s"] = batch_size * length / seconds_per_step  # padding included
     values["real_tokens_per_s"] = rates.real_tokens_per_s

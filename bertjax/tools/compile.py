@@ -122,6 +122,8 @@ def make_target(config, accelerator_type: str, num_slices: int) -> Target:
              ("eval.batch_size", config.eval.batch_size)]
   batches += [("train.long_batch_size", phase.batch_size)
               for phase in pretrain_data.phases(config)[1:]]
+  batches += [("train.batch_ramp_start", phase.ramp_start)
+              for phase in pretrain_data.phases(config) if phase.ramp_steps]
   for name, batch in batches:
     if batch % hosts:  # each host loads its share (pretrain.validate checks one host here)
       raise errors.UsageError(f"{name}={batch} does not divide over the {hosts} hosts of "

@@ -294,3 +294,22 @@ def test_an_unreadable_tokenizer_json_names_the_file(tmp_path):
   (tmp_path / "tokenizer.json").write_text('{"model": {"type": "BPE"}}')
   with pytest.raises(errors.UsageError, match="tokenizer.json: not a tokenizer file"):
     hf.load_tokenizer(str(tmp_path))
+
+
+def test_encode_and_new_heads_on_a_bare_modernbert(tmp_path):
+  """`bertjax.encode` runs a ModernBERT encoder as transformers does, and a
+  bare ModernBertModel takes a new task head (its prediction head initialised)."""
+  vocab_size = write_bpe_tokenizer(tmp_path)
+  config = reference_config("L5_H32_A4")
+  config.vocab_size = vocab_size
+  model = reference_model("ModernBertModel", config)
+  model.save_pretrained(tmp_path)
+  bundle = bertjax.load_pretrained(str(tmp_path))
+  assert not bundle.has_pooler
+  out = bertjax.encode(bundle, ["The quick brown fox.", "A dog"], ["sat on the mat", ""])
+  with torch.no_grad():
+    expected = model(input_ids=torch.tensor(out["input_ids"]),
+                     attention_mask=torch.tensor(out["attention_mask"])).last_hidden_state
+  assert_close(out["sequence_output"], expected.numpy(), out["attention_mask"], "encode")
+  answers = bertjax.load_pretrained(str(tmp_path), task="question_answering")
+  assert answers.has_pooler and "span" in answers.params

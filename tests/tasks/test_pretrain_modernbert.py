@@ -135,6 +135,7 @@ def test_the_warmup_grows_the_batch_in_equal_runs_of_steps():
     ({"train.batch_ramp_start": 5}, "must divide train.batch_size=4608"),
     ({"train.batch_ramp_start": 9}, "batch of 9 rows does not divide"),  # over 8 devices
     ({"train.batch_ramp_steps": 10**7}, "is longer than the first phase"),
+    ({"objective": "mlm_nsp"}, "ModernBERT pre-trains with masked LM only"),
 ])
 def test_warmup_settings_that_cannot_run_are_refused(changes, says):
   from bertjax import errors
