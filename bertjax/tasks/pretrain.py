@@ -179,6 +179,10 @@ class _Trainer:
         os.path.join(workdir, "checkpoints"), max_to_keep=config.checkpoint.max_to_keep,
         async_save=config.checkpoint.async_save)
     self.batch_sharding = sharding.batch_sharding(self.mesh)
+    # The batch-size warmup's loader batches, joined into a step's batch.
+    self._concatenate_fn = jax.jit(
+        lambda parts: jax.tree.map(lambda *x: jax.numpy.concatenate(x), *parts),
+        out_shardings=self.batch_sharding)
     self.peak, peak_source = flops.peak_tflops(self.bert.dtype)
     self.meter = throughput.Meter()
     self.warned_input_bound = False
@@ -505,10 +509,6 @@ class _Trainer:
 
   def _concatenate(self, batches: list[dict[str, jax.Array]]) -> dict[str, jax.Array]:
     """Loader batches as one batch on the mesh, rows in their order."""
-    if not hasattr(self, "_concatenate_fn"):
-      self._concatenate_fn = jax.jit(
-          lambda parts: jax.tree.map(lambda *x: jax.numpy.concatenate(x), *parts),
-          out_shardings=self.batch_sharding)
     return self._concatenate_fn(batches)
 
   def _save_in_range(self, step: int, state: train.TrainState,

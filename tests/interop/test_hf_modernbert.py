@@ -131,10 +131,9 @@ def test_mean_pooling_equals_transformers(tmp_path, class_name):
                class_name)
 
 
-def test_local_layers_see_only_their_window(tmp_path):
-  """A token outside every local window changes a global model's first-layer
-  output but not a local layer's: here, the difference between local and
-  global matters to the comparison above."""
+def test_local_layers_matter_on_these_rows(tmp_path):
+  """The same weights with every layer global give other outputs on the rows
+  of these tests: the comparisons above would catch a window left out."""
   config = reference_config("L5_H32_A4")
   model = reference_model("ModernBertModel", config)
   model.save_pretrained(tmp_path)
