@@ -5,6 +5,8 @@ google-research/bert release on PyPI)."""
 from __future__ import annotations
 
 import importlib
+import json
+import os
 import string
 
 import numpy as np
@@ -91,3 +93,53 @@ def write_tiny_checkpoint(directory, num_layers: int = 2) -> str:
       intermediate_size=64, max_position_embeddings=64)).save_pretrained(directory)
   write_vocab(str(directory / "vocab.txt"))
   return str(directory)
+
+
+BPE_SPECIAL = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
+BPE_TEXTS = ["The quick brown fox jumps over the lazy dog.",
+             "Ünïcödé text, émoji 🦊 and tabs\there.", "A [MASK] in the text.", "",
+             "   spaces   everywhere  "]
+
+
+def write_bpe_tokenizer(directory) -> int:
+  """A byte-level BPE `tokenizer.json` built as ModernBERT's is (its special
+  tokens, [CLS] A [SEP] B [SEP] post-processing), trained on a few sentences;
+  with a `tokenizer_config.json` for transformers. Returns the vocabulary size."""
+  import tokenizers
+  from tokenizers import decoders, models, pre_tokenizers, processors, trainers
+
+  backend = tokenizers.Tokenizer(models.BPE())
+  backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  backend.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=BPE_SPECIAL,
+                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+  backend.train_from_iterator(BPE_TEXTS * 20 + ["the cat sat on the mat"] * 20, trainer)
+  cls, sep = backend.token_to_id("[CLS]"), backend.token_to_id("[SEP]")
+  backend.post_processor = processors.TemplateProcessing(
+      single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
+      special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+  os.makedirs(directory, exist_ok=True)
+  backend.save(os.path.join(directory, "tokenizer.json"))
+  with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+    json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "cls_token": "[CLS]",
+               "sep_token": "[SEP]", "pad_token": "[PAD]", "mask_token": "[MASK]",
+               "unk_token": "[UNK]"}, f)
+  return backend.get_vocab_size()
+
+
+def running_text_pieces(tokenizer, text: str, words: list[str]) -> list[list[int]]:
+  """Each word's ids in a transformers tokenizer's encoding of `text` (the
+  words joined by single spaces, after an optional leading space), assigned to
+  words through the character offsets."""
+  owner = [None] * len(text)  # the word of each character; None for the spaces
+  position = len(text) - len(" ".join(words))  # after a leading space, if any
+  for index, word in enumerate(words):
+    owner[position:position + len(word)] = [index] * len(word)
+    position += len(word) + 1
+  encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+  pieces = [[] for _ in words]
+  for token_id, (start, _) in zip(encoding["input_ids"], encoding["offset_mapping"]):
+    # A piece belongs to the word of its first character after any space (a
+    # lone "Ġ" to the word that follows it).
+    pieces[next(o for o in owner[start:] if o is not None)].append(token_id)
+  return pieces

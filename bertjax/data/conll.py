@@ -6,7 +6,8 @@ A file (`eng.train`, `eng.testa`, `eng.testb`, or `train.txt`/`valid.txt`/
 between documents. The last column is the tag, in IOB1 as distributed or IOB2.
 
 Features follow the paper (section 5.3): a cased WordPiece model, the label on
-the first piece of each word (the other pieces carry weight 0), and "the
+the first piece of each word (the other pieces carry weight 0; the words read
+as the running text of their sentence, `Tokenizer.encode_words`), and "the
 maximal document context provided by the data": the sentence is placed among
 the pieces of its neighbours in the same document, which are not scored. A
 sentence longer than fits is split into several features, each word scored in
@@ -139,7 +140,7 @@ def featurize(sentences: Sequence[Sentence], tokenizer, labels: Sequence[str],
   if max_seq_length < 3:
     raise errors.UsageError(f"max_seq_length={max_seq_length} leaves no room for a word")
   label_ids = {label: i for i, label in enumerate(labels)}
-  word_pieces = [tokenizer.encode_pieces(s.words) if s.words else [] for s in sentences]
+  word_pieces = [tokenizer.encode_words(s.words) if s.words else [] for s in sentences]
   # A word that becomes no piece (a lone control character) still gets a
   # position: [UNK], so that every word is scored.
   word_pieces = [[pieces or [tokenizer.unk_id] for pieces in sentence]

@@ -1,7 +1,9 @@
 """SQuAD v1.1 and v2.0: examples from the official JSON, and the original
 `run_squad.py`'s features (question as segment A, passage windows as B).
 
-Passages are split on whitespace into words, each word into pieces. A passage
+Passages are split on whitespace into words, each word into the pieces it has
+in the passage read as running text (`Tokenizer.encode_words`: a byte-level
+BPE marks the words after a space, as it does in pre-training). A passage
 longer than fits beside the question is cut into windows of at most
 `max_seq_length - len(question) - 3` pieces, each starting `doc_stride` pieces
 after the last; a piece is scored in the window where it has the most context
@@ -40,6 +42,8 @@ class Example:
     start_position: Index in `doc_tokens` of its first word (-1 if none).
     end_position: Index of its last word (-1 if none).
     is_impossible: SQuAD v2.0's unanswerable question.
+    answer_in_word: Whether the answer starts inside its first word (after
+      other characters of it, not after a space).
   """
 
   qas_id: str
@@ -50,6 +54,7 @@ class Example:
   start_position: int = -1
   end_position: int = -1
   is_impossible: bool = False
+  answer_in_word: bool = False
 
 
 @dataclasses.dataclass
@@ -136,7 +141,8 @@ def read_examples(source: str | dict[str, Any], is_training: bool,
         if isinstance(located, str):
           report.skip(_place(path, question.where, question.note), located)
           continue
-        example.orig_answer_text, example.start_position, example.end_position = located
+        (example.orig_answer_text, example.start_position, example.end_position,
+         example.answer_in_word) = located
       examples.append(example)
   if own_report:
     report.log(path, len(examples), "questions")
@@ -205,9 +211,9 @@ def iter_paragraphs(data: Any, path: str) -> Iterator[tuple[str, list[Question]]
 
 
 def _locate_answer(question: Question, context: str, words: Sequence[str],
-                   char_to_word: Sequence[int], path: str) -> tuple[str, int, int] | str:
-  """(answer text, first word, last word) of a question's first answer, or why
-  it cannot be trained on."""
+                   char_to_word: Sequence[int], path: str) -> tuple[str, int, int, bool] | str:
+  """(answer text, first word, last word, whether it starts inside its first
+  word) of a question's first answer, or why it cannot be trained on."""
   if not question.answers:
     return "no answer to train on (and not marked is_impossible)"
   answer = question.answers[0]
@@ -225,7 +231,7 @@ def _locate_answer(question: Question, context: str, words: Sequence[str],
   actual = " ".join(words[first:last + 1])
   if actual.find(" ".join(text.split())) == -1:
     return "answer text not found at its answer_start"
-  return text, first, last
+  return text, first, last, start > 0 and not _is_whitespace(context[start - 1])
 
 
 def _place(path: str, where: str, note: str) -> str:
@@ -305,7 +311,7 @@ def convert_examples_to_features(examples: Sequence[Example], tokenizer: Tokeniz
     # Examples of one paragraph share their word list: tokenise it once.
     key = id(example.doc_tokens)
     if key not in passage_cache:
-      word_pieces = tokenizer.encode_pieces(example.doc_tokens) if example.doc_tokens else []
+      word_pieces = tokenizer.encode_words(example.doc_tokens) if example.doc_tokens else []
       piece_to_word, word_to_piece, doc_pieces = [], [], []
       for word_index, pieces in enumerate(word_pieces):
         word_to_piece.append(len(doc_pieces))
@@ -322,7 +328,8 @@ def convert_examples_to_features(examples: Sequence[Example], tokenizer: Tokeniz
                    else len(doc_pieces) - 1)
       piece_start, piece_end = _improve_answer_span(
           doc_pieces, piece_start, piece_end,
-          tokenizer.encode_pieces([example.orig_answer_text])[0])
+          tokenizer.encode_words([example.orig_answer_text], text_start=(
+              example.start_position == 0 or example.answer_in_word))[0])
 
     max_window = max_seq_length - len(query) - 3
     windows: list[tuple[int, int]] = []

@@ -95,6 +95,18 @@ class Tokenizer(abc.ABC):
   def decode(self, ids: Sequence[int]) -> str:
     """Text back from ids, special tokens dropped."""
 
+  def encode_words(self, words: Sequence[str], *, text_start: bool = True) -> list[list[int]]:
+    """Ids of each word's pieces, the words read as the running text
+    `" ".join(words)`: as the text's start (`text_start`) or after a space.
+
+    A "word" may hold spaces (an answer phrase). WordPiece and SentencePiece
+    give a word the same pieces wherever it stands, so this is
+    `encode_pieces(words)`; a byte-level BPE marks a word after a space
+    ("Ġword"), which `JsonTokenizer` adds.
+    """
+    del text_start  # the pieces do not depend on what precedes the word
+    return self.encode_pieces(words)
+
   @abc.abstractmethod
   def save(self, directory: str) -> dict[str, Any]:
     """Writes the vocabulary files to `directory`; returns the settings to restore."""
@@ -454,6 +466,18 @@ class JsonTokenizer(Tokenizer):
   def encode_pieces(self, texts: Sequence[str]) -> list[list[int]]:
     encodings = self._backend.encode_batch(list(texts), add_special_tokens=False)
     return [e.ids for e in encodings]
+
+  def encode_words(self, words: Sequence[str], *, text_start: bool = True) -> list[list[int]]:
+    # A word after a space is encoded with that space: a byte-level BPE's pre-
+    # tokeniser splits running text at spaces, keeping each on the word after it,
+    # so these pieces are those of the joined text. Tokenizers that drop or
+    # add spaces themselves (WordPiece, Metaspace) give the same pieces.
+    return self.encode_pieces([w if i == 0 and text_start else " " + w
+                               for i, w in enumerate(words)])
+
+  def basic_tokenize(self, text: str) -> list[str]:
+    normalizer = self._backend.normalizer
+    return (normalizer.normalize_str(text) if normalizer is not None else text).split()
 
   def decode(self, ids: Sequence[int]) -> str:
     return self._backend.decode([int(i) for i in ids], skip_special_tokens=True)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from bertjax.data import conll
-from bertjax.data.tokenizers import WordPieceTokenizer
+from bertjax.data.tokenizers import JsonTokenizer, WordPieceTokenizer
 from tests import reference
 
 FILE = """-DOCSTART- -X- -X- O
@@ -134,3 +134,28 @@ def test_tfds_conll2003_layout(tmp_path):
   sentences = conll.read_tfds("fake_conll", "train", str(tmp_path))
   assert [(s.words, s.tags) for s in sentences] == [
       (["Peter", "Blackburn", "spoke"], ["B-PER", "I-PER", "O"])]
+
+
+def test_a_byte_level_bpe_reads_each_sentence_as_running_text(tmp_path):
+  """With a byte-level BPE (ModernBERT's kind), a sentence's row is
+  transformers' encoding of the sentence's words joined by spaces (the words
+  after the first marked as following a space, as in pre-training text), each
+  label on its word's first piece."""
+  transformers = pytest.importorskip("transformers")
+  path = tmp_path / "eng.train"
+  path.write_text(FILE)
+  sentences = conll.read_conll(str(path))
+  labels = conll.label_list(sentences)
+  reference.write_bpe_tokenizer(tmp_path / "bpe")
+  bpe = JsonTokenizer(str(tmp_path / "bpe" / "tokenizer.json"))
+  theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "bpe")
+  features = conll.featurize(sentences, bpe, labels, 64, document_context=False)
+  arrays = features.arrays
+  for row, sentence in enumerate(sentences):
+    text = " ".join(sentence.words)
+    length = int(arrays["attention_mask"][row].sum())
+    assert arrays["input_ids"][row, :length].tolist() == theirs(text)["input_ids"]
+    pieces = reference.running_text_pieces(theirs, text, sentence.words)
+    firsts = 1 + np.cumsum([0] + [len(p) for p in pieces[:-1]])  # after [CLS]
+    assert [p for _, _, p in features.scored[row]] == firsts.tolist()
+    assert [labels[i] for i in arrays["labels"][row, firsts]] == sentence.tags

@@ -2,12 +2,13 @@
 back to the exact answer text."""
 
 import json
+import os
 
 import numpy as np
 import pytest
 
 from bertjax.data import squad
-from bertjax.data.tokenizers import WordPieceTokenizer
+from bertjax.data.tokenizers import JsonTokenizer, WordPieceTokenizer
 from bertjax.tasks.squad import get_final_text
 from tests import reference
 
@@ -17,6 +18,14 @@ def tokenizer(tmp_path_factory):
   path = tmp_path_factory.mktemp("vocab") / "vocab.txt"
   reference.write_vocab(str(path))
   return WordPieceTokenizer(str(path))
+
+
+@pytest.fixture(scope="module")
+def bpe(tmp_path_factory):
+  """A byte-level BPE (ModernBERT's kind of tokenizer), its directory beside it."""
+  directory = tmp_path_factory.mktemp("bpe")
+  reference.write_bpe_tokenizer(directory)
+  return JsonTokenizer(str(directory / "tokenizer.json"))
 
 
 CONTEXT = ("The quick brown fox (jumping-resumed) jumped over the lazy dog. Hello, World! "
@@ -38,7 +47,7 @@ def _squad_file(path, questions, context=CONTEXT, version="1.1"):
   return str(path)
 
 
-ANSWERS = ["quick brown fox", "jumping", "resumed", "lazy dog", "Hello", "World!", "Café résumé",
+ANSWERS = ["The quick", "quick brown fox", "jumping", "resumed", "lazy dog", "Hello", "World!", "Café résumé",
            "naive tokenizer", "NAIVE dogs", "jumped over the lazy dog", "fox (jumping-resumed)"]
 
 
@@ -48,9 +57,17 @@ def test_passage_words_and_character_map():
   assert char_to_word == [0, 0, 0, 0, 1, 1, 2]
 
 
-@pytest.mark.parametrize("max_seq_length,doc_stride", [(64, 128), (24, 5), (20, 3)])
-def test_training_spans_map_back_to_the_exact_answer(tmp_path, tokenizer, max_seq_length,
+# One window, and windows overlapping by more and by less; the byte-level BPE
+# (a 300-token vocabulary) cuts the text into more pieces, so its rows are longer.
+@pytest.mark.parametrize("kind,max_seq_length,doc_stride", [
+    ("tokenizer", 64, 128), ("tokenizer", 24, 5), ("tokenizer", 20, 3),
+    ("bpe", 128, 128), ("bpe", 40, 5), ("bpe", 32, 3)])
+def test_training_spans_map_back_to_the_exact_answer(tmp_path, request, kind, max_seq_length,
                                                      doc_stride):
+  """Each answer's span is tightened to the answer's own pieces (`jumping` in
+  `(jumping-resumed)`), with a byte-level BPE too, whose pieces depend on
+  whether the answer follows a space."""
+  tokenizer = request.getfixturevalue(kind)
   path = _squad_file(tmp_path / "train.json", [(f"q{i}", a) for i, a in enumerate(ANSWERS)])
   examples = squad.read_examples(path, is_training=True)
   assert len(examples) == len(ANSWERS)
@@ -69,9 +86,26 @@ def test_training_spans_map_back_to_the_exact_answer(tmp_path, tokenizer, max_se
     words = example.doc_tokens[feature.token_to_orig_map[start]:
                                feature.token_to_orig_map[end] + 1]
     assert get_final_text(predicted, " ".join(words), tokenizer) == example.orig_answer_text
+    if not example.answer_in_word:  # the span starts with its first word's first piece
+      assert feature.token_to_orig_map.get(start - 1) != feature.token_to_orig_map[start]
     found.add(example.qas_id)
   # Every answer is whole inside at least one window.
   assert found == {f"q{i}" for i in range(len(ANSWERS))}
+
+
+def test_a_byte_level_bpe_reads_the_passage_as_running_text(tmp_path, bpe):
+  """The row a byte-level BPE gives a question and its passage is transformers'
+  encoding of the pair, the passage's whitespace made single spaces: the
+  passage's words after the first carry the mark of a preceding space, as in
+  pre-training text (their pieces alone would not)."""
+  transformers = pytest.importorskip("transformers")
+  path = _squad_file(tmp_path / "dev.json", [("q", "lazy dog")])
+  examples = squad.read_examples(path, is_training=False)
+  features = squad.convert_examples_to_features(examples, bpe, 512, 128, 64, False)
+  assert len(features) == 1
+  theirs = transformers.AutoTokenizer.from_pretrained(os.path.dirname(bpe.path))
+  expected = theirs("Where is the fox?", " ".join(CONTEXT.split()))["input_ids"]
+  assert features[0].input_ids == expected
 
 
 def test_windows_cover_the_passage_and_each_piece_has_one_best_window(tmp_path, tokenizer):

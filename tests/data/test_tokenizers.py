@@ -12,7 +12,7 @@ import unicodedata
 import numpy as np
 import pytest
 
-from bertjax.data.tokenizers import (SentencePieceTokenizer, WordPieceTokenizer,
+from bertjax.data.tokenizers import (JsonTokenizer, SentencePieceTokenizer, WordPieceTokenizer,
                                      tokenizer_from_settings, truncate_pair)
 from tests import reference
 
@@ -266,3 +266,24 @@ def test_sentencepiece_lower_case_and_errors(sentencepiece_model, tmp_path):
   garbage.write_bytes(b"not a model")
   with pytest.raises(ValueError, match="garbage.model: not a valid SentencePiece model"):
     SentencePieceTokenizer(str(garbage))
+
+
+WORDS = ["EU", "rejects", "German", "call", ".", "Zürich's", "2,000", "🦊", "don't",
+         "(jumping-resumed)", "the", "cat"]
+
+
+def test_words_read_as_running_text_with_a_byte_level_bpe(tmp_path):
+  """A byte-level BPE marks a word after a space ("Ġcat"): each word gets the
+  pieces it has in the joined text, as transformers encodes it, the first word
+  as the text's start or after a space."""
+  transformers = pytest.importorskip("transformers")
+  reference.write_bpe_tokenizer(tmp_path)
+  ours = JsonTokenizer(str(tmp_path / "tokenizer.json"))
+  theirs = transformers.AutoTokenizer.from_pretrained(tmp_path)
+  text = " ".join(WORDS)
+  assert ours.encode_words(WORDS) == reference.running_text_pieces(theirs, text, WORDS)
+  assert ours.encode_words(WORDS, text_start=False) == reference.running_text_pieces(
+      theirs, " " + text, WORDS)
+  assert ours.encode_words(WORDS) != ours.encode_pieces(WORDS)  # the marks matter
+  assert ours.encode_words(["New York"], text_start=False) == [
+      theirs(" New York", add_special_tokens=False)["input_ids"]]

@@ -9,7 +9,6 @@ unexpected weights, and compute the same.
 
 import copy
 import json
-import os
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ import transformers
 import bertjax
 from bertjax import errors
 from bertjax.interop import hf
+from tests import reference
 
 TOLERANCE = 1e-5
 LENGTH = 40  # > the local window of 2 * 6 + 1 tokens
@@ -235,38 +235,11 @@ def test_configs_bertjax_does_not_build_are_refused(tmp_path, change, message):
     hf.config_from_dict(values, "config.json")
 
 
-SPECIAL = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
-TEXTS = ["The quick brown fox jumps over the lazy dog.", "Ünïcödé text, émoji 🦊 and tabs\there.",
-         "A [MASK] in the text.", "", "   spaces   everywhere  "]
-
-
-def write_bpe_tokenizer(directory):
-  """A byte-level BPE `tokenizer.json` built as ModernBERT's is (its special
-  tokens, [CLS] A [SEP] B [SEP] post-processing), trained on a few sentences."""
-  import tokenizers
-  from tokenizers import decoders, models, pre_tokenizers, processors, trainers
-
-  backend = tokenizers.Tokenizer(models.BPE())
-  backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-  backend.decoder = decoders.ByteLevel()
-  trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIAL,
-                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-  backend.train_from_iterator(TEXTS * 20 + ["the cat sat on the mat"] * 20, trainer)
-  cls, sep = backend.token_to_id("[CLS]"), backend.token_to_id("[SEP]")
-  backend.post_processor = processors.TemplateProcessing(
-      single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
-      special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
-  os.makedirs(directory, exist_ok=True)
-  backend.save(os.path.join(directory, "tokenizer.json"))
-  with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
-    json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "cls_token": "[CLS]",
-               "sep_token": "[SEP]", "pad_token": "[PAD]", "mask_token": "[MASK]",
-               "unk_token": "[UNK]"}, f)
-  return backend.get_vocab_size()
+TEXTS = reference.BPE_TEXTS
 
 
 def test_a_bpe_tokenizer_json_encodes_as_transformers_does(tmp_path):
-  vocab_size = write_bpe_tokenizer(tmp_path)
+  vocab_size = reference.write_bpe_tokenizer(tmp_path)
   config = reference_config("L5_H32_A4")
   config.vocab_size = vocab_size
   reference_model("ModernBertForMaskedLM", config).save_pretrained(tmp_path)
@@ -298,7 +271,7 @@ def test_an_unreadable_tokenizer_json_names_the_file(tmp_path):
 def test_encode_and_new_heads_on_a_bare_modernbert(tmp_path):
   """`bertjax.encode` runs a ModernBERT encoder as transformers does, and a
   bare ModernBertModel takes a new task head (its prediction head initialised)."""
-  vocab_size = write_bpe_tokenizer(tmp_path)
+  vocab_size = reference.write_bpe_tokenizer(tmp_path)
   config = reference_config("L5_H32_A4")
   config.vocab_size = vocab_size
   model = reference_model("ModernBertModel", config)
