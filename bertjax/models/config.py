@@ -282,7 +282,8 @@ def _presets() -> dict[str, dict[str, Any]]:
                                 (12, 768, 12), (12, 1024, 16), (24, 1024, 16)):
     presets[f"table6_L{layers}_H{hidden}_A{heads}"] = _size(layers, hidden, heads)
   # ModernBERT (Warner et al., 2024), as transformers' ModernBertConfig and
-  # the released answerdotai/ModernBERT-base and -large.
+  # the released answerdotai/ModernBERT-base and -large (whose configs pool
+  # the mean of the tokens for classification; transformers' default is cls).
   # Every ModernBERT field is named, so that a run's config shows (and
   # overrides) them.
   modern = dict(family="modernbert", vocab_size=50368, max_position_embeddings=8192,
@@ -291,7 +292,7 @@ def _presets() -> dict[str, dict[str, Any]]:
                 classifier_dropout=0.0, layer_norm_eps=1e-5,
                 pad_token_id=50283, global_attention_every=3, local_attention=128,
                 global_rope_theta=160_000.0, local_rope_theta=10_000.0,
-                classifier_pooling="cls")
+                classifier_pooling="mean")
   presets["modernbert_base"] = dict(modern, num_layers=22, hidden_size=768, num_heads=12,
                                     intermediate_size=1152)
   presets["modernbert_large"] = dict(modern, num_layers=28, hidden_size=1024, num_heads=16,

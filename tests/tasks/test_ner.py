@@ -26,15 +26,20 @@ def write_conll(path, sentences, seed):
   path.write_text("\n".join(lines) + "\n")
 
 
+def write_conll_dir(directory):
+  """CoNLL-2003's three files, learnable as `write_conll`'s."""
+  directory.mkdir()
+  write_conll(directory / "eng.train", 300, 0)
+  write_conll(directory / "eng.testa", 60, 1)
+  write_conll(directory / "eng.testb", 60, 2)
+  return directory
+
+
 def test_ner_fine_tunes_to_high_entity_f1(tiny_hf_checkpoint, tmp_path):
   from bertjax.configs import ner as ner_config
   from bertjax.tasks import ner
 
-  data = tmp_path / "conll"
-  data.mkdir()
-  write_conll(data / "eng.train", 300, 0)
-  write_conll(data / "eng.testa", 60, 1)
-  write_conll(data / "eng.testb", 60, 2)
+  data = write_conll_dir(tmp_path / "conll")
   config = tiny_config(ner_config.get_config(), tiny_hf_checkpoint, 32,
                        **{"data.dir": str(data)})
   workdir = str(tmp_path / "run")

@@ -25,15 +25,20 @@ def write_swag(path, count, seed, labelled=True):
   path.write_text("\n".join(lines) + "\n")
 
 
+def write_swag_dir(directory):
+  """SWAG's train, val and (unlabelled) test files, learnable as `write_swag`'s."""
+  directory.mkdir()
+  write_swag(directory / "train.csv", 320, 0)
+  write_swag(directory / "val.csv", 80, 1)
+  write_swag(directory / "test.csv", 12, 2, labelled=False)
+  return directory
+
+
 def test_swag_fine_tunes_to_high_accuracy(tiny_hf_checkpoint, tmp_path):
   from bertjax.configs import swag as swag_config
   from bertjax.tasks import swag
 
-  data = tmp_path / "swag"
-  data.mkdir()
-  write_swag(data / "train.csv", 320, 0)
-  write_swag(data / "val.csv", 80, 1)
-  write_swag(data / "test.csv", 12, 2, labelled=False)
+  data = write_swag_dir(tmp_path / "swag")
   config = tiny_config(swag_config.get_config(), tiny_hf_checkpoint, 24,
                        **{"data.dir": str(data), "train.batch_size": 16})
   workdir = str(tmp_path / "run")
