@@ -61,7 +61,7 @@ def validate(config: ml_collections.ConfigDict, mesh_devices: int) -> tuple[int,
     if batch % processes:
       raise errors.UsageError(f"{name}={batch} must divide over the {processes} processes")
     if phase.ramp_steps:
-      _check_ramp(phase, accumulation, data_shards, processes)
+      check_ramp(phase, accumulation, data_shards, processes)
   if config.eval.batch_size % processes:
     raise errors.UsageError(f"eval.batch_size={config.eval.batch_size} must divide over the "
                             f"{processes} processes")
@@ -123,7 +123,7 @@ def stage_accumulation(rows: int, micro: int) -> int:
   return -(-rows // micro)
 
 
-def _check_ramp(phase: Phase, accumulation: int, data_shards: int, processes: int) -> None:
+def check_ramp(phase: Phase, accumulation: int, data_shards: int, processes: int) -> None:
   """Every batch size of the batch-size warmup divides into micro-batches that
   divide over the data shards."""
   start, batch = phase.ramp_start, phase.batch_size

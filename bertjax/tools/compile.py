@@ -40,7 +40,7 @@ import os
 import re
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from absl import flags, logging
 from ml_collections import config_flags
@@ -622,18 +622,48 @@ class Compiler:
     return low
 
 
+def _accumulation_holds(batch_size: int, data_shards: int, max_per_chip: int,
+                        steps: int) -> bool:
+  micro = batch_size // steps
+  return (not batch_size % steps and not micro % data_shards
+          and micro // data_shards <= max_per_chip)
+
+
 def accumulation_for(batch_size: int, data_shards: int, max_per_chip: int,
                      more_than: int = 0) -> int | None:
   """The fewest accumulation steps (above `more_than`) whose micro-batches
   divide evenly over the data shards and hold at most `max_per_chip` a chip."""
   if max_per_chip < 1:
     return None
-  for steps in range(more_than + 1, batch_size + 1):
-    micro = batch_size // steps
-    if (not batch_size % steps and not micro % data_shards
-        and micro // data_shards <= max_per_chip):
-      return steps
-  return None
+  return next((steps for steps in range(more_than + 1, batch_size + 1)
+               if _accumulation_holds(batch_size, data_shards, max_per_chip, steps)), None)
+
+
+def run_accumulation_for(phases: Sequence[Any], data_shards: int, max_per_chip: Sequence[int],
+                         processes: int, more_than: int = 0) -> int | None:
+  """The fewest accumulation steps (above `more_than`) that one run can set
+  (`train.accumulation_steps` serves every phase): each phase's batch divides
+  into that many micro-batches, which divide over the data shards and hold at
+  most the phase's `max_per_chip` a chip, and every batch of the batch-size
+  warmup divides into micro-batches as the trainer needs."""
+  from bertjax.tasks import pretrain
+
+  if min(max_per_chip) < 1:
+    return None
+
+  def warmup_divides(steps: int) -> bool:
+    try:
+      for phase in phases:
+        if phase.ramp_steps:
+          pretrain.check_ramp(phase, steps, data_shards, processes)
+    except errors.UsageError:
+      return False
+    return True
+
+  return next((steps for steps in range(more_than + 1, min(p.batch_size for p in phases) + 1)
+               if all(_accumulation_holds(phase.batch_size, data_shards, limit, steps)
+                      for phase, limit in zip(phases, max_per_chip))
+               and warmup_divides(steps)), None)
 
 
 def run(config, accelerator_type: str, num_slices: int = 1, find_max_batch: bool = False,
@@ -731,12 +761,12 @@ def _accumulation_that_fits(compiler: Compiler, config, report: dict[str, Any],
 
   `compiled`: the training steps already compiled at the configured setting.
   """
-  shards = compiler.data_shards
+  shards, hosts = compiler.data_shards, compiler.target.hosts
   programs = _phase_programs(config)
-  needed = [accumulation_for(phase.batch_size, shards, report["max_per_chip_batch"][
-      f"train_{name}"]) for name, phase in programs]
-  steps = None if None in needed else max(needed)  # one setting serves every phase
-  batch = min(phase.batch_size for _, phase in programs)
+  phases = [phase for _, phase in programs]
+  steps = run_accumulation_for(phases, shards, [
+      report["max_per_chip_batch"][f"train_{name}"] for name, _ in programs], hosts)
+  unlimited = [phase.batch_size for phase in phases]
   tried = []
   while steps is not None and len(tried) < 4:
     results = {}
@@ -752,7 +782,7 @@ def _accumulation_that_fits(compiler: Compiler, config, report: dict[str, Any],
                                   for name, result in results.items()}})
     if fit:
       return steps, tried
-    steps = accumulation_for(batch, shards, max(1, batch // shards), more_than=steps)
+    steps = run_accumulation_for(phases, shards, unlimited, hosts, more_than=steps)
   return None, tried
 
 

@@ -266,6 +266,41 @@ def test_accumulation_for_the_largest_batch_that_fits():
   assert compile_tool.accumulation_for(256, 16, 0) is None
 
 
+@pytest.mark.parametrize("ramp_start", [0, 48, 96])
+@pytest.mark.parametrize("limits", [(6, 36), (10, 12), (16, 6), (4, 4), (0, 4)])
+def test_one_accumulation_for_every_phase_and_the_warmup(ramp_start, limits):
+  """The run's accumulation is the fewest steps the trainer accepts for all its
+  phases (batches of 384 then 288 on 8 data shards, with and without a batch
+  warmup) that keeps each phase within its largest batch a chip; the trainer's
+  own check of the config is the reference. (6, 36): the first phase alone
+  would take 8 steps, which the second's batch does not divide."""
+  from bertjax.configs import modernbert_pretrain
+  from bertjax.tasks import pretrain, pretrain_data
+  from bertjax.tools import compile as compile_tool
+
+  config = modernbert_pretrain.get_config()
+  config.train.update(batch_size=384, long_batch_size=288, batch_ramp_start=ramp_start,
+                      batch_ramp_steps=10 if ramp_start else 0, total_steps=100,
+                      long_from_step=50, long_seq_length=2048, long_max_predictions=614)
+  config.optimizer.update(warmup_steps=10, decay_steps=10)
+  pretrain.validate(config, 8)  # valid as it stands (one step): only accumulation is refused
+
+  def accepted(steps):
+    config.train.accumulation_steps = steps
+    try:
+      pretrain.validate(config, 8)
+    except ValueError:
+      return False
+    return all((batch // steps) // 8 <= limit for batch, limit in zip((384, 288), limits))
+
+  expected = next((steps for steps in range(1, 385) if accepted(steps)), None)
+  phases = pretrain_data.phases(config)
+  assert compile_tool.run_accumulation_for(phases, 8, limits, 1) == expected
+  if expected is not None:
+    later = next((steps for steps in range(expected + 1, 385) if accepted(steps)), None)
+    assert compile_tool.run_accumulation_for(phases, 8, limits, 1, more_than=expected) == later
+
+
 @pytest.mark.parametrize("fixed_gib, per_sequence_gib, start", [
     (3.76, 0.4, 16), (1.0, 0.25, 64), (1.0, 0.01, 4), (20.0, 2.0, 16), (40.0, 1.0, 16)])
 def test_max_batch_search_brackets_then_closes_in(fixed_gib, per_sequence_gib, start):
