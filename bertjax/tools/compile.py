@@ -277,20 +277,37 @@ class TracedFlops:
                        self.kernel_calls * factor)
 
 
-def traced_flops(jaxpr, kernel_block_share: float = 1.0) -> TracedFlops:
+def traced_flops(jaxpr, kernel_block_share: float = 1.0,
+                 known: dict[Any, Any] | None = None) -> TracedFlops:
   """The matrix products of a jaxpr, every scan iteration counted (XLA's cost
   analysis counts a loop's body once), with the Pallas kernels XLA cannot see.
 
-  A Pallas kernel's products are its body's, once per step of its grid: all
-  its blocks, times `kernel_block_share` for kernels that skip the blocks a
-  causal mask leaves out (splash attention skips them; blocks on the diagonal
-  are computed whole). The body of a `shard_map` runs once on every device of
-  its manual axes.
+  A Pallas kernel's products are its body's, once per step of its grid that
+  computes. Splash attention's kernels skip the steps their block mask marks
+  empty (blocks outside a local band or above a causal diagonal, and the
+  padding of a grid narrowed to the band); the mask is a constant of the
+  jaxpr, read here. A kernel whose mask is not known computes
+  `kernel_block_share` of its grid. The body of a `shard_map` runs once on
+  every device of its manual axes.
 
   Args:
-    jaxpr: The step's jaxpr (`jax.jit(...).trace(...).jaxpr.jaxpr`).
-    kernel_block_share: The share of a kernel's grid that computes.
+    jaxpr: The step's jaxpr, best a ClosedJaxpr (`jax.jit(...).trace(...).jaxpr`),
+      whose constants hold the kernels' block masks.
+    kernel_block_share: The share of a kernel's grid that computes, where its
+      block mask is not known.
+    known: Values of the jaxpr's variables known to be constants.
   """
+  return _count(jaxpr, kernel_block_share, dict(known or {}))[0]
+
+
+def _count(jaxpr, kernel_block_share: float,
+           known: dict[Any, Any]) -> tuple[TracedFlops, dict[Any, Any]]:
+  """`traced_flops`, and the constants known by the end of the jaxpr (those
+  passed through calls too: the backward pass's kernels get their masks from
+  the forward's residuals)."""
+  if hasattr(jaxpr, "consts"):  # a ClosedJaxpr
+    known.update(zip(jaxpr.jaxpr.constvars, jaxpr.consts))
+    jaxpr = jaxpr.jaxpr
   total = TracedFlops()
   for eqn in jaxpr.eqns:
     name = eqn.primitive.name
@@ -300,10 +317,17 @@ def traced_flops(jaxpr, kernel_block_share: float = 1.0) -> TracedFlops:
       flops = 2.0 * math.prod(eqn.outvars[0].aval.shape) * math.prod(lhs[d] for d in contracting)
       total += TracedFlops(matmuls=flops)
       continue
-    inner = [traced_flops(item, kernel_block_share) for item in _sub_jaxprs(eqn)]
+    inner = []
+    for item in _sub_jaxprs(eqn):
+      flops, inside = _count(item, kernel_block_share, _known_inside(eqn, item, known))
+      inner.append(flops)
+      if name not in ("cond", "pallas_call"):  # one value whichever branch runs
+        known.update(_known_outputs(eqn, item, inside))
     if name == "pallas_call":
       grid = math.prod(eqn.params["grid_mapping"].grid)
-      body = sum(inner, TracedFlops()).matmuls * grid * kernel_block_share
+      share = _computing_share(eqn, known)
+      share = kernel_block_share if share is None else share
+      body = sum(inner, TracedFlops()).matmuls * grid * share
       total += TracedFlops(matmuls=body, kernel_flops=body, kernel_calls=1)
     elif name == "cond":
       total += max(inner, key=lambda flops: flops.matmuls, default=TracedFlops())  # one runs
@@ -318,18 +342,79 @@ def traced_flops(jaxpr, kernel_block_share: float = 1.0) -> TracedFlops:
       total += sum(inner, TracedFlops()).times(copies)
     else:
       total += sum(inner, TracedFlops())
-  return total
+  return total, known
 
 
 def _sub_jaxprs(eqn) -> list[Any]:
-  """The jaxprs an equation runs (a call's body, a cond's branches, ...)."""
+  """The jaxprs an equation runs (a call's body, a cond's branches, ...), as
+  they are held (a ClosedJaxpr with its constants, or a Jaxpr)."""
   found = []
   for value in eqn.params.values():
     for item in value if isinstance(value, (tuple, list)) else (value,):
-      item = getattr(item, "jaxpr", item)  # a ClosedJaxpr's Jaxpr
-      if hasattr(item, "eqns"):
+      if hasattr(getattr(item, "jaxpr", item), "eqns"):
         found.append(item)
   return found
+
+
+def _known_inside(eqn, sub, known: dict[Any, Any]) -> dict[Any, Any]:
+  """The constants among the operands of `eqn`, as the variables of its
+  sub-jaxpr `sub` that receive them. A sub-jaxpr takes the equation's last
+  operands in order (a cond's branches all but the predicate, a loop's body
+  its constants and carry; a `shard_map`'s body a device's block); a variable
+  whose shape differs (a scan's slice of its inputs) is not known."""
+  import numpy as np
+
+  inner = getattr(sub, "jaxpr", sub).invars
+  outer = eqn.invars[len(eqn.invars) - len(inner):] if len(eqn.invars) >= len(inner) else []
+  values = {}
+  for inside, outside in zip(inner, outer):
+    value = outside.val if hasattr(outside, "val") else known.get(outside)  # a Literal's
+    if value is not None and eqn.primitive.name == "shard_map":
+      # A device's block of it (every device holds the same constants).
+      value = np.asarray(value)[tuple(slice(0, n) for n in inside.aval.shape)]
+    if value is not None and tuple(inside.aval.shape) == np.shape(value):
+      values[inside] = value
+  return values
+
+
+def _known_outputs(eqn, sub, inside: dict[Any, Any]) -> dict[Any, Any]:
+  """The outputs of `eqn` that are constants its sub-jaxpr `sub` passes out
+  (known in `inside`), by position (a `shard_map`'s joined over its devices);
+  a differing shape (a scan's stacked outputs) is not known."""
+  import numpy as np
+
+  inner = getattr(sub, "jaxpr", sub).outvars
+  if len(inner) != len(eqn.outvars):
+    return {}
+  values = {}
+  for inside_var, outside in zip(inner, eqn.outvars):
+    value = inside_var.val if hasattr(inside_var, "val") else inside.get(inside_var)
+    if value is not None and eqn.primitive.name == "shard_map":
+      # Every device's (equal) block, joined along the dimensions it spans.
+      value = np.asarray(value)
+      if all(n % m == 0 for n, m in zip(outside.aval.shape, value.shape)):
+        value = np.tile(value, [n // m for n, m in zip(outside.aval.shape, value.shape)])
+    if value is not None and tuple(outside.aval.shape) == np.shape(value):
+      values[outside] = value
+  return values
+
+
+def _computing_share(eqn, known: dict[Any, Any]) -> float | None:
+  """The share of a splash kernel's grid steps that compute: the non-zero
+  entries of its block mask (its second scalar operand, after `data_next`:
+  0 skip, 1 partly masked, 2 whole), or None where it is not a known constant."""
+  import numpy as np
+
+  operands = eqn.invars[:eqn.params["grid_mapping"].num_index_operands]
+  if len(operands) < 2:
+    return None
+  mask = operands[1].val if hasattr(operands[1], "val") else known.get(operands[1])
+  if mask is None:
+    return None
+  mask = np.asarray(mask)
+  if mask.ndim != 3 or not np.isin(mask, (0, 1, 2)).all():
+    return None  # not splash's block mask
+  return float(np.count_nonzero(mask)) / mask.size
 
 
 def causal_block_share(length: int, block: int) -> float:
@@ -386,7 +471,7 @@ def compile_step(jitted, *args, kernel_block_share: float = 1.0) -> dict[str, An
   return {"compile_s": round(time.perf_counter() - start, 1),
           "per_chip_bytes": memory_bytes(compiled.memory_analysis()),
           "flops_per_chip": float((cost or {}).get("flops", 0.0)),
-          "traced_flops": traced_flops(traced.jaxpr.jaxpr, kernel_block_share),
+          "traced_flops": traced_flops(traced.jaxpr, kernel_block_share),
           "collectives": collectives(compiled.as_text())}
 
 
@@ -527,7 +612,7 @@ class Compiler:
     length = phase.max_seq_length
     batch = batch_spec(self.config.objective, batch_size, length, phase.max_predictions,
                        self.batch_sharding, self.config.data.max_sequences_per_row)
-    # Splash attention computes only the blocks a causal mask reaches.
+    # Where a kernel's block mask cannot be read: the blocks a causal mask reaches.
     share = causal_block_share(length, attention.SPLASH_BLOCK) if self.bert.causal else 1.0
     with jax.set_mesh(self.target.mesh), nn.logical_axis_rules(self.rules):
       result = compile_step(step, self.state if training else self.state.params, batch,

@@ -125,31 +125,32 @@ def test_collectives_count_loop_iterations_and_bytes():
   assert found["dcn-all-reduce"] == {"count": 1, "bytes": 2 * 64 * 2}  # between slices
 
 
-def _attention_gradient_jaxpr(causal, mesh=None):
-  """The jaxpr of splash attention's forward and backward passes (interpreted
-  on this CPU: the same kernels, with the same grids)."""
+def _attention_gradient_jaxpr(causal, mesh=None, length=256, window=None):
+  """The ClosedJaxpr of splash attention's forward and backward passes
+  (interpreted on this CPU: the same kernels, with the same grids), its
+  constants holding the kernels' block masks."""
   import jax
   import jax.numpy as jnp
 
   from bertjax.models import attention
 
-  batch, length, heads, head_dim = 4, 256, 2, 64
+  batch, heads, head_dim = 4, 2, 64
   spec = jax.ShapeDtypeStruct((batch, length, heads, head_dim), jnp.float32)
   ids = jax.ShapeDtypeStruct((batch, length), jnp.int32)
 
   def loss(q, k, v, ids):
     segments = attention.Segments.unpacked(ids)
-    return attention.fused("splash", q, k, v, segments, causal).sum()
+    return attention.fused("splash", q, k, v, segments, causal, window=window).sum()
 
   gradient = jax.grad(loss, argnums=(0, 1, 2))
   if mesh is None:
-    return jax.make_jaxpr(gradient)(spec, spec, spec, ids).jaxpr
+    return jax.make_jaxpr(gradient)(spec, spec, spec, ids)
   rows = jax.sharding.NamedSharding(mesh, jax.P("data"))
   spec, ids = (jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rows) for x in (spec, ids))
   import flax.linen as nn
   from bertjax.configs.common import LOGICAL_AXIS_RULES
   with jax.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_AXIS_RULES):
-    return jax.make_jaxpr(gradient)(spec, spec, spec, ids).jaxpr
+    return jax.make_jaxpr(gradient)(spec, spec, spec, ids)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -163,12 +164,46 @@ def test_the_attention_kernels_count_every_block_they_compute(causal):
   batch, length, heads, head_dim = 4, 256, 2, 64
   share = compile_tool.causal_block_share(length, 128) if causal else 1.0
   assert share == (0.75 if causal else 1.0)  # 3 of the 4 blocks of 128 x 128
-  counted = compile_tool.traced_flops(_attention_gradient_jaxpr(causal), share)
+  closed = _attention_gradient_jaxpr(causal)
+  counted = compile_tool.traced_flops(closed)  # the share read from the kernels' masks
   dense = 2 * batch * heads * length * length * head_dim  # one product, all blocks
   assert counted.kernel_calls == 3
   assert counted.kernel_flops == 9 * dense * share
   # Outside them only the backward's row sums of the output times its gradient.
   assert counted.matmuls - counted.kernel_flops == 2 * batch * heads * length * head_dim
+  # Without the masks (a bare Jaxpr), the share given.
+  assert compile_tool.traced_flops(closed.jaxpr, share).kernel_flops == 9 * dense * share
+  assert compile_tool.traced_flops(closed.jaxpr).kernel_flops == 9 * dense
+
+
+def band_blocks(length: int, window: int, causal: bool = False, block: int = 128) -> int:
+  """Blocks of a [length, length] score matrix that hold a query and a key at
+  most `window` apart (before the query only, if causal), by brute force over
+  the positions."""
+  import numpy as np
+
+  position = np.arange(length)
+  distance = position[:, None] - position[None, :]  # query - key
+  near = (np.abs(distance) <= window) & ((distance >= 0) if causal else True)
+  return int(near.reshape(length // block, block, length // block, block).any(axis=(1, 3)).sum())
+
+
+@pytest.mark.parametrize("length, window, causal", [(1024, 64, False), (1024, 200, False),
+                                                    (768, 64, True)])
+def test_local_attention_kernels_count_the_blocks_of_the_band(length, window, causal):
+  """A local layer's kernels compute the blocks that hold a query and a key at
+  most `window` apart (before the query only, if causal): counted here from
+  the positions, by brute force, against what the traced kernels' masks say."""
+  from bertjax.tools import compile as compile_tool
+
+  batch, heads, head_dim, block = 4, 2, 64, 128
+  blocks = band_blocks(length, window, causal)
+  assert blocks < (length // block) ** 2  # the band leaves blocks out
+  dense_block = 2 * batch * heads * block * block * head_dim  # one product of a block
+  counted = compile_tool.traced_flops(_attention_gradient_jaxpr(causal, length=length,
+                                                                window=window))
+  assert counted.kernel_calls == 3
+  assert counted.kernel_flops == 9 * dense_block * blocks
 
 
 def test_a_shard_map_body_counts_once_a_device():
@@ -179,9 +214,12 @@ def test_a_shard_map_body_counts_once_a_device():
 
   alone = compile_tool.traced_flops(_attention_gradient_jaxpr(False))
   mesh = sharding.make_mesh((4, 1, 1), jax.devices()[:4])
+  sharded_causal = _attention_gradient_jaxpr(True, mesh)
   sharded = compile_tool.traced_flops(_attention_gradient_jaxpr(False, mesh))
   assert sharded.kernel_flops == alone.kernel_flops  # 4 devices, a quarter of the rows each
   assert sharded.kernel_calls == 4 * alone.kernel_calls
+  # The masks are found inside the shard_map too: a causal mask's share.
+  assert compile_tool.traced_flops(sharded_causal).kernel_flops == 0.75 * alone.kernel_flops
 
 
 def test_the_real_tokens_of_a_given_padding_share():
@@ -494,6 +532,30 @@ def test_splash_attention_compiles_for_the_tpu():
   assert xla["model_real"] == splash["model_real"] == pytest.approx(real)
   assert reports["splash"]["real_work"]["source"].startswith("given: 0.25")
   assert "on real tokens" in result.stdout
+
+
+@needs_libtpu
+def test_modernbert_local_and_global_splash_kernels_compile_for_the_tpu():
+  """ModernBERT's splash kernels, lowered by libtpu: the global layer's
+  computes every block, the local layers' the blocks of their band only (keys
+  at most 64 positions away), as their block masks in the compiled program say."""
+  layers, hidden, batch, length = 3, 128, 8, 1024  # layer 0 global, 1 and 2 local
+  result, report = run_tool(
+      "--config=configs/modernbert_pretrain.py", "--topology=v5litepod-8", "--eval=false",
+      f"--config.model.num_layers={layers}", f"--config.model.hidden_size={hidden}",
+      "--config.model.num_heads=2", "--config.model.intermediate_size=256",
+      "--config.model.vocab_size=512", "--config.data.vocab_size=512",
+      "--config.model.attention_impl=splash", f"--config.train.batch_size={batch}",
+      "--config.train.batch_ramp_steps=0", "--config.train.long_from_step=-1",
+      "--config.train.total_steps=10", "--config.optimizer.warmup_steps=1",
+      "--config.optimizer.decay_steps=2", "--config.eval.batch_size=8")
+  assert result.returncode == 0, result.stderr[-3000:]
+  flops = report["flops_per_step"][f"train_{length}"]
+  product = 2 * batch * 128 * 128 * hidden  # one product of a block, all heads and rows
+  blocks = (length // 128) ** 2 + 2 * band_blocks(length, 64)  # 64 + 2 x 22
+  assert band_blocks(length, 64) == 22
+  assert flops["attention_kernels"] == 9 * product * blocks
+  assert flops["attention_kernel_calls"] == 3 * layers * 8  # on each of the 8 chips
 
 
 @needs_libtpu
