@@ -2,12 +2,14 @@ r"""Each attention kernel this device runs, against plain float32 softmax attent
 
   python benchmarks/attention_numerics.py            # the kernels of this platform
 
-Prints one JSON line per (kernel, layout, causal): the largest absolute
+Prints one JSON line per (kernel, layout, causal, window): the largest absolute
 difference of the output (at real tokens) and of the gradients of query, key
 and value from `bertjax.models.attention.reference`, on inputs in the compute
 dtype (bfloat16 on accelerators). On a GPU that checks cuDNN's kernel, which CI
 (CPU only) can only trace; on a TPU the splash kernel compiled, not
-interpreted.
+interpreted. `window` 64 is a ModernBERT local layer (keys at most 64
+positions away); a combination a kernel refuses prints what it said
+(`refused`: cuDNN's local attention on packed rows).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bertjax import errors
 from bertjax.models import attention
 
 
@@ -38,8 +41,8 @@ def _segments(batch: int, length: int, packed: bool) -> attention.Segments:
   return attention.Segments.from_ids(jnp.asarray(ids))
 
 
-def check(implementation: str, packed: bool, causal: bool, dtype, batch=4, length=256,
-          heads=8, head_dim=64) -> dict:
+def check(implementation: str, packed: bool, causal: bool, dtype, window: int | None = None,
+          batch=4, length=256, heads=8, head_dim=64) -> dict:
   rng = np.random.default_rng(0)
   q, k, v = (jnp.asarray(rng.normal(size=(batch, length, heads, head_dim)), dtype)
              for _ in range(3))
@@ -51,14 +54,14 @@ def check(implementation: str, packed: bool, causal: bool, dtype, batch=4, lengt
     return lambda q, k, v: (jnp.where(real, kernel(q, k, v).astype(jnp.float32), 0)
                             * weights).sum()
 
-  fused = lambda q, k, v: attention.fused(implementation, q, k, v, segments, causal)
-  exact = lambda q, k, v: attention.reference(q, k, v, segments, causal)
+  fused = lambda q, k, v: attention.fused(implementation, q, k, v, segments, causal, window)
+  exact = lambda q, k, v: attention.reference(q, k, v, segments, causal, window)
   out = jax.jit(fused)(q, k, v).astype(jnp.float32)
   grads = jax.jit(jax.grad(loss(fused), (0, 1, 2)))(q, k, v)
   expected = exact(q, k, v)
   expected_grads = jax.grad(loss(exact), (0, 1, 2))(q, k, v)
   error = lambda a, b: float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))
-  return {"kernel": implementation, "packed": packed, "causal": causal,
+  return {"kernel": implementation, "packed": packed, "causal": causal, "window": window,
           "dtype": jnp.dtype(dtype).name, "device_kind": jax.devices()[0].device_kind,
           "output_max_error": error(jnp.where(real, out, 0), expected),
           "output_max_abs": float(jnp.max(jnp.abs(expected))),
@@ -73,13 +76,17 @@ def main():
       platform, ["dot_product", "splash"])
   dtype = jnp.float32 if platform == "cpu" else jnp.bfloat16
   for implementation in kernels:
-    for packed in (False, True):
-      for causal in (False, True):
-        try:
-          print(json.dumps(check(implementation, packed, causal, dtype)), flush=True)
-        except Exception as e:  # pylint: disable=broad-except
-          print(json.dumps({"kernel": implementation, "packed": packed, "causal": causal,
-                            "error": f"{type(e).__name__}: {e}"[:2000]}), flush=True)
+    for window in (None, 64):
+      for packed in (False, True):
+        for causal in (False, True):
+          case = {"kernel": implementation, "packed": packed, "causal": causal,
+                  "window": window}
+          try:
+            print(json.dumps(check(implementation, packed, causal, dtype, window)), flush=True)
+          except errors.UsageError as e:
+            print(json.dumps({**case, "refused": str(e)}), flush=True)
+          except Exception as e:  # pylint: disable=broad-except
+            print(json.dumps({**case, "error": f"{type(e).__name__}: {e}"[:2000]}), flush=True)
 
 
 if __name__ == "__main__":

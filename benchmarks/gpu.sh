@@ -4,7 +4,8 @@
 #   pip install -e '.[gpu]' && bash benchmarks/gpu.sh | tee gpu.jsonl
 #
 # From a fresh checkout: the environment (one line), the attention kernels'
-# numbers against float32 softmax attention (benchmarks/attention_numerics.py),
+# numbers against float32 softmax attention, global and local (ModernBERT's
+# window) (benchmarks/attention_numerics.py),
 # then the pre-training step (`python -m bertjax.benchmark`, bf16, layers
 # scanned) of BERT-base and BERT-large at lengths 128 and 512 on real text
 # (the offline demo corpus, prepared first), each as

@@ -31,7 +31,8 @@ def test_each_configuration_prints_its_figures():
   assert result.returncode == 0, result.stderr[-3000:]
   assert lines[0]["environment"]["platform"] == "cpu"
   numerics = [line for line in lines if "kernel" in line]
-  assert len(numerics) == 8 and not [line for line in numerics if "error" in line], numerics
+  assert len(numerics) == 16 and not [line for line in numerics if "error" in line], numerics
+  assert sorted({line["window"] or 0 for line in numerics}) == [0, 64]  # global and local
   for line in numerics:  # float32 here: the kernels equal softmax attention
     assert line["output_max_error"] < 1e-5 and line["dq_max_error"] < 1e-4, line
   runs = {line["config"]: line for line in lines if "config" in line}
