@@ -7,7 +7,8 @@ between documents. The last column is the tag, in IOB1 as distributed or IOB2.
 
 Features follow the paper (section 5.3): a cased WordPiece model, the label on
 the first piece of each word (the other pieces carry weight 0; the words read
-as the running text of their sentence, `Tokenizer.encode_words`), and "the
+as running text, `Tokenizer.encode_words`: of their document with context, of
+their sentence without), and "the
 maximal document context provided by the data": the sentence is placed among
 the pieces of its neighbours in the same document, which are not scored. A
 sentence longer than fits is split into several features, each word scored in
@@ -140,7 +141,12 @@ def featurize(sentences: Sequence[Sentence], tokenizer, labels: Sequence[str],
   if max_seq_length < 3:
     raise errors.UsageError(f"max_seq_length={max_seq_length} leaves no room for a word")
   label_ids = {label: i for i, label in enumerate(labels)}
-  word_pieces = [tokenizer.encode_words(s.words) if s.words else [] for s in sentences]
+  # The words as running text: of the document with context (a sentence's first
+  # word follows the last one's), else of the sentence alone.
+  starts = [not document_context or i == 0 or sentences[i - 1].document != s.document
+            for i, s in enumerate(sentences)]
+  word_pieces = [tokenizer.encode_words(s.words, text_start=start) if s.words else []
+                 for s, start in zip(sentences, starts)]
   # A word that becomes no piece (a lone control character) still gets a
   # position: [UNK], so that every word is scored.
   word_pieces = [[pieces or [tokenizer.unk_id] for pieces in sentence]

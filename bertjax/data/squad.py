@@ -231,6 +231,8 @@ def _locate_answer(question: Question, context: str, words: Sequence[str],
   actual = " ".join(words[first:last + 1])
   if actual.find(" ".join(text.split())) == -1:
     return "answer text not found at its answer_start"
+  # Where its first non-space character follows another character of its word.
+  start += len(text) - len(text.lstrip())
   return text, first, last, start > 0 and not _is_whitespace(context[start - 1])
 
 
@@ -328,7 +330,8 @@ def convert_examples_to_features(examples: Sequence[Example], tokenizer: Tokeniz
                    else len(doc_pieces) - 1)
       piece_start, piece_end = _improve_answer_span(
           doc_pieces, piece_start, piece_end,
-          tokenizer.encode_words([example.orig_answer_text], text_start=(
+          # As the passage's words are: whitespace made single spaces.
+          tokenizer.encode_words([" ".join(example.orig_answer_text.split())], text_start=(
               example.start_position == 0 or example.answer_in_word))[0])
 
     max_window = max_seq_length - len(query) - 3

@@ -477,7 +477,8 @@ class JsonTokenizer(Tokenizer):
 
   def basic_tokenize(self, text: str) -> list[str]:
     normalizer = self._backend.normalizer
-    return (normalizer.normalize_str(text) if normalizer is not None else text).split()
+    text = normalizer.normalize_str(text) if normalizer is not None else text
+    return text.replace("\u2581", " ").split()  # a normaliser may mark spaces "▁"
 
   def decode(self, ids: Sequence[int]) -> str:
     return self._backend.decode([int(i) for i in ids], skip_special_tokens=True)

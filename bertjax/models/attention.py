@@ -219,6 +219,9 @@ def _cudnn(query: Array, key: Array, value: Array, segments: Segments, causal: b
                                         query_seq_lengths=lengths,
                                         key_value_seq_lengths=lengths,
                                         implementation="cudnn")
+  if window is not None:  # `choose` refuses it first; a direct call must not drop the window
+    raise errors.UsageError("attention_impl='cudnn' runs local attention on unpacked rows "
+                            "only; use 'auto' (XLA attention for packed local layers)")
   from jax._src.cudnn import fused_attention_stablehlo as cudnn  # the packed layout
 
   seqlen, offsets = ragged_layout(segments.keys)

@@ -124,7 +124,10 @@ def _stored_features(config, bundle, workdir: str, split: str, sentences, labels
   stamp = {"init_checkpoint": (config.init_checkpoint if files.is_remote(config.init_checkpoint)
                                else os.path.abspath(config.init_checkpoint)), "layers": layers,
            "max_seq_length": config.max_seq_length, "document_context": config.document_context,
-           "words": sum(len(s.words) for s in sentences)}
+           "words": sum(len(s.words) for s in sentences),
+           # How words become pieces (`Tokenizer.encode_words`): features
+           # stored under another rule are extracted again.
+           "pieces": "running text"}
   if not (os.path.isfile(path) and os.path.isfile(stamp_path)
           and files.read_json(stamp_path) == stamp):
     logging.info("Extracting %s features (layers %s)", split, layers)

@@ -321,8 +321,7 @@ def _count(jaxpr, kernel_block_share: float,
     for item in _sub_jaxprs(eqn):
       flops, inside = _count(item, kernel_block_share, _known_inside(eqn, item, known))
       inner.append(flops)
-      if name not in ("cond", "pallas_call"):  # one value whichever branch runs
-        known.update(_known_outputs(eqn, item, inside))
+      known.update(_known_outputs(eqn, item, inside))
     if name == "pallas_call":
       grid = math.prod(eqn.params["grid_mapping"].grid)
       share = _computing_share(eqn, known)
@@ -356,45 +355,79 @@ def _sub_jaxprs(eqn) -> list[Any]:
   return found
 
 
-def _known_inside(eqn, sub, known: dict[Any, Any]) -> dict[Any, Any]:
-  """The constants among the operands of `eqn`, as the variables of its
-  sub-jaxpr `sub` that receive them. A sub-jaxpr takes the equation's last
-  operands in order (a cond's branches all but the predicate, a loop's body
-  its constants and carry; a `shard_map`'s body a device's block); a variable
-  whose shape differs (a scan's slice of its inputs) is not known."""
+def _operands_of(eqn, sub) -> list[tuple[Any, Any]]:
+  """(variable of the sub-jaxpr `sub`, operand of `eqn` it receives), for the
+  operands that hold one value throughout: a scan's and a while loop's
+  constants (not their carries or a scan's slices), a cond's operands, a
+  call's all."""
+  inner = getattr(sub, "jaxpr", sub).invars
+  params, operands = eqn.params, eqn.invars
+  name = eqn.primitive.name
+  if name == "scan":
+    count = params["num_consts"]
+    return list(zip(inner[:count], operands[:count]))
+  if name == "while":
+    cond_count, body_count = params["cond_nconsts"], params["body_nconsts"]
+    if sub is params["cond_jaxpr"]:
+      return list(zip(inner[:cond_count], operands[:cond_count]))
+    return list(zip(inner[:body_count], operands[cond_count:cond_count + body_count]))
+  if name == "cond":
+    return list(zip(inner, operands[1:]))  # after the branch index
+  if name == "pallas_call" or len(inner) != len(operands):
+    return []
+  return list(zip(inner, operands))
+
+
+def _device_block(value, shape: tuple[int, ...]):
+  """A device's block of shape `shape` of a constant every device holds the
+  same block of (None where the blocks differ)."""
   import numpy as np
 
-  inner = getattr(sub, "jaxpr", sub).invars
-  outer = eqn.invars[len(eqn.invars) - len(inner):] if len(eqn.invars) >= len(inner) else []
+  value = np.asarray(value)
+  if value.shape == shape:
+    return value
+  if (len(shape) != value.ndim or 0 in shape
+      or any(n % m for n, m in zip(value.shape, shape))):
+    return None
+  block = value[tuple(slice(0, n) for n in shape)]
+  tiles = [n // m for n, m in zip(value.shape, shape)]
+  return block if np.array_equal(np.tile(block, tiles), value) else None
+
+
+def _known_inside(eqn, sub, known: dict[Any, Any]) -> dict[Any, Any]:
+  """The constants among the operands of `eqn`, as the variables of its
+  sub-jaxpr `sub` that receive them (`_operands_of`); a `shard_map`'s body
+  gets a device's block, where every device's is the same."""
   values = {}
-  for inside, outside in zip(inner, outer):
+  for inside, outside in _operands_of(eqn, sub):
     value = outside.val if hasattr(outside, "val") else known.get(outside)  # a Literal's
     if value is not None and eqn.primitive.name == "shard_map":
-      # A device's block of it (every device holds the same constants).
-      value = np.asarray(value)[tuple(slice(0, n) for n in inside.aval.shape)]
-    if value is not None and tuple(inside.aval.shape) == np.shape(value):
+      value = _device_block(value, tuple(inside.aval.shape))
+    if value is not None and tuple(inside.aval.shape) == tuple(getattr(value, "shape", ())):
       values[inside] = value
   return values
 
 
 def _known_outputs(eqn, sub, inside: dict[Any, Any]) -> dict[Any, Any]:
-  """The outputs of `eqn` that are constants its sub-jaxpr `sub` passes out
-  (known in `inside`), by position (a `shard_map`'s joined over its devices);
-  a differing shape (a scan's stacked outputs) is not known."""
+  """The outputs of a call `eqn` that are constants its sub-jaxpr `sub` passes
+  out (known in `inside`), by position; a `shard_map`'s every device's
+  (equal) block, joined. Loops and conds pass none (a carry changes)."""
   import numpy as np
 
   inner = getattr(sub, "jaxpr", sub).outvars
-  if len(inner) != len(eqn.outvars):
+  if (eqn.primitive.name in ("scan", "while", "cond", "pallas_call")
+      or len(inner) != len(eqn.outvars)):
     return {}
   values = {}
   for inside_var, outside in zip(inner, eqn.outvars):
     value = inside_var.val if hasattr(inside_var, "val") else inside.get(inside_var)
-    if value is not None and eqn.primitive.name == "shard_map":
-      # Every device's (equal) block, joined along the dimensions it spans.
-      value = np.asarray(value)
-      if all(n % m == 0 for n, m in zip(outside.aval.shape, value.shape)):
-        value = np.tile(value, [n // m for n, m in zip(outside.aval.shape, value.shape)])
-    if value is not None and tuple(outside.aval.shape) == np.shape(value):
+    if value is None:
+      continue
+    value, shape = np.asarray(value), tuple(outside.aval.shape)
+    if (eqn.primitive.name == "shard_map" and value.shape != shape and value.size
+        and len(shape) == value.ndim and not any(n % m for n, m in zip(shape, value.shape))):
+      value = np.tile(value, [n // m for n, m in zip(shape, value.shape)])
+    if value.shape == shape:
       values[outside] = value
   return values
 
@@ -402,9 +435,12 @@ def _known_outputs(eqn, sub, inside: dict[Any, Any]) -> dict[Any, Any]:
 def _computing_share(eqn, known: dict[Any, Any]) -> float | None:
   """The share of a splash kernel's grid steps that compute: the non-zero
   entries of its block mask (its second scalar operand, after `data_next`:
-  0 skip, 1 partly masked, 2 whole), or None where it is not a known constant."""
+  0 skip, 1 partly masked, 2 whole), or None where it is not a known constant
+  or the kernel is not splash's."""
   import numpy as np
 
+  if not str(eqn.params.get("name", "")).startswith("splash_"):
+    return None
   operands = eqn.invars[:eqn.params["grid_mapping"].num_index_operands]
   if len(operands) < 2:
     return None
@@ -412,8 +448,8 @@ def _computing_share(eqn, known: dict[Any, Any]) -> float | None:
   if mask is None:
     return None
   mask = np.asarray(mask)
-  if mask.ndim != 3 or not np.isin(mask, (0, 1, 2)).all():
-    return None  # not splash's block mask
+  if mask.ndim != 3 or not mask.size or not np.isin(mask, (0, 1, 2)).all():
+    return None  # not a block mask
   return float(np.count_nonzero(mask)) / mask.size
 
 
@@ -709,6 +745,8 @@ class Compiler:
 
 def _accumulation_holds(batch_size: int, data_shards: int, max_per_chip: int,
                         steps: int) -> bool:
+  """Whether `steps` micro-batches split the batch evenly, each over the data
+  shards evenly, with at most `max_per_chip` rows a chip."""
   micro = batch_size // steps
   return (not batch_size % steps and not micro % data_shards
           and micro // data_shards <= max_per_chip)

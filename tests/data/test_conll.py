@@ -136,11 +136,11 @@ def test_tfds_conll2003_layout(tmp_path):
       (["Peter", "Blackburn", "spoke"], ["B-PER", "I-PER", "O"])]
 
 
-def test_a_byte_level_bpe_reads_each_sentence_as_running_text(tmp_path):
-  """With a byte-level BPE (ModernBERT's kind), a sentence's row is
-  transformers' encoding of the sentence's words joined by spaces (the words
-  after the first marked as following a space, as in pre-training text), each
-  label on its word's first piece."""
+def test_a_byte_level_bpe_reads_the_words_as_running_text(tmp_path):
+  """With a byte-level BPE (ModernBERT's kind), a row is transformers'
+  encoding of the words joined by spaces (the words after the first marked as
+  following a space, as in pre-training text): the document's with context,
+  the sentence's without, each label on its word's first piece."""
   transformers = pytest.importorskip("transformers")
   path = tmp_path / "eng.train"
   path.write_text(FILE)
@@ -149,6 +149,12 @@ def test_a_byte_level_bpe_reads_each_sentence_as_running_text(tmp_path):
   reference.write_bpe_tokenizer(tmp_path / "bpe")
   bpe = JsonTokenizer(str(tmp_path / "bpe" / "tokenizer.json"))
   theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "bpe")
+  # With context, a row that holds its whole document is the document's text.
+  arrays = conll.featurize(sentences, bpe, labels, 64).arrays
+  document = [w for s in sentences[:2] for w in s.words]  # EU rejects ... Peter Blackburn
+  length = int(arrays["attention_mask"][0].sum())
+  assert arrays["input_ids"][0, :length].tolist() == theirs(" ".join(document))["input_ids"]
+  # Without, each row is its sentence's.
   features = conll.featurize(sentences, bpe, labels, 64, document_context=False)
   arrays = features.arrays
   for row, sentence in enumerate(sentences):

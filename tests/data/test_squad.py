@@ -47,8 +47,11 @@ def _squad_file(path, questions, context=CONTEXT, version="1.1"):
   return str(path)
 
 
-ANSWERS = ["The quick", "quick brown fox", "jumping", "resumed", "lazy dog", "Hello", "World!", "Café résumé",
-           "naive tokenizer", "NAIVE dogs", "jumped over the lazy dog", "fox (jumping-resumed)"]
+# Whole words, parts of words, and answers with whitespace around or inside
+# them (" naive" follows a second space, " jumped" a word; "resumed) " ends in one).
+ANSWERS = ["The quick", "quick brown fox", "jumping", "resumed", "lazy dog", "Hello", "World!",
+           "Café résumé", "naive tokenizer", "NAIVE dogs", "jumped over the lazy dog",
+           "fox (jumping-resumed)", " naive", " jumped", "resumed) ", "jumps\tover"]
 
 
 def test_passage_words_and_character_map():
@@ -71,6 +74,9 @@ def test_training_spans_map_back_to_the_exact_answer(tmp_path, request, kind, ma
   path = _squad_file(tmp_path / "train.json", [(f"q{i}", a) for i, a in enumerate(ANSWERS)])
   examples = squad.read_examples(path, is_training=True)
   assert len(examples) == len(ANSWERS)
+  # The answers whose first character follows another of its word (not a space).
+  assert [e.orig_answer_text for e in examples if e.answer_in_word] == [
+      "jumping", "resumed", "resumed) "]
   features = squad.convert_examples_to_features(examples, tokenizer, max_seq_length,
                                                 doc_stride, max_query_length=8,
                                                 is_training=True)
@@ -85,7 +91,8 @@ def test_training_spans_map_back_to_the_exact_answer(tmp_path, request, kind, ma
     predicted = tokenizer.pieces_to_text(feature.tokens[start:end + 1])
     words = example.doc_tokens[feature.token_to_orig_map[start]:
                                feature.token_to_orig_map[end] + 1]
-    assert get_final_text(predicted, " ".join(words), tokenizer) == example.orig_answer_text
+    assert get_final_text(predicted, " ".join(words), tokenizer) == " ".join(
+        example.orig_answer_text.split())
     if not example.answer_in_word:  # the span starts with its first word's first piece
       assert feature.token_to_orig_map.get(start - 1) != feature.token_to_orig_map[start]
     found.add(example.qas_id)

@@ -287,3 +287,24 @@ def test_words_read_as_running_text_with_a_byte_level_bpe(tmp_path):
   assert ours.encode_words(WORDS) != ours.encode_pieces(WORDS)  # the marks matter
   assert ours.encode_words(["New York"], text_start=False) == [
       theirs(" New York", add_special_tokens=False)["input_ids"]]
+
+
+def test_basic_words_of_a_tokenizer_json_follow_its_normaliser(tmp_path):
+  """SQuAD maps answers back through the words the normaliser leaves: lower-
+  cased and without accents by a BERT normaliser, split where a Llama-style
+  one marks spaces "▁"."""
+  import tokenizers
+  from tokenizers import models, normalizers, pre_tokenizers
+
+  words = {"[UNK]": 0, "[CLS]": 1, "[SEP]": 2, "[PAD]": 3, "[MASK]": 4}
+  for name, normalizer in (
+      ("bert", normalizers.BertNormalizer(lowercase=True)),
+      ("llama", normalizers.Sequence([normalizers.Prepend("\u2581"),
+                                      normalizers.Replace(" ", "\u2581")]))):
+    backend = tokenizers.Tokenizer(models.WordLevel(words, unk_token="[UNK]"))
+    backend.normalizer = normalizer
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.save(str(tmp_path / f"{name}.json"))
+    ours = JsonTokenizer(str(tmp_path / f"{name}.json"))
+    expected = ["cafe", "naive"] if name == "bert" else ["Café", "Naïve"]  # accents stripped
+    assert ours.basic_tokenize("Café  Naïve") == expected, name

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import sharding
+from bertjax import errors, sharding
 from bertjax.models import BertConfig, BertEncoder, attention, init_params
 from bertjax.models.encoder import restarting_positions
 
@@ -168,12 +168,14 @@ def test_cudnn_call_traces(monkeypatch, packed, causal, window):
   mask, on unpacked rows only."""
   from jax._src.cudnn import fused_attention_stablehlo as cudnn
 
-  if packed and window:
-    return  # `choose` refuses it (test_a_kernel_that_cannot_run_the_call_says_why)
   monkeypatch.setattr(cudnn, "check_cudnn_version", lambda: 91000)
   monkeypatch.setattr(cudnn, "check_compute_capability", lambda *a: True, raising=False)
   q, k, v = _qkv(dtype=jnp.bfloat16)
   segments = _segments(packed)
+  if packed and window:  # refused, called directly too (not global attention instead)
+    with pytest.raises(errors.UsageError, match="local attention on unpacked rows only"):
+      attention.fused("cudnn", q, k, v, segments, causal, window)
+    return
   out = jax.eval_shape(
       lambda q, k, v: attention.fused("cudnn", q, k, v, segments, causal, window), q, k, v)
   assert out.shape == q.shape and out.dtype == jnp.bfloat16

@@ -65,7 +65,7 @@ def _logits_agree(model_dir, hf_class, ids, keys=("logits",)):
   import bertjax
 
   bundle = bertjax.load_pretrained(model_dir)
-  out = os.path.join(model_dir + "_hf")
+  out = model_dir + "_hf"
   bertjax.export_hf(bundle, out)
   theirs = getattr(transformers, hf_class).from_pretrained(out, attn_implementation="eager")
   ours = bundle.model().apply({"params": bundle.params}, np.asarray([ids]))
@@ -105,8 +105,9 @@ def test_glue_pairs_from_a_transformers_directory(modernbert_hf, tmp_path):
                        **{"data.dir": data, "train.epochs": 4.0})
   result = glue.run(config, str(tmp_path / "run"))
   assert result["dev"]["accuracy"] > 90.0, result
-  _logits_agree(str(tmp_path / "run" / "model"), "ModernBertForSequenceClassification",
-                [1, 20, 30, 2, 40, 50, 2])
+  bundle = _logits_agree(str(tmp_path / "run" / "model"), "ModernBertForSequenceClassification",
+                         [1, 20, 30, 2, 40, 50, 2])
+  assert bundle.config.classifier_pooling == "cls"  # transformers' default, as saved
 
 
 def test_squad_from_a_transformers_directory(modernbert_hf, tmp_path):

@@ -206,6 +206,34 @@ def test_local_attention_kernels_count_the_blocks_of_the_band(length, window, ca
   assert counted.kernel_flops == 9 * dense_block * blocks
 
 
+def test_constants_reach_only_the_sub_jaxprs_that_hold_them_throughout():
+  """A while loop's condition and body get their own constants, and neither a
+  loop's carry nor a scan's carry counts as known (it changes each turn)."""
+  import jax
+  import numpy as np
+  from jax import lax
+
+  from bertjax.tools import compile as compile_tool
+
+  limit, step = np.array([7], np.int32), np.array([2], np.int32)
+  start = np.zeros(1, np.int32)
+
+  def loops(x):
+    x = lax.while_loop(lambda c: (c < limit)[0], lambda c: c + step, x)
+    return lax.scan(lambda c, _: (c + step, None), x, None, length=3)[0]
+
+  closed = jax.make_jaxpr(loops)(start)
+  known = dict(zip(closed.jaxpr.constvars, closed.consts))
+  known[closed.jaxpr.invars[0]] = start  # a carry's first value
+  found = {}
+  for eqn in closed.jaxpr.eqns:
+    for sub in compile_tool._sub_jaxprs(eqn):
+      inside = compile_tool._known_inside(eqn, sub, known)
+      kind = ("cond" if sub is eqn.params.get("cond_jaxpr") else eqn.primitive.name)
+      found[kind] = sorted(int(v[0]) for v in inside.values())
+  assert found == {"cond": [7], "while": [2], "scan": [2]}
+
+
 def test_a_shard_map_body_counts_once_a_device():
   import jax
 
@@ -311,7 +339,8 @@ def test_one_accumulation_for_every_phase_and_the_warmup(ramp_start, limits):
   phases (batches of 384 then 288 on 8 data shards, with and without a batch
   warmup) that keeps each phase within its largest batch a chip; the trainer's
   own check of the config is the reference. (6, 36): the first phase alone
-  would take 8 steps, which the second's batch does not divide."""
+  would take 8 steps, whose micro-batches of the second phase (36 rows) do not
+  divide over the 8 shards."""
   from bertjax.configs import modernbert_pretrain
   from bertjax.tasks import pretrain, pretrain_data
   from bertjax.tools import compile as compile_tool
@@ -539,7 +568,9 @@ def test_modernbert_local_and_global_splash_kernels_compile_for_the_tpu():
   """ModernBERT's splash kernels, lowered by libtpu: the global layer's
   computes every block, the local layers' the blocks of their band only (keys
   at most 64 positions away), as their block masks in the compiled program say."""
-  layers, hidden, batch, length = 3, 128, 8, 1024  # layer 0 global, 1 and 2 local
+  # Layer 0, then one scanned block of layers 1-3 (local, local, global): the
+  # masks reach the kernels through the scan too.
+  layers, hidden, batch, length = 4, 128, 8, 1024
   result, report = run_tool(
       "--config=configs/modernbert_pretrain.py", "--topology=v5litepod-8", "--eval=false",
       f"--config.model.num_layers={layers}", f"--config.model.hidden_size={hidden}",
@@ -552,7 +583,7 @@ def test_modernbert_local_and_global_splash_kernels_compile_for_the_tpu():
   assert result.returncode == 0, result.stderr[-3000:]
   flops = report["flops_per_step"][f"train_{length}"]
   product = 2 * batch * 128 * 128 * hidden  # one product of a block, all heads and rows
-  blocks = (length // 128) ** 2 + 2 * band_blocks(length, 64)  # 64 + 2 x 22
+  blocks = 2 * (length // 128) ** 2 + 2 * band_blocks(length, 64)  # 2 x 64 + 2 x 22
   assert band_blocks(length, 64) == 22
   assert flops["attention_kernels"] == 9 * product * blocks
   assert flops["attention_kernel_calls"] == 3 * layers * 8  # on each of the 8 chips
