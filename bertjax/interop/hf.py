@@ -688,14 +688,13 @@ def write_directory(directory: str, config: BertConfig, reference_tensors: dict[
   if tokenizer is None:
     return
   special = {f"{role}_token": token for role, token in tokenizer.special_tokens.items()}
+  # As ModernBERT's own: its models take no token types.
+  inputs = {"model_input_names": ["input_ids", "attention_mask"]} if config.modern else {}
   if isinstance(tokenizer, JsonTokenizer):
     tokenizer.save(directory)
     write_json(os.path.join(directory, TOKENIZER_CONFIG_FILE), {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "model_max_length": config.max_position_embeddings,
-        # As ModernBERT's own: its models take no token types.
-        **({"model_input_names": ["input_ids", "attention_mask"]} if config.modern else {}),
-        **special})
+        "model_max_length": config.max_position_embeddings, **inputs, **special})
     write_json(os.path.join(directory, "special_tokens_map.json"), special)
     return
   if not isinstance(tokenizer, WordPieceTokenizer):
@@ -708,7 +707,7 @@ def write_directory(directory: str, config: BertConfig, reference_tensors: dict[
   tokenizer.save(directory)
   tokenizer.save_tokenizer_json(os.path.join(directory, "tokenizer.json"))
   write_json(os.path.join(directory, TOKENIZER_CONFIG_FILE), {
-      **({"model_input_names": ["input_ids", "attention_mask"]} if config.modern else {}),
+      **inputs,
       "tokenizer_class": "BertTokenizer",
       "do_lower_case": tokenizer.do_lower_case,
       "strip_accents": tokenizer.strip_accents,

@@ -179,8 +179,9 @@ class _Trainer:
         os.path.join(workdir, "checkpoints"), max_to_keep=config.checkpoint.max_to_keep,
         async_save=config.checkpoint.async_save)
     self.batch_sharding = sharding.batch_sharding(self.mesh)
-    # The batch-size warmup's loader batches, joined into a step's batch.
-    self._concatenate_fn = jax.jit(
+    # The batch-size warmup's loader batches, joined into a step's batch (on
+    # the mesh, rows in their order).
+    self._concatenate = jax.jit(
         lambda parts: jax.tree.map(lambda *x: jax.numpy.concatenate(x), *parts),
         out_shardings=self.batch_sharding)
     self.peak, peak_source = flops.peak_tflops(self.bert.dtype)
@@ -506,10 +507,6 @@ class _Trainer:
                  rows, compile_s, ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in memory.items()))
     self.writer.write(step, {"compile_s": compile_s, **memory}, "setup/")
     return compiled
-
-  def _concatenate(self, batches: list[dict[str, jax.Array]]) -> dict[str, jax.Array]:
-    """Loader batches as one batch on the mesh, rows in their order."""
-    return self._concatenate_fn(batches)
 
   def _save_in_range(self, step: int, state: train.TrainState,
                      data_state: dict[str, Any]) -> bool:

@@ -378,6 +378,11 @@ def _operands_of(eqn, sub) -> list[tuple[Any, Any]]:
   return list(zip(inner, operands))
 
 
+def _value(var, known: dict[Any, Any]) -> Any:
+  """A variable's constant value (a Literal's own), or None."""
+  return var.val if hasattr(var, "val") else known.get(var)
+
+
 def _device_block(value, shape: tuple[int, ...]):
   """A device's block of shape `shape` of a constant every device holds the
   same block of (None where the blocks differ)."""
@@ -400,7 +405,7 @@ def _known_inside(eqn, sub, known: dict[Any, Any]) -> dict[Any, Any]:
   gets a device's block, where every device's is the same."""
   values = {}
   for inside, outside in _operands_of(eqn, sub):
-    value = outside.val if hasattr(outside, "val") else known.get(outside)  # a Literal's
+    value = _value(outside, known)
     if value is not None and eqn.primitive.name == "shard_map":
       value = _device_block(value, tuple(inside.aval.shape))
     if value is not None and tuple(inside.aval.shape) == tuple(getattr(value, "shape", ())):
@@ -420,7 +425,7 @@ def _known_outputs(eqn, sub, inside: dict[Any, Any]) -> dict[Any, Any]:
     return {}
   values = {}
   for inside_var, outside in zip(inner, eqn.outvars):
-    value = inside_var.val if hasattr(inside_var, "val") else inside.get(inside_var)
+    value = _value(inside_var, inside)
     if value is None:
       continue
     value, shape = np.asarray(value), tuple(outside.aval.shape)
@@ -444,7 +449,7 @@ def _computing_share(eqn, known: dict[Any, Any]) -> float | None:
   operands = eqn.invars[:eqn.params["grid_mapping"].num_index_operands]
   if len(operands) < 2:
     return None
-  mask = operands[1].val if hasattr(operands[1], "val") else known.get(operands[1])
+  mask = _value(operands[1], known)
   if mask is None:
     return None
   mask = np.asarray(mask)

@@ -78,15 +78,20 @@ def _logits_agree(model_dir, hf_class, ids, keys=("logits",)):
   return bundle
 
 
-def test_glue_from_a_modernbert_pretraining_run(modernbert_run, tmp_path):
+def _glue(task, write, checkpoint, max_seq_length, tmp_path):
+  """Fine-tunes GLUE `task` on data made by `write`; its results."""
   from bertjax.configs import glue as glue_config
   from bertjax.tasks import glue
 
-  data = str(tmp_path / "SST-2")
-  write_sst2(data)
-  config = tiny_config(glue_config.get_config("sst2"), modernbert_run, 16,
+  data = str(tmp_path / task)
+  write(data)
+  config = tiny_config(glue_config.get_config(task), checkpoint, max_seq_length,
                        **{"data.dir": data, "train.epochs": 4.0})
-  result = glue.run(config, str(tmp_path / "run"))
+  return glue.run(config, str(tmp_path / "run"))
+
+
+def test_glue_from_a_modernbert_pretraining_run(modernbert_run, tmp_path):
+  result = _glue("sst2", write_sst2, modernbert_run, 16, tmp_path)
   assert result["dev"]["accuracy"] > 95.0, result
   bundle = _logits_agree(str(tmp_path / "run" / "model"), "ModernBertForSequenceClassification",
                          [1, 20, 30, 40, 2])
@@ -96,14 +101,7 @@ def test_glue_from_a_modernbert_pretraining_run(modernbert_run, tmp_path):
 def test_glue_pairs_from_a_transformers_directory(modernbert_hf, tmp_path):
   """RTE's pairs are joined without token types (ModernBERT has none); the
   classifier pools as the checkpoint's config says."""
-  from bertjax.configs import glue as glue_config
-  from bertjax.tasks import glue
-
-  data = str(tmp_path / "RTE")
-  write_rte(data)
-  config = tiny_config(glue_config.get_config("rte"), modernbert_hf, 48,
-                       **{"data.dir": data, "train.epochs": 4.0})
-  result = glue.run(config, str(tmp_path / "run"))
+  result = _glue("rte", write_rte, modernbert_hf, 48, tmp_path)
   assert result["dev"]["accuracy"] > 90.0, result
   bundle = _logits_agree(str(tmp_path / "run" / "model"), "ModernBertForSequenceClassification",
                          [1, 20, 30, 2, 40, 50, 2])
