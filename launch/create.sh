@@ -111,13 +111,14 @@ if (( QUEUED )); then
   [[ "${CAPACITY[*]:-}" != --preemptible ]] || die "queued resources take --spot, not --preemptible"
   # A request of this name still in the queue (an earlier create.sh gave up
   # waiting) is waited for, not replaced: a new one would start at the back.
-  existing=""
+  existing=NOT_FOUND
   if (( ! DRY_RUN )); then
-    existing="$(tpu queued-resources describe "$NAME" --format='value(state.state)' \
-      2> /dev/null)" || existing=""
+    describe_tpu queued-resources state.state || fail "the state of queued resource $NAME" \
+      "could not be read ($DESCRIBE_ERROR); nothing created"
+    existing="$STATE"
   fi
   case "$existing" in
-    "")
+    NOT_FOUND)
       tpu queued-resources create "$NAME" --node-id="$NAME" --accelerator-type="$ACCELERATOR" \
         --runtime-version="$RUNTIME" ${FLAGS[@]+"${FLAGS[@]}"} ;;
     ACCEPTED | WAITING_FOR_RESOURCES | PROVISIONING | CREATING | ACTIVE)

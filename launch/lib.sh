@@ -114,6 +114,51 @@ run() {
   fi
 }
 
+# How often describe_tpu reads a state before it gives up (waiting
+# POLL_SECONDS, then twice and four times that between tries).
+DESCRIBE_TRIES=4
+
+# Waits N times POLL_SECONDS (which may be a fraction: no shell arithmetic on it).
+pause() {
+  local _
+  for _ in $(seq "$1"); do
+    sleep "$POLL_SECONDS"
+  done
+}
+
+# describe_tpu GROUP FIELD: the state of this TPU's tpu-vm or queued-resources
+# (GROUP) as `gcloud compute tpus GROUP describe NAME --format=value(FIELD)`
+# prints it, in STATE; NOT_FOUND when gcloud answers that the resource does not
+# exist (its error "NOT_FOUND: Resource '...' was not found"). Any other failure
+# (an expired login, the API out of reach) says nothing about the TPU: the
+# describe is tried again, DESCRIBE_TRIES times in all, and if it still fails
+# STATE is empty, DESCRIBE_ERROR holds gcloud's error line and it returns 1.
+# Nothing may be deleted on a describe that failed.
+describe_tpu() {
+  local group="$1" field="$2" errors out tries=0
+  errors="$(mktemp)"
+  STATE="" DESCRIBE_ERROR=""
+  while true; do
+    if out="$(gcloud compute tpus "$group" describe "$NAME" --zone="$ZONE" --project="$PROJECT" \
+        --format="value($field)" 2> "$errors")" && [[ -n "$out" ]]; then
+      STATE="$out"
+      break
+    elif grep -q NOT_FOUND "$errors"; then
+      STATE=NOT_FOUND
+      break
+    fi
+    DESCRIBE_ERROR="$(grep -m 1 '^ERROR' "$errors" || grep -m 1 . "$errors" || true)"
+    DESCRIBE_ERROR="${DESCRIBE_ERROR:-it printed no state}"
+    tries=$((tries + 1))
+    (( tries < DESCRIBE_TRIES )) || break
+    echo "$(basename "$0"): reading the state of $group $NAME failed ($DESCRIBE_ERROR);" \
+      "trying again" >&2
+    pause $((1 << (tries - 1)))
+  done
+  rm -f "$errors"
+  [[ -n "$STATE" ]]
+}
+
 # The gcloud TPU command group with this TPU's zone and project (and the
 # --ssh-flags for ssh and scp). `tpu-vm ssh` and `scp` take
 # --tunnel-through-iap only in gcloud's alpha track (GA refuses the flag):

@@ -32,8 +32,10 @@ continues it. After stop.sh, --restarts does not start it again.
                           delete and recreate it (create.sh with --create-flags, which waits
                           for a queued resource, and keeps one still waiting in the queue)
                           and set it up again (setup.sh); then rerun; at most N times
-                          (default 0). A run that ended on an error to mend (exit 2) is not
-                          rerun
+                          (default 0). A run that ended on an error to mend (exit 2) or was
+                          interrupted (130) is not rerun. The TPU counts as gone only when
+                          gcloud says so (NOT_FOUND, PREEMPTED, TERMINATED, DELETING): when
+                          its state cannot be read, nothing is deleted
   --create-flags "..."    flags for create.sh when recreating, e.g. "--queued --spot
                           --accelerator-type=v4-32"
   --delete-when-done      delete the TPU (its queued resource, if it has one) once the run has
@@ -144,9 +146,11 @@ follow_run() {
 # one (which deletes the TPU with it), else the TPU VM.
 delete_when_done() {
   local queued=()
-  if (( ! DRY_RUN )) && gcloud compute tpus queued-resources describe "$NAME" --zone="$ZONE" \
-      --project="$PROJECT" --format='value(name)' > /dev/null 2>&1; then
-    queued=(--queued)
+  if (( ! DRY_RUN )); then
+    describe_tpu queued-resources name || fail "run $RUN_ID succeeded, but whether $NAME is a" \
+      "queued resource could not be read ($DESCRIBE_ERROR): delete it with launch/delete.sh" \
+      "(--queued if it is one)"
+    [[ "$STATE" == NOT_FOUND ]] || queued=(--queued)
   fi
   local dry=()
   (( ! DRY_RUN )) || dry=(--dry-run)
@@ -157,13 +161,18 @@ delete_when_done() {
 
 # Deletes the TPU, creates it again and sets it up. A queued request still
 # waiting in the queue (an earlier recreation gave up waiting for it) is kept:
-# create.sh waits for it, in its place.
+# create.sh waits for it, in its place. When the request's state cannot be
+# read, nothing is deleted: the recreation fails and is tried again later.
 recreate_tpu() {
   local queued=() state=""
   if [[ " $CREATE_FLAGS " == *" --queued "* ]]; then
     queued=(--queued)
-    state="$(gcloud compute tpus queued-resources describe "$NAME" --zone="$ZONE" \
-      --project="$PROJECT" --format='value(state.state)' 2> /dev/null)" || state=""
+    if ! describe_tpu queued-resources state.state; then
+      echo "run.sh: the state of queued resource $NAME could not be read ($DESCRIBE_ERROR);" \
+        "deleting nothing" >&2
+      return 1
+    fi
+    state="$STATE"
   fi
   case "$state" in
     ACCEPTED | WAITING_FOR_RESOURCES | PROVISIONING | CREATING)
@@ -174,7 +183,11 @@ recreate_tpu() {
   "$HERE/create.sh" "${COMMON[@]}" $CREATE_FLAGS && "$HERE/setup.sh" "${COMMON[@]}"
 }
 
-USAGE_ERROR=2  # bertjax's exit status for a setting, file or disk to mend
+# bertjax.main's exit statuses that decide what comes next (0 is done; 143 a
+# SIGTERM, after a checkpoint when the grace allowed: rerun, it resumes).
+USAGE_ERROR=2  # a setting, file, data or workdir to mend: a rerun ends the same way
+RESTARTABLE=42  # storage out of reach, a lock not yet free, a lost host: a rerun can cure it
+INTERRUPTED=130  # Ctrl-C (after a checkpoint): somebody stopped it
 attempt=0 recreate=0 resumed=0
 while true; do
   status=0
@@ -212,17 +225,30 @@ while true; do
     (( RESTARTS == 0 )) || echo "run.sh: the run stopped on an error to mend (exit 2, its" \
       "last line says what); not rerunning it" >&2
     exit "$status"
+  elif (( status == INTERRUPTED )); then
+    (( RESTARTS == 0 )) || echo "run.sh: the run was interrupted (Ctrl-C, exit 130); not" \
+      "rerunning it" >&2
+    exit "$status"
+  elif (( status == RESTARTABLE && RESTARTS > 0 )); then
+    echo "run.sh: the run stopped on a failure a restart can cure (exit 42: its last line" \
+      "says which)" >&2
   fi
   if (( attempt >= RESTARTS )); then
     (( RESTARTS == 0 )) || echo "run.sh: giving up after $RESTARTS restarts ($status)" >&2
     exit "$status"
   fi
   attempt=$((attempt + 1))
-  state="$(gcloud compute tpus tpu-vm describe "$NAME" --zone="$ZONE" --project="$PROJECT" \
-    --format='value(state)' 2>/dev/null || echo MISSING)"
-  echo "run.sh: the run failed ($status); the TPU is $state" >&2
-  if [[ "$state" == PREEMPTED || "$state" == MISSING ]] || (( recreate )); then
-    [[ -n "$CREATE_FLAGS" ]] || die "the TPU is $state; give --create-flags to recreate it"
+  if describe_tpu tpu-vm state; then
+    echo "run.sh: the run failed ($status); the TPU is $STATE" >&2
+  else
+    # An expired login or an API outage: the TPU may be up and running. A
+    # rerun finds out (and, if it fails, uses one of the restarts).
+    echo "run.sh: the run failed ($status); the TPU's state could not be read" \
+      "($DESCRIBE_ERROR); deleting nothing, running it again" >&2
+  fi
+  # Gone: a NOT_FOUND, a preempted or terminated slice, one being deleted.
+  if [[ " NOT_FOUND PREEMPTED TERMINATED DELETING " == *" $STATE "* ]] || (( recreate )); then
+    [[ -n "$CREATE_FLAGS" ]] || die "the TPU is ${STATE:-gone}; give --create-flags to recreate it"
     recreate=1
   elif tpu tpu-vm ssh "$NAME" --worker=0 --command="test -e $STOP_MARKER" 2>/dev/null; then
     echo "run.sh: the run was stopped with stop.sh; not rerunning it" >&2

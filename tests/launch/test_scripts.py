@@ -284,15 +284,24 @@ def _script(name, *args, env, cwd, timeout=60):
                         capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
 
 
+# What gcloud says, on stderr with exit status 1, for a TPU or queued resource
+# that does not exist.
+_NOT_FOUND = {
+    group: (f'echo "ERROR: (gcloud.compute.tpus.{group}.describe) NOT_FOUND: Resource '
+            f"'projects/my-project/locations/us-central2-b/{kind}/bert' was not found\" >&2; "
+            "exit 1")
+    for group, kind in [("tpu-vm", "nodes"), ("queued-resources", "queuedResources")]}
+
+
 def _queued_states(*states):
-  """A stand-in answer to `queued-resources describe`: none (an error) unless
-  the last `queued-resources create` or `delete` was a create, then the states
-  in turn from the first create, the last one from then on."""
+  """A stand-in answer to `queued-resources describe`: NOT_FOUND unless the
+  last `queued-resources create` or `delete` was a create, then the states in
+  turn from the first create, the last one from then on."""
   lines = [f'  (( n == {i + 1} )) && echo {s} && exit 0' for i, s in enumerate(states[:-1])]
   return ('*"queued-resources describe"*)\n'
           '  last=$(grep -E "queued-resources (create|delete)" "$TMPDIR/calls.txt" '
           '| tail -n 1)\n'
-          '  [[ "$last" == *create* ]] || exit 1\n'
+          f'  [[ "$last" == *create* ]] || {{ {_NOT_FOUND["queued-resources"]}; }}\n'
           '  n=$(sed -n "/queued-resources create/,\\$p" "$TMPDIR/calls.txt" '
           '| grep -c "queued-resources describe")\n'
           + "\n".join(lines) + f"\n  echo {states[-1]} ;;")
@@ -471,6 +480,100 @@ esac""", "touch ~/bertjax.stop; exit 143")
   assert "stopped with stop.sh; not rerunning" in result.stderr
   assert calls == ["tpu-vm ssh start", "tpu-vm ssh follow", "tpu-vm ssh state",
                    "tpu-vm describe", "tpu-vm ssh stop-marker"]
+
+
+# A describe that fails for a reason other than a missing TPU: an expired login.
+_AUTH_ERROR = ('echo "ERROR: (gcloud.compute.tpus.tpu-vm.describe) There was a problem '
+               'refreshing your current auth tokens: invalid_grant" >&2; exit 1')
+_NO_DELETE = ("tpu-vm delete", "queued-resources delete")
+
+
+def test_a_describe_that_fails_for_a_while_deletes_nothing(tmp_path):
+  """The TPU's describe fails twice (a login to refresh), then says READY:
+  run.sh tries it again, deletes nothing and reruns on the same TPU."""
+  result, calls = _run_with_stub(tmp_path, """case "$*" in
+  *"tpu-vm describe"*) (( $(grep -c "tpu-vm describe" "$TMPDIR/calls.txt") > 2 )) && echo READY \
+    && exit 0; %s ;;
+  *"tpu-vm ssh"*) remote "$@" ;;
+esac""" % _AUTH_ERROR, _FIRST_RUN_FAILS, "--create-flags=--queued --accelerator-type=v4-8")
+  assert result.returncode == 0, result.stderr
+  assert calls == ["tpu-vm ssh start", "tpu-vm ssh follow", "tpu-vm ssh state"] + [
+      "tpu-vm describe"] * 3 + ["tpu-vm ssh stop-marker", "tpu-vm ssh state",
+                                "tpu-vm ssh start", "tpu-vm ssh follow"]
+  assert result.stderr.count("run.sh: reading the state of tpu-vm bert failed (ERROR: "
+                             "(gcloud.compute.tpus.tpu-vm.describe) There was a problem "
+                             "refreshing your current auth tokens: invalid_grant); trying "
+                             "again") == 2
+  assert "run.sh: the run failed (143); the TPU is READY" in result.stderr
+
+
+def test_a_describe_that_keeps_failing_deletes_nothing_and_reruns(tmp_path):
+  """The TPU's state cannot be read at all: run.sh says so in one line,
+  deletes and recreates nothing, and runs it again (the TPU is up here)."""
+  result, calls = _run_with_stub(tmp_path, """case "$*" in
+  *"tpu-vm describe"*) %s ;;
+  *"tpu-vm ssh"*) remote "$@" ;;
+esac""" % _AUTH_ERROR, _FIRST_RUN_FAILS, "--create-flags=--queued --accelerator-type=v4-8")
+  assert result.returncode == 0, result.stderr
+  assert calls.count("tpu-vm describe") == 4
+  assert not [call for call in calls if call in _NO_DELETE or call.endswith("create")]
+  assert ("run.sh: the run failed (143); the TPU's state could not be read (ERROR: "
+          "(gcloud.compute.tpus.tpu-vm.describe) There was a problem refreshing your current "
+          "auth tokens: invalid_grant); deleting nothing, running it again") in result.stderr
+  assert calls[-2:] == ["tpu-vm ssh start", "tpu-vm ssh follow"]
+
+
+def test_a_tpu_that_is_not_found_is_recreated(tmp_path):
+  """gcloud answers NOT_FOUND: the TPU is gone, run.sh recreates it."""
+  result, calls = _run_with_stub(tmp_path, """case "$*" in
+  *"tpu-vm describe"*) %s ;;
+  *"tar -xzf"*) ;;
+  *"tpu-vm ssh"*) remote "$@" ;;
+esac""" % _NOT_FOUND["tpu-vm"], _FIRST_RUN_FAILS, "--create-flags=--accelerator-type=v4-8")
+  assert result.returncode == 0, result.stderr
+  assert "run.sh: the run failed (143); the TPU is NOT_FOUND" in result.stderr
+  assert calls == ["tpu-vm ssh start", "tpu-vm ssh follow", "tpu-vm ssh state",
+                   "tpu-vm describe", "tpu-vm delete", "tpu-vm create", "tpu-vm ssh state",
+                   "tpu-vm scp", "tpu-vm ssh setup", "tpu-vm ssh start", "tpu-vm ssh follow"]
+
+
+def test_a_queued_request_whose_state_cannot_be_read_is_not_deleted(tmp_path):
+  """The TPU was preempted, but its queued request's state cannot be read:
+  the recreation deletes nothing and fails; run.sh tries again while restarts
+  are left, then stops with a line saying why."""
+  result, calls = _run_with_stub(tmp_path, """case "$*" in
+  *"tpu-vm describe"*) echo PREEMPTED ;;
+  *"queued-resources describe"*) %s ;;
+  *"tpu-vm ssh"*) remote "$@" ;;
+esac""" % _AUTH_ERROR.replace("tpu-vm", "queued-resources"), _PREEMPTED,
+                                 "--create-flags=--queued --accelerator-type=v4-8", restarts=2)
+  assert result.returncode == 1, result.stderr
+  assert not [call for call in calls if call in _NO_DELETE or call.endswith("create")]
+  assert calls.count("queued-resources describe") == 2 * 4
+  assert result.stderr.count("run.sh: the state of queued resource bert could not be read "
+                             "(ERROR: (gcloud.compute.tpus.queued-resources.describe) There "
+                             "was a problem refreshing your current auth tokens: "
+                             "invalid_grant); deleting nothing") == 2
+  assert "run.sh: giving up after 2 restarts (1)" in result.stderr
+
+
+@pytest.mark.parametrize("code,rerun", [(42, True), (130, False)])
+def test_exit_42_is_rerun_and_an_interrupted_run_is_not(tmp_path, code, rerun):
+  """bertjax.main exits 42 on a failure a restart can cure (storage out of
+  reach, a lost host): rerun; 130 after a Ctrl-C: somebody stopped it."""
+  result, calls = _run_with_stub(tmp_path, """case "$*" in
+  *"tpu-vm describe"*) echo READY ;;
+  *"tpu-vm ssh"*) remote "$@" ;;
+esac""", _FIRST_RUN_FAILS.replace(_PREEMPTED, f"exit {code}"))
+  if rerun:
+    assert result.returncode == 0, result.stderr
+    assert "run.sh: the run stopped on a failure a restart can cure (exit 42" in result.stderr
+    assert calls[-2:] == ["tpu-vm ssh start", "tpu-vm ssh follow"]
+    assert calls.count("tpu-vm ssh start") == 2
+  else:
+    assert result.returncode == 130, result.stderr
+    assert "interrupted (Ctrl-C, exit 130); not rerunning it" in result.stderr
+    assert calls.count("tpu-vm ssh start") == 1 and "tpu-vm describe" not in calls
 
 
 def test_run_reruns_on_a_ready_tpu_without_the_stop_marker(tmp_path):
@@ -739,7 +842,7 @@ def test_delete_when_done_deletes_the_slice_after_success_only(tmp_path, queued)
   body = """case "$*" in
   *"queued-resources describe"*) %s ;;
   *"tpu-vm ssh"*) remote "$@" ;;
-esac""" % ("echo bert" if queued else "exit 1")
+esac""" % ("echo bert" if queued else _NOT_FOUND["queued-resources"])
   result, calls = _run_with_stub(tmp_path, body, "echo done", "--delete-when-done",
                                  restarts=0)
   assert result.returncode == 0, result.stderr
