@@ -21,6 +21,9 @@ _CORE = [
     # orbax writes arrays through tensorstore, which has its own GCS client.
     # See docs/storage.md.
     "gcsfs>=2024.6",
+    # Prepared shards streamed from gs:// are decoded here (array_record's
+    # reader opens local files only; bertjax.data.streaming): zstd chunks.
+    "zstandard>=0.22",
     # init_checkpoint / load_pretrained of a Hub id (google-bert/bert-base-uncased).
     "huggingface_hub>=0.24",
     # tensorflow-datasets imports it lazily (through etils) to build and read

@@ -704,6 +704,30 @@ def prepare_static(data_dir: str, *, objective: str, max_seq_length: int, maskin
                            host_index=host_index, show_progress=show_progress)
 
 
+def _static_written(data_dir: str, settings: dict[str, Any], host_index: int,
+                    num_hosts: int) -> int | None:
+  """The instances this host wrote, when every one of its static shards is
+  finished in `data_dir` (on gs://) with these settings; else None."""
+  import concurrent.futures
+
+  kind = shards.static_kind(settings["max_seq_length"])
+  info_file = files.join(data_dir, shards.static_info_file(settings["max_seq_length"]))
+  present = set(files.listdir(data_dir))
+  if os.path.basename(info_file) not in present:
+    return None
+  written = {k: v for k, v in files.read_json(info_file).items()
+             if k not in ("format", "format_version")}
+  if written != json.loads(json.dumps(settings)):
+    return None
+  stats = [shards.stats_path(files.join(data_dir, shards.shard_name(
+      index, settings["num_shards"], kind)))
+      for index in range(host_index, settings["num_shards"], num_hosts)]
+  if any(os.path.basename(path) not in present for path in stats):
+    return None
+  with concurrent.futures.ThreadPoolExecutor(16) as pool:
+    return sum(record["instances"] for record in pool.map(files.read_json, stats))
+
+
 def _prepare_static(data_dir: str, *, objective: str, max_seq_length: int, masking,
                     dupe_factor: int, short_seq_prob: float, seed: int, eval_percent: float,
                     num_workers: int, num_hosts: int, host_index: int,
@@ -712,19 +736,21 @@ def _prepare_static(data_dir: str, *, objective: str, max_seq_length: int, maski
 
   if dupe_factor < 1:
     raise errors.UsageError(f"dupe_factor must be >= 1, got {dupe_factor}")
-  publish_to = None
-  if files.is_remote(data_dir):  # built from a local copy, each shard uploaded when done
-    shards.complete_shards(data_dir)
-    publish_to, data_dir = data_dir, shards.local_directory(data_dir)
-  info = shards.read_info(data_dir)
-  shards.complete_shards(data_dir)  # all documents first: random B segments read any
-  files.remove_stale_staging(data_dir)  # of an earlier build that was killed
-  num_shards = info["num_shards"]
+  num_shards = shards.read_info(data_dir)["num_shards"]
   settings = {"objective": objective, "max_seq_length": max_seq_length,
               "masking": dataclasses.asdict(masking), "short_seq_prob": short_seq_prob,
               "seed": seed, "dupe_factor": dupe_factor, "eval_percent": eval_percent,
               "num_shards": num_shards}
   kind, info_file = shards.static_kind(max_seq_length), shards.static_info_file(max_seq_length)
+  publish_to = None
+  if files.is_remote(data_dir):  # built from a local copy, each shard uploaded when done
+    shards.complete_shards(data_dir)
+    written = _static_written(data_dir, settings, host_index, num_hosts)
+    if written is not None:  # nothing to build: nothing to copy
+      return written
+    publish_to, data_dir = data_dir, shards.local_directory(data_dir)
+  shards.complete_shards(data_dir)  # all documents first: random B segments read any
+  files.remove_stale_staging(data_dir)  # of an earlier build that was killed
   existing = os.path.join(data_dir, info_file)
   if os.path.isfile(existing):
     from bertjax.files import read_json

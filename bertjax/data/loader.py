@@ -12,6 +12,12 @@ Per JAX process (host):
 With `max_sequences_per_row > 1` the shuffled instances are masked a window
 at a time, packed into rows (`bertjax.data.packing`), then batched.
 
+A prepared directory on `gs://` is read in place (`bertjax.data.streaming`:
+each document a ranged read), with `read_ahead` documents read, and their
+instances made, ahead of the pipeline by a pool of threads: the network's
+latency overlaps with the work, and nothing else changes (the same batches and
+iterator states as a local read).
+
 Every step is deterministic for a seed, and the iterator's state (a small JSON
 dict) restores it exactly: the batches after a restore are those that would
 have come next, across epoch boundaries and with worker processes (for the same
@@ -32,7 +38,7 @@ from typing import Any, Callable, Iterator
 import grain
 import numpy as np
 
-from bertjax import errors
+from bertjax import errors, files
 from bertjax.data import instances, masking, packing, shards
 from bertjax.data.windows import WindowShuffle
 from bertjax.data.tokenizers import tokenizer_from_settings
@@ -76,6 +82,11 @@ class LoaderConfig:
       within a document (static ones are packed as they were written).
       `batch_size` counts rows.
     packing_window: Sequences packed together (more: fuller rows).
+    read_ahead: Documents (static instances) read ahead of the pipeline, with
+      their instances made, by a pool of threads (at most `READ_THREADS`):
+      what hides a streamed read's latency. 0 reads each when it is needed;
+      -1: `STREAM_READ_AHEAD` for a directory on `gs://`, else 0. Batches and
+      iterator states do not depend on it.
   """
 
   data_dir: str
@@ -95,6 +106,7 @@ class LoaderConfig:
   host_sharding: str = "documents"
   max_sequences_per_row: int = 1
   packing_window: int = 2000
+  read_ahead: int = -1
 
   @property
   def packed(self) -> bool:
@@ -117,6 +129,8 @@ class LoaderConfig:
     if self.host_sharding not in ("documents", "rows"):
       raise errors.UsageError(f"host_sharding must be 'documents' or 'rows', got "
                               f"{self.host_sharding!r}")
+    if self.read_ahead < -1:
+      raise errors.UsageError(f"read_ahead must be >= -1, got {self.read_ahead}")
     if self.max_sequences_per_row < 1 or self.packing_window < 1:
       raise errors.UsageError(f"max_sequences_per_row={self.max_sequences_per_row} and "
                               f"packing_window={self.packing_window} must be >= 1")
@@ -129,7 +143,7 @@ class DocumentSource:
     self.data_dir = data_dir
     self.info = shards.read_info(data_dir)
     shards.check_tokenizer(data_dir, self.info)  # the ids are of this vocabulary
-    self._records = shards.Records(data_dir, shards.complete_shards(data_dir))
+    self._records = shards.open_records(data_dir, shards.complete_shards(data_dir))
     self._vocab_size = self.info["vocab_size"]
 
   def __len__(self) -> int:
@@ -150,8 +164,36 @@ class DocumentSource:
     return [ids[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
 
 
+# Threads that read ahead (`LoaderConfig.read_ahead`): each waits on one
+# streamed read at a time, so they bound the reads in flight.
+READ_THREADS = 32
+# Documents read ahead of the pipeline from a directory on gs://: enough to
+# keep READ_THREADS reads in flight, a few MB of documents and instances.
+STREAM_READ_AHEAD = 256
+
+
+def read_ahead(config: LoaderConfig) -> int:
+  """The documents the loader reads ahead (`LoaderConfig.read_ahead` resolved)."""
+  if config.read_ahead >= 0:
+    return config.read_ahead
+  return STREAM_READ_AHEAD if files.is_remote(config.data_dir) else 0
+
+
+def read_options(config: LoaderConfig) -> grain.ReadOptions:
+  """How the documents (static instances) enter the pipeline: each when it is
+  needed, or read ahead in order by threads (`grain`'s prefetch keeps the
+  order and the iterator state)."""
+  ahead = read_ahead(config)
+  return grain.ReadOptions(num_threads=min(ahead, READ_THREADS), prefetch_buffer_size=ahead)
+
+
 class _NextSentenceInstances(grain.experimental.FlatMapTransform):
-  """A document -> its sentence-pair instances (the original generator)."""
+  """A document -> its sentence-pair instances (the original generator).
+
+  Called on a `DocumentRef` where the documents are read (`document_stream`'s
+  `prepare`), so that the random B segments of read-ahead documents are read
+  ahead too; `_Instances` then hands them on.
+  """
 
   def __init__(self, source: DocumentSource, config: LoaderConfig, cls_id: int, sep_id: int):
     self.source, self.config = source, config
@@ -168,6 +210,18 @@ class _NextSentenceInstances(grain.experimental.FlatMapTransform):
         document.sentences, document.index, self.candidates, self.source.__getitem__,
         self.config.max_seq_length, self.config.short_seq_prob, self.cls_id, self.sep_id,
         rng, document.stream_index)
+
+  __call__ = flat_map
+
+
+class _Instances(grain.experimental.FlatMapTransform):
+  """A document's instances, made where it was read -> one at a time."""
+
+  def __init__(self, max_fan_out: int):
+    self.max_fan_out = max_fan_out  # grain's interface (its random-access flat map)
+
+  def flat_map(self, made: list[instances.Instance]) -> list[instances.Instance]:
+    return made
 
 
 class _Collate:
@@ -242,8 +296,12 @@ def document_order(documents: int | np.ndarray, process_index: int, process_coun
 
 
 def document_stream(source: DocumentSource, config: LoaderConfig, process_index: int,
-                    process_count: int) -> grain.IterDataset:
-  """The `DocumentRef`s one process reads (before instances are made).
+                    process_count: int,
+                    prepare: Callable[[instances.DocumentRef], Any] | None = None
+                    ) -> grain.IterDataset:
+  """The `DocumentRef`s one process reads (before instances are made), or
+  `prepare(ref)` of each (made where the document is read: read ahead, with
+  `config.read_ahead`).
 
   A document's `stream_index` is `epoch * num_documents + index`: the same
   whichever process reads it, so its instances and masks depend only on the
@@ -263,7 +321,9 @@ def document_stream(source: DocumentSource, config: LoaderConfig, process_index:
 
   documents = document_order(chosen, process_index, process_count, config.seed,
                              config.num_epochs).map_with_index(reference)
-  return documents.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
+  if prepare is not None:
+    documents = documents.map(prepare)
+  return documents.to_iter_dataset(read_options(config))
 
 
 def make_dataset(config: LoaderConfig, process_index: int = 0,
@@ -285,11 +345,12 @@ def make_dataset(config: LoaderConfig, process_index: int = 0,
   tokenizer = tokenizer_from_settings(config.data_dir, info["tokenizer"])
   cls_id, sep_id = tokenizer.cls_id, tokenizer.sep_id
 
-  stream = document_stream(source, config, process_index, process_count)
   if config.objective in instances.PAIR_OBJECTIVES:
-    stream = grain.experimental.FlatMapIterDataset(
-        stream, _NextSentenceInstances(source, config, cls_id, sep_id))
+    make = _NextSentenceInstances(source, config, cls_id, sep_id)
+    stream = document_stream(source, config, process_index, process_count, prepare=make)
+    stream = grain.experimental.FlatMapIterDataset(stream, _Instances(make.max_fan_out))
   else:
+    stream = document_stream(source, config, process_index, process_count)
     stream = instances.PackedSequences(stream, config.max_seq_length, config.short_seq_prob,
                                        cls_id, sep_id, config.seed,
                                        cross_documents=not config.packed)
@@ -406,7 +467,7 @@ def _static_dataset(config: LoaderConfig, process_index: int,
   from bertjax.files import read_json
 
   shards.check_tokenizer(config.data_dir)
-  records = shards.Records(config.data_dir, shards.complete_shards(
+  records = shards.open_records(config.data_dir, shards.complete_shards(
       config.data_dir, shards.static_kind(config.max_seq_length)))
   written = read_json(os.path.join(config.data_dir,
                                    shards.static_info_file(config.max_seq_length)))
@@ -426,7 +487,7 @@ def _static_dataset(config: LoaderConfig, process_index: int,
   stream = (grain.MapDataset.range(len(records))[process_index::process_count]
             .shuffle(seed=config.seed).repeat(config.num_epochs)
             .map(lambda index: records[index])
-            .to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)))
+            .to_iter_dataset(read_options(config)))
   if config.packed:
     stream = _packed_rows(stream, _decoded_examples, config, tokenizer.pad_id)
   else:

@@ -213,7 +213,12 @@ def complete_shards(directory: str, kind: str = "documents") -> list[str]:
     info = files.read_json(path)
   count = info["num_shards"]
   paths = [os.path.join(directory, shard_name(i, count, kind)) for i in range(count)]
-  missing = [os.path.basename(p) for p in paths if not files.exists(stats_path(p))]
+  if files.is_remote(directory):  # one listing, not a request a shard
+    present = set(files.listdir(directory))
+    missing = [os.path.basename(p) for p in paths
+               if os.path.basename(stats_path(p)) not in present]
+  else:
+    missing = [os.path.basename(p) for p in paths if not files.exists(stats_path(p))]
   if missing:
     raise errors.UsageError(f"{directory}: {len(missing)} of {count} shards are missing or "
                             f"unfinished (e.g. {missing[0]}); rerun the builder to finish them")
@@ -332,14 +337,68 @@ class Records:
     return self.paths[-1], index
 
 
+def open_records(directory: str, paths: Sequence[str]) -> Records | Any:
+  """Random access to the records of finished shards: `Records` for local
+  ones, `bertjax.data.streaming.StreamedRecords` (ranged reads) on `gs://`."""
+  if files.is_remote(directory):
+    from bertjax.data import streaming
+
+    return streaming.StreamedRecords(directory, paths)
+  return Records(directory, paths)
+
+
+# How a run reads a prepared directory on gs:// (`data.read_mode`).
+READ_MODES = ("auto", "stream", "copy")
+
+
+def reading_directory(directory: str, mode: str = "auto") -> str:
+  """Where a run reads a prepared directory from: a local one in place; one on
+  `gs://` streamed (`directory` itself: each record a ranged read, nothing
+  copied), or from this host's copy (`local_directory`).
+
+  Args:
+    mode: "stream", "copy" (copy the shards into the cache first), or "auto":
+      the copy when this host holds a complete one already (an earlier run's
+      "copy"), else stream.
+  """
+  if mode not in READ_MODES:
+    raise errors.UsageError(f"data.read_mode must be one of {', '.join(READ_MODES)}, got "
+                            f"{mode!r}")
+  if not files.is_remote(directory):
+    return directory
+  if mode == "copy" or (mode == "auto" and has_complete_copy(directory)):
+    return local_directory(directory)
+  return directory
+
+
+def has_complete_copy(directory: str) -> bool:
+  """Whether this host's cache holds every file of the `gs://` directory at
+  its size and modification time (what `local_directory` would leave)."""
+  local = files.cache_path(directory)
+  if not os.path.isdir(local):
+    return False
+  from bertjax.data import streaming
+
+  for name, entry in streaming.listing(directory).items():
+    if ".tmp" in name:
+      continue
+    path = os.path.join(local, name)
+    mtime = entry.get("mtime")
+    if not (os.path.isfile(path) and os.path.getsize(path) == int(entry["size"])
+            and (mtime is None or int(os.path.getmtime(path)) == int(mtime.timestamp()))):
+      return False
+  return True
+
+
 def local_directory(directory: str, names: Callable[[str], bool] | None = None) -> str:
   """A local copy of a prepared directory on `gs://` (`directory` itself when local).
 
-  array_record reads local files only, so each host copies the finished
-  shards into its cache (`bertjax.files.cache_path`) once; a file already
-  there with the same size is kept. A shard's stats file that the remote
-  directory lacks (a build whose upload did not finish) is dropped, so the
-  copy never claims more than the original.
+  array_record's reader opens local files only: with `data.read_mode="copy"`
+  (and for the builder's own work) each host copies the finished shards into
+  its cache (`bertjax.files.cache_path`) once; a file already there with the
+  same size is kept. A shard's stats file that the remote directory lacks (a
+  build whose upload did not finish) is dropped, so the copy never claims more
+  than the original.
 
   Args:
     names: Which files to copy (default: all but temporary ones).

@@ -153,14 +153,19 @@ def loader_config(config: ml_collections.ConfigDict, data_dir: str, phase: Phase
       shuffle_window=data.shuffle_window, worker_count=worker_count, split=split,
       eval_percent=data.eval_percent, host_sharding=data.host_sharding,
       static=data.static and split == "train",
-      max_sequences_per_row=data.max_sequences_per_row, packing_window=data.packing_window)
+      max_sequences_per_row=data.max_sequences_per_row, packing_window=data.packing_window,
+      read_ahead=data.get("read_ahead", -1))
 
 
 def prepare_data(config: ml_collections.ConfigDict, workdir: str) -> str:
-  """The prepared data directory (a local copy of a gs:// one): built first when
-  the config says how (the demo; a build cut short is completed), checked for
-  documents in every process's splits, then given each phase's statically
-  masked instances when `data.static` asks for them."""
+  """The prepared data directory the run reads: built first when the config
+  says how (the demo; a build cut short is completed), checked for documents
+  in every process's splits, then given each phase's statically masked
+  instances when `data.static` asks for them.
+
+  A directory on gs:// is read as `data.read_mode` says
+  (`shards.reading_directory`): streamed, the URL itself (the default, unless
+  this host holds a complete copy already), or this host's copy."""
   data_dir = config.data.dir or files.join(workdir, "data")
   if config.data.build_from:
     if not config.data.dir:
@@ -175,17 +180,24 @@ def prepare_data(config: ml_collections.ConfigDict, workdir: str) -> str:
         except Exception as e:  # every host stops with it (none waits)
           error = e
       hosts.agree(error, "checking the data against its vocabulary")
+  mode = config.data.get("read_mode", "auto")
   local, error = None, None
   try:
     shards.complete_shards(data_dir)  # a clear error if it is not there
-    local = shards.local_directory(data_dir)  # this host's copy: checked on this host
+    local = shards.reading_directory(data_dir, mode)  # checked as this host reads it
     check_splits(config, local)  # before the (expensive) static instances
   except Exception as e:  # every host stops with it (none waits in a collective)
     error = e
   hosts.agree(error, "reading the prepared data")
   if config.data.static:
     _build_static(config, data_dir)
-    local = shards.local_directory(data_dir)
+    local = shards.reading_directory(data_dir, mode)
+  if local != data_dir:
+    logging.info("Reading %s from this host's copy, %s", data_dir, local)
+  elif files.is_remote(data_dir):
+    ahead = config.data.get("read_ahead", -1)
+    logging.info("Streaming %s: each document a ranged read, %d read ahead, nothing copied",
+                 data_dir, ahead if ahead >= 0 else loader.STREAM_READ_AHEAD)
   return local
 
 
