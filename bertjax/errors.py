@@ -13,6 +13,18 @@ from, since no code of bertjax's is at fault: a full disk or exhausted quota
 text from a library that does not raise `OSError`), and an operating system
 error about a named file (missing, not permitted, a directory). Anything else
 is a bug, and keeps its traceback.
+
+How a command ends tells a supervisor (xpk's JobSet on GKE, `launch/run.sh`
+on TPU VMs) what to do next, so every failure is in one of three classes
+(`exit_status`, and the table in docs/troubleshooting.md):
+
+- a failure a restart can cure (`RestartableError`: storage unreachable for
+  longer than the run waited for it; a network error of the storage client
+  anywhere in an error's chain) exits `RESTART_EXIT_CODE`, 42, which xpk
+  restarts on;
+- an error a person must mend (any other `Error`) exits `USAGE_EXIT_CODE`, 2:
+  a restart would end the same way;
+- a bug exits 1, with its traceback.
 """
 
 from __future__ import annotations
@@ -22,6 +34,9 @@ import errno
 import os
 import shutil
 from typing import Iterator
+
+USAGE_EXIT_CODE = 2  # a setting, file, disk or workdir to mend
+RESTART_EXIT_CODE = 42  # a restart can cure it (xpk restarts on 42 and 127-255)
 
 
 class Error(Exception):
@@ -62,6 +77,15 @@ class StorageFullError(StorageError):
   """A write failed because the disk or the quota holding it is full."""
 
 
+class RestartableError(Error):
+  """A failure of the run's surroundings that a restart can cure (exit 42);
+  the message says what failed and where a restart resumes."""
+
+
+class StorageUnreachableError(RestartableError, StorageError):
+  """Storage that did not answer for longer than the run waits for it."""
+
+
 class WorkdirBusyError(Error, OSError):
   """Another run holds the workdir (`bertjax.workdir_lock`)."""
 
@@ -100,6 +124,48 @@ def storage_full(error: BaseException) -> BaseException | None:
     if any(text in str(link) for text in _FULL_TEXTS):
       return link
   return None
+
+
+# What a storage client raises when the store does not answer, or answers
+# "busy, try later": by type, or by the status a library words in its text.
+_UNREACHABLE_TYPES = (ConnectionError, TimeoutError)
+_UNREACHABLE_TYPE_NAMES = frozenset({
+    "ClientConnectionError", "ClientConnectorError", "ServerDisconnectedError",
+    "ServerTimeoutError", "ClientOSError",  # aiohttp (gcsfs)
+    "ServiceUnavailable", "InternalServerError", "TooManyRequests", "GatewayTimeout",
+    "BadGateway", "RetryError",  # google.api_core (the lock's client)
+    "ConnectionError", "ConnectTimeout", "ReadTimeout", "ProtocolError",  # requests, urllib3
+})
+_UNREACHABLE_TEXTS = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "Service Unavailable",
+                      "Too Many Requests", "Connection refused", "Connection reset",
+                      "Cannot connect to host", "Server disconnected", "timed out")
+
+
+def storage_unreachable(error: BaseException) -> BaseException | None:
+  """The error of `error`'s chain that says the storage did not answer (a
+  refused or dropped connection, a time-out, a 429 or 5xx), if any; never a
+  full disk, a missing file or missing rights."""
+  if storage_full(error) is not None:
+    return None
+  for link in _chain(error):
+    if isinstance(link, StorageUnreachableError):
+      return link
+    if isinstance(link, _UNREACHABLE_TYPES) or type(link).__name__ in _UNREACHABLE_TYPE_NAMES:
+      return link
+    status = getattr(link, "code", None)  # gcsfs' HttpError carries the HTTP status
+    if isinstance(status, int) and (status == 429 or 500 <= status < 600):
+      return link
+    if any(text in str(link) for text in _UNREACHABLE_TEXTS):
+      return link
+  return None
+
+
+def exit_status(error: BaseException) -> int | None:
+  """The exit status a command ends with on `error`: 42 for what a restart
+  can cure, 2 for what a person must mend, None for a bug (a traceback, 1)."""
+  if isinstance(error, RestartableError) or storage_unreachable(error) is not None:
+    return RESTART_EXIT_CODE
+  return USAGE_EXIT_CODE if one_line(error) is not None else None
 
 
 def _existing_parent(path: str) -> str:
@@ -181,6 +247,11 @@ def one_line(error: BaseException) -> str | None:
   """
   if isinstance(error, Error):
     return str(error)
+  unreachable = storage_unreachable(error)
+  if unreachable is not None:
+    return (f"a service the run needs did not answer ({type(unreachable).__name__}: "
+            f"{' '.join(str(unreachable).split())[:300]}); what was finished is kept: the same "
+            "command resumes once it answers (a supervisor restarts it on exit status 42)")
   full = storage_full(error)
   if full is not None:
     path = os.fspath(getattr(full, "filename", None) or "a file")

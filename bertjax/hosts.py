@@ -28,6 +28,24 @@ def barrier(name: str) -> None:
     multihost_utils.sync_global_devices(name)
 
 
+def from_process_0(value: int) -> int:
+  """Process 0's `value` on every process (a decision only one clock makes)."""
+  if jax.process_count() == 1:
+    return value
+  from jax.experimental import multihost_utils
+
+  return int(multihost_utils.broadcast_one_to_all(np.int32(value)))
+
+
+def worst(value: int) -> int:
+  """The largest of every process's `value` (an outcome: 0 fine, more worse)."""
+  if jax.process_count() == 1:
+    return value
+  from jax.experimental import multihost_utils
+
+  return int(np.max(multihost_utils.process_allgather(np.int32(value))))
+
+
 def agree(error: BaseException | None, what: str) -> None:
   """Raises on every process when `what` failed on any of them.
 

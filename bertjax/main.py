@@ -28,7 +28,7 @@ import os
 from absl import flags, logging
 from ml_collections import config_flags
 
-from bertjax import paths, tasks, usage
+from bertjax import outage, paths, preemption, tasks, usage
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (get_config(arg)); "
                                           "`path.py:arg` passes an argument.",
@@ -44,6 +44,14 @@ _DISTRIBUTED = flags.DEFINE_bool("distributed", False, "Call jax.distributed.ini
 _INITIALIZATION_TIMEOUT_S = flags.DEFINE_integer(
     "initialization_timeout_s", 300, "Seconds jax.distributed waits for every process to "
     "join (launch/worker.sh gives a resumed run longer: a host restarting takes minutes).")
+_GRACE_SECONDS = flags.DEFINE_float(
+    "grace_seconds", 30.0, "Seconds this machine gives after SIGTERM before it kills the run "
+    "(Compute Engine: 30; GKE spot pods: 15, see docs/tpu.md): a preempted run saves only "
+    "when its measured saves fit in what is left, else it exits at once.", lower_bound=0)
+_STORAGE_WAIT_S = flags.DEFINE_float(
+    "storage_wait_s", 900.0, "Seconds a run waits for storage that does not answer (taking "
+    "the workdir's lock, saving a checkpoint) before it exits 42, which supervisors restart "
+    "on.", lower_bound=0)
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -57,6 +65,7 @@ def _on_cloud_tpu() -> bool:
 
 def main(argv):
   del argv  # settings go in --config.<field>=<value>
+  preemption.GRACE_S, outage.WAIT_S = _GRACE_SECONDS.value, _STORAGE_WAIT_S.value
   import jax  # here, not above: --help and a flag mistake answer without JAX's start
 
   if _COORDINATOR.value or _NUM_PROCESSES.value:

@@ -333,10 +333,12 @@ def log(message: str) -> None:
 
 
 def _quiet_orbax(record: pylogging.LogRecord) -> bool:
-  """Whether `record` is orbax's, at the default verbosity (`--verbosity=1`
-  shows all of orbax's lines as they are)."""
-  return (logging.get_verbosity() <= logging.INFO
-          and "/orbax/" in record.pathname.replace(os.sep, "/"))
+  """Whether `record` is orbax's or gcsfs', at the default verbosity
+  (`--verbosity=1` shows all of their lines as they are): gcsfs logs each
+  request it gave up on with a traceback, and bertjax's own line then says
+  what failed and what it did about it."""
+  path = record.pathname.replace(os.sep, "/")
+  return logging.get_verbosity() <= logging.INFO and ("/orbax/" in path or "/gcsfs/" in path)
 
 
 class _OrbaxInfoFilter(pylogging.Filter):

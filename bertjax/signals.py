@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from typing import Any
 
 from absl import logging
@@ -21,6 +22,7 @@ class StopRequests:
 
   def __init__(self, multi_process: bool):
     self.requested: str | None = None  # "SIGTERM" or "Ctrl-C"
+    self.signalled: float | None = None  # when (time.monotonic()), for the grace left
     self._multi_process = multi_process
     self._previous: dict[int, Any] = {}
 
@@ -35,6 +37,7 @@ class StopRequests:
 
   def _handle(self, signum, frame):
     del frame
+    self.signalled = self.signalled or time.monotonic()
     if signum == signal.SIGINT:
       if self.requested == "Ctrl-C":
         raise KeyboardInterrupt  # the second: abort, abandoning any save in flight
@@ -46,7 +49,8 @@ class StopRequests:
         return
       self.requested = "Ctrl-C"
     else:
-      logging.warning("SIGTERM: saving a checkpoint at the next step, then stopping")
+      logging.warning("SIGTERM: stopping at the next step, saving a checkpoint there if the "
+                      "grace allows")
       self.requested = "SIGTERM"
 
   def stop_now(self) -> bool:

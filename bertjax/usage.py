@@ -7,9 +7,11 @@ Each command's module ends with `usage.run_main(main)`, which
   resolved (`bertjax.paths`) before `main` sees it;
 - says an error bertjax words for the user (`bertjax.errors`: a setting to
   change, a file missing or damaged, a full disk, a workdir another run holds)
-  as one line, `error: ...`, and exits with status 2. Whether an error is one
-  is decided by what it is, not by where it was raised: anything else is a
-  bug and keeps its traceback; `--verbosity=1` shows every traceback;
+  as one line, `error: ...`, and exits with status 2, or 42 for a failure a
+  restart can cure (storage that did not answer: `errors.exit_status`).
+  Whether an error is one is decided by what it is, not by where it was
+  raised: anything else is a bug and keeps its traceback; `--verbosity=1`
+  shows every traceback;
 - ends on Ctrl-C with status 130 and one line saying what was kept: every
   staging file is removed on the way out (each writer does so on any
   exception), and finished work stays for a rerun to continue from.
@@ -28,17 +30,18 @@ from typing import Any, Callable, NoReturn, TypeVar
 
 from absl import app, flags, logging
 
-from bertjax import errors, paths
+from bertjax import errors, paths, preemption
 
 T = TypeVar("T")
-EXIT_CODE = 2
+EXIT_CODE = errors.USAGE_EXIT_CODE
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT
 
 
-def fail(message: str) -> NoReturn:
-  """Prints `error: message` (one line) to stderr and exits with status 2."""
+def fail(message: str, status: int = EXIT_CODE) -> NoReturn:
+  """Prints `error: message` (one line) to stderr and exits with `status` (2:
+  a person must mend something)."""
   print(f"error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
-  sys.exit(EXIT_CODE)
+  sys.exit(status)
 
 
 def is_usage_error(error: BaseException) -> bool:
@@ -47,7 +50,8 @@ def is_usage_error(error: BaseException) -> bool:
 
 
 def run(fn: Callable[[], T], interrupted: str = "nothing was left half-written") -> T:
-  """`fn()`, with a worded error turned into one line and exit status 2.
+  """`fn()`, with a worded error turned into one line and exit status 2 (42
+  for a failure a restart can cure).
 
   Ctrl-C that reaches here exits at once with status 130 and the line
   `interrupted (Ctrl-C): <interrupted>`; background threads (a checkpoint save
@@ -59,6 +63,12 @@ def run(fn: Callable[[], T], interrupted: str = "nothing was left half-written")
   _running = True
   try:
     return fn()
+  except preemption.ExitAtOnce as e:
+    # No time to wait for anything (a SIGKILL follows): the run's log says
+    # what a restart resumes from.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(e.code)  # pylint: disable=protected-access
   except KeyboardInterrupt:
     if verbose:
       raise
@@ -74,7 +84,7 @@ def run(fn: Callable[[], T], interrupted: str = "nothing was left half-written")
     line = errors.one_line(e)
     if verbose or line is None:
       raise
-    fail(f"{line} (--verbosity=1 shows where)")
+    fail(f"{line} (--verbosity=1 shows where)", errors.exit_status(e) or EXIT_CODE)
   finally:
     _running = False
 

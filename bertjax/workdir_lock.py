@@ -13,9 +13,21 @@ naming the holder.
   precondition), rewritten every `HEARTBEAT_S` seconds by its holder under a
   precondition on its own generation. A lock whose holder is gone is taken
   over, again under a precondition, so of two runs racing for it one wins:
-  gone means a process of this host that no longer runs, or a heartbeat older
-  than `STALE_S` seconds. A holder whose lock was taken over (it hung for
-  longer than that) stops at once, writing nothing more.
+  gone means a process of this host that no longer runs, an earlier attempt
+  of this run's own workload (below), or a heartbeat older than `STALE_S`
+  seconds. A holder heard from recently is watched for one heartbeat: if it
+  renews the lock it is alive, and the run is refused; if it stays silent the
+  run waits until the lock is stale and takes it over. A holder whose lock
+  was taken over (it hung for longer than that) stops at once, writing
+  nothing more.
+
+A workload that a supervisor restarts as a whole (GKE's JobSet, through
+`launch/xpk.sh`) names itself in `BERTJAX_WORKLOAD` and, where the launcher
+passes it, its restart attempt in `BERTJAX_RESTART_ATTEMPT`: a lock held by an
+earlier attempt of the same workload is taken over at once, whichever node
+the new attempt's process 0 lands on, since the supervisor starts an attempt
+only after ending the one before. Storage that does not answer is waited for
+(`bertjax.outage`) before the run gives up, restartably.
 
 A multi-host run holds the lock once, on process 0 (`bertjax.tasks.run`).
 """
@@ -34,19 +46,44 @@ from typing import Any, Iterator
 
 from absl import logging
 
-from bertjax import errors, files
+from bertjax import errors, files, outage
 
 LOCK_FILE = "run.lock"
 HEARTBEAT_S = 30.0
 STALE_S = 180.0  # six heartbeats missed
 LOST_EXIT_CODE = 2  # a usage error's: the run stopped, its line says why
+# How long the client retries one request (its default, 120 s, would hide an
+# outage from `bertjax.outage`, which says what it waits for and for how long).
+REQUEST_RETRY_S = 30.0
+WORKLOAD_VARIABLE = "BERTJAX_WORKLOAD"  # the supervised workload this run is an attempt of
+ATTEMPT_VARIABLE = "BERTJAX_RESTART_ATTEMPT"  # which attempt (JobSet's restart-attempt)
 
 
 def _holder() -> dict[str, Any]:
   """Who this process is, as the lock records it."""
   return {"host": socket.gethostname(), "pid": os.getpid(), "boot": _boot_id(),
           "process_start": _process_start(os.getpid()),
-          "command": " ".join(sys.argv)[:500], "since": time.time(), "heartbeat": time.time()}
+          "workload": os.environ.get(WORKLOAD_VARIABLE, ""), "attempt": _attempt(),
+          "command": " ".join(sys.argv)[:500], "since": time.time(), "heartbeat": time.time(),
+          "heartbeat_s": HEARTBEAT_S}
+
+
+def _attempt() -> int | None:
+  try:
+    return int(os.environ[ATTEMPT_VARIABLE])
+  except (KeyError, ValueError):
+    return None
+
+
+def _earlier_attempt(holder: dict[str, Any]) -> bool:
+  """Whether the holder is an earlier attempt of this run's own workload."""
+  workload = os.environ.get(WORKLOAD_VARIABLE, "")
+  if not workload or holder.get("workload") != workload:
+    return False
+  theirs, mine = holder.get("attempt"), _attempt()
+  if isinstance(theirs, int) and mine is not None:
+    return theirs < mine
+  return True  # one attempt runs at a time: any other holder of the workload is over
 
 
 def _boot_id() -> str:
@@ -71,7 +108,10 @@ def _describe(holder: dict[str, Any] | None) -> str:
   if not holder:
     return "another process (it has not said which yet)"
   since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.get("since", 0)))
-  return (f"process {holder.get('pid')} on {holder.get('host')} since {since} "
+  workload = (f", workload {holder['workload']}" + (
+      f" attempt {holder['attempt']}" if holder.get("attempt") is not None else "")
+              if holder.get("workload") else "")
+  return (f"process {holder.get('pid')} on {holder.get('host')} since {since}{workload} "
           f"({holder.get('command') or 'command unknown'})")
 
 
@@ -136,6 +176,10 @@ class _LocalLock:
     self._fd = None
 
 
+def _same_holder(a: dict[str, Any], b: dict[str, Any]) -> bool:
+  return all(a.get(key) == b.get(key) for key in ("host", "pid", "since"))
+
+
 def _read_json(data: bytes) -> dict[str, Any] | None:
   try:
     value = json.loads(data.decode("utf-8"))
@@ -162,13 +206,22 @@ class _RemoteLock:
   def acquire(self) -> None:
     from google.api_core import exceptions
 
-    try:
-      self._acquire()
-    except (exceptions.GoogleAPICallError, exceptions.RetryError) as e:  # refused, unreachable
-      raise errors.StorageError(
-          f"{self.path}: cannot lock the workdir ({type(e).__name__}: "
-          f"{str(e).splitlines()[0][:300]}); check that this account may write there "
-          "(gcloud storage ls the bucket) and that Cloud Storage is reachable") from e
+    failed_since = None  # when the storage stopped answering
+    while True:
+      try:
+        self._acquire()
+        return
+      except errors.Error:
+        raise  # worded already: a busy workdir, a missing bucket
+      except (exceptions.GoogleAPICallError, exceptions.RetryError, OSError) as e:
+        if errors.storage_unreachable(e) is None:  # refused: rights, a bucket
+          raise errors.StorageError(
+              f"{self.path}: cannot lock the workdir ({type(e).__name__}: "
+              f"{str(e).splitlines()[0][:300]}); check that this account may write there "
+              "(gcloud storage ls the bucket)") from e
+        failed_since = failed_since or time.monotonic()
+        outage.wait_until_reachable(self.path, self._read, e,
+                                    "from the workdir's newest checkpoint", failed_since)
 
   def _acquire(self) -> None:
     from google.api_core import exceptions
@@ -187,18 +240,13 @@ class _RemoteLock:
       holder, generation = self._read()
       if generation is None:
         continue  # released meanwhile: try again
-      age = time.time() - float((holder or {}).get("heartbeat", 0))
-      if holder and not _gone_on_this_host(holder) and age < STALE_S:
-        raise errors.WorkdirBusyError(
-            f"{self.path.rsplit('/', 1)[0]} is in use by {_describe(holder)}, last heard "
-            f"from {age:.0f} s ago; wait for that run to end or stop it, or give another "
-            f"--workdir (a lock not renewed for {STALE_S:.0f} s is taken over)")
+      reason = self._gone(holder, generation)
+      if reason is None:
+        continue  # the lock changed hands while it was watched: look again
       try:
         self._write(generation)  # taken over only if nobody else did first
         logging.warning("Took over the workdir lock %s from %s, which is gone (%s)",
-                        self.path, _describe(holder),
-                        "its process has ended" if holder and _gone_on_this_host(holder)
-                        else f"not renewed for {age:.0f} s")
+                        self.path, _describe(holder), reason)
         break
       except exceptions.PreconditionFailed:
         continue
@@ -209,12 +257,58 @@ class _RemoteLock:
                                     name="workdir lock heartbeat")
     self._thread.start()
 
+  def _gone(self, holder: dict[str, Any] | None, generation: int) -> str | None:
+    """Why the holder of lock `generation` is gone (watching a silent one until
+    its lock is stale), or None when the lock changed hands meanwhile.
+
+    Raises:
+      WorkdirBusyError: the holder renewed its lock: it is alive.
+    """
+    if not holder:
+      return "its lock names nobody"
+    if _same_holder(holder, self._holder):
+      return "it is this run's own, written by a request that was retried"
+    if _gone_on_this_host(holder):
+      return "its process has ended"
+    if _earlier_attempt(holder):
+      return "an earlier attempt of this workload"
+    heartbeat_s = float(holder.get("heartbeat_s") or HEARTBEAT_S)
+    # A renewal is due within a heartbeat; a write's own retries take longer.
+    silent_after = time.monotonic() + heartbeat_s + min(heartbeat_s, 30.0) + 5.0
+    announced = said_silent = False
+    while True:
+      age = time.time() - float(holder.get("heartbeat", 0))
+      if age >= STALE_S:
+        return f"not renewed for {age:.0f} s"
+      if not announced:
+        announced = True
+        logging.warning("%s is held by %s, last heard from %.0f s ago: watching whether it "
+                        "renews the lock (taken over once it has not for %.0f s)", self.path,
+                        _describe(holder), age, STALE_S)
+      time.sleep(min(max(heartbeat_s / 4, 0.05), 5.0, STALE_S - age))
+      current, current_generation = self._read()
+      if current_generation != generation:
+        if current_generation is not None and current and _same_holder(current, holder):
+          self._refuse(current, time.time() - float(current.get("heartbeat", 0)))
+        return None
+      if time.monotonic() > silent_after and not said_silent:
+        said_silent = True
+        logging.warning("%s: its holder has not renewed it for %.0f s (heartbeat every %.0f "
+                        "s): waiting for the lock to be %.0f s old", self.path, age,
+                        heartbeat_s, STALE_S)
+
+  def _refuse(self, holder: dict[str, Any], age: float) -> None:
+    raise errors.WorkdirBusyError(
+        f"{self.path.rsplit('/', 1)[0]} is in use by {_describe(holder)}, last heard "
+        f"from {age:.0f} s ago; wait for that run to end or stop it, or give another "
+        f"--workdir (a lock not renewed for {STALE_S:.0f} s is taken over)")
+
   def _write(self, generation: int) -> None:
     """Writes the lock if its live generation is `generation` (0: if absent)."""
     self._holder["heartbeat"] = time.time()
     blob = self._bucket.blob(self._key)  # each request its own: no generation pinned
     blob.upload_from_string(json.dumps(self._holder), content_type="application/json",
-                            if_generation_match=generation)
+                            if_generation_match=generation, retry=_retry())
     self._generation = blob.generation
 
   def _read(self) -> tuple[dict[str, Any] | None, int | None]:
@@ -223,7 +317,7 @@ class _RemoteLock:
 
     blob = self._bucket.blob(self._key)
     try:
-      data = blob.download_as_bytes()
+      data = blob.download_as_bytes(retry=_retry())
     except exceptions.NotFound:
       return None, None
     return _read_json(data), blob.generation
@@ -252,11 +346,18 @@ class _RemoteLock:
     if self._generation is None:
       return
     try:
-      self._bucket.blob(self._key).delete(if_generation_match=self._generation)
+      self._bucket.blob(self._key).delete(if_generation_match=self._generation,
+                                          retry=_retry())
     except Exception as e:  # pylint: disable=broad-except  # stale: taken over when needed
       logging.warning("%s: releasing the workdir lock failed (%s); the next run takes it "
                       "over once it is %.0f s old", self.path, e, STALE_S)
     self._generation = None
+
+
+def _retry():
+  from google.cloud.storage.retry import DEFAULT_RETRY
+
+  return DEFAULT_RETRY.with_timeout(REQUEST_RETRY_S)
 
 
 def _client(storage):

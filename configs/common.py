@@ -158,8 +158,11 @@ def pretrain_config(size: str = "bert_base") -> ml_collections.ConfigDict:
   config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
   config.logical_axis_rules = LOGICAL_AXIS_RULES
 
-  config.checkpoint = ml_collections.ConfigDict(dict(every_steps=10_000, max_to_keep=3,
-                                                     async_save=True))
+  # Saves every `every_steps` steps and every `every_seconds` of wall clock
+  # (0: by steps only), whichever comes first: a preemption loses at most
+  # every_seconds plus one save's time (docs/checkpoints.md).
+  config.checkpoint = ml_collections.ConfigDict(dict(every_steps=10_000, every_seconds=600,
+                                                     max_to_keep=3, async_save=True))
   config.eval = ml_collections.ConfigDict(dict(every_steps=10_000, batches=50, batch_size=256))
   config.log_every_steps = 100
   config.max_consecutive_skips = 10  # non-finite steps in a row before the run stops

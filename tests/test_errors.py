@@ -68,3 +68,61 @@ def test_a_command_says_a_worded_error_in_one_line_and_a_bug_with_its_traceback(
   verbose = subprocess.run([sys.executable, "-c", script, "--verbosity=1"],
                            capture_output=True, text=True, timeout=120)
   assert "Traceback" in verbose.stderr  # every traceback, with --verbosity=1
+
+
+def _chained(cause, error):
+  try:
+    try:
+      raise cause
+    except BaseException as e:
+      raise error from e
+  except BaseException as chained:
+    return chained
+
+
+def test_the_exit_status_says_whether_a_restart_can_cure_it():
+  """42 (xpk and launch/run.sh restart) for storage that did not answer, 2 for
+  what a person must mend, None (a traceback, 1) for a bug."""
+  from gcsfs.retry import HttpError
+  from google.api_core import exceptions
+
+  restart, mend = errors.RESTART_EXIT_CODE, errors.USAGE_EXIT_CODE
+  assert (restart, mend) == (42, 2)
+  assert errors.exit_status(errors.StorageUnreachableError("x")) == restart
+  for cause in (ConnectionRefusedError(111, "Connection refused"),
+                TimeoutError("timed out"),
+                HttpError({"code": 503, "message": "Service Unavailable"}),
+                HttpError({"code": 429, "message": "rate limited"}),
+                exceptions.ServiceUnavailable("backend"),
+                ValueError("UNAVAILABLE: tensorstore write failed")):
+    error = _chained(cause, errors.StorageError("saving step 30 failed"))
+    assert errors.exit_status(error) == restart, cause
+    assert errors.exit_status(cause) == restart, cause
+    assert "did not answer" in errors.one_line(cause)
+  for refused in (HttpError({"code": 403, "message": "Forbidden"}),
+                  exceptions.NotFound("no bucket"),
+                  OSError(errno.ENOSPC, "No space left on device", "/x")):
+    assert errors.exit_status(_chained(refused, errors.StorageError("x"))) == mend, refused
+  assert errors.exit_status(errors.WorkdirBusyError("held")) == mend
+  assert errors.exit_status(errors.UsageError("x")) == mend
+  assert errors.exit_status(KeyError("params")) is None
+
+
+def test_a_workdir_whose_storage_does_not_answer_exits_42_in_one_line(tmp_path):
+  """Nothing listens at the emulator's address: the run waits --storage_wait_s
+  for it, then exits 42, which supervisors restart on."""
+  from tests.gcs import free_port
+
+  url = f"http://127.0.0.1:{free_port()}"
+  env = {**__import__("os").environ, "STORAGE_EMULATOR_HOST": url,
+         "TENSORSTORE_GCS_HTTP_URL": url, "GOOGLE_AUTH_TOKEN_FOR_TESTING": "x",
+         "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
+  result = subprocess.run([sys.executable, "-m", "bertjax.main", "--config=configs/demo.py",
+                           "--workdir=gs://bertjax-test/run", "--storage_wait_s=5"],
+                          capture_output=True, text=True, timeout=300, env=env,
+                          cwd=__import__("os").path.dirname(__import__("os").path.dirname(
+                              __import__("os").path.abspath(__file__))))
+  assert result.returncode == 42, result.stderr[-3000:]
+  last = result.stderr.strip().splitlines()[-1]
+  assert last.startswith("error: ") and "did not answer" in last, last
+  assert "Traceback" not in result.stderr

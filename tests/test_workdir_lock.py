@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from unittest import mock
 
 import pytest
 
@@ -101,11 +102,91 @@ def test_on_gcs_a_live_lock_refuses_and_a_stale_or_dead_one_is_taken_over(gcs, a
   with workdir_lock.hold(workdir):
     assert json.loads(blob().download_as_bytes())["pid"] == os.getpid()
   assert "not renewed for" in absl_caplog.text
-  # ... and one that is alive elsewhere is left alone.
-  blob().upload_from_string(json.dumps({**silent, "heartbeat": time.time()}))
-  with pytest.raises(errors.WorkdirBusyError, match="another-host"):
+
+def test_on_gcs_a_holder_heard_from_lately_is_watched_until_it_renews_or_goes_stale(
+    gcs, absl_caplog, monkeypatch):
+  """A holder elsewhere heard from a moment ago may be alive or just killed:
+  it is watched for a heartbeat. One that stays silent is taken over once its
+  lock is stale; one that renews is alive, and the run is refused."""
+  from google.cloud import storage
+
+  monkeypatch.setattr(workdir_lock, "STALE_S", 4.0)
+  workdir = gcs.url_of("locks/watched")
+  blob = storage.Client().bucket(workdir.split("/")[2]).blob("locks/watched/run.lock")
+  silent = {"host": "another-host", "pid": 1, "since": time.time() - 60,
+            "command": "python -m bertjax.main", "heartbeat": time.time(), "heartbeat_s": 0.5}
+  blob.upload_from_string(json.dumps(silent))
+  started = time.monotonic()
+  with workdir_lock.hold(workdir):
+    assert json.loads(blob.download_as_bytes())["pid"] == os.getpid()
+  assert 3.0 < time.monotonic() - started < 30  # waited for staleness, no longer
+  assert "watching whether it renews the lock" in absl_caplog.text
+  assert "not renewed for 4 s" in absl_caplog.text
+  first = _holder(workdir, heartbeat_s=0.5, env=gcs.env)
+  try:
+    with pytest.raises(errors.WorkdirBusyError, match=f"in use by process {first.pid} on "):
+      with mock.patch.object(workdir_lock, "_gone_on_this_host", lambda holder: False):
+        with workdir_lock.hold(workdir):  # as if from another host: it renews, so alive
+          pass
+  finally:
+    first.kill()
+    first.wait()
+
+
+def test_on_gcs_the_next_attempt_of_a_workload_takes_the_lock_at_once(gcs, absl_caplog,
+                                                                      monkeypatch):
+  """GKE restarts a workload as a whole, its process 0 perhaps on another node:
+  the lock of the workload's earlier attempt (still renewed by a pod in its
+  grace period) is taken over at once, and that holder stops writing."""
+  workdir = gcs.url_of("locks/workload")
+  earlier = _holder(workdir, heartbeat_s=0.3, env={
+      **gcs.env, "BERTJAX_WORKLOAD": "bert-large", "BERTJAX_RESTART_ATTEMPT": "0"})
+  monkeypatch.setenv("BERTJAX_WORKLOAD", "bert-large")
+  monkeypatch.setenv("BERTJAX_RESTART_ATTEMPT", "0")
+  try:
+    with mock.patch.object(workdir_lock, "_gone_on_this_host", lambda holder: False):
+      with pytest.raises(errors.WorkdirBusyError, match="workload bert-large attempt 0"):
+        with workdir_lock.hold(workdir):  # the same attempt: alive, not an earlier one
+          pass
+      monkeypatch.setenv("BERTJAX_RESTART_ATTEMPT", "1")
+      started = time.monotonic()
+      with workdir_lock.hold(workdir):
+        assert time.monotonic() - started < 5
+        assert "an earlier attempt of this workload" in absl_caplog.text
+        assert earlier.wait(timeout=60) == workdir_lock.LOST_EXIT_CODE
+    assert "was taken over by process" in earlier.stderr.read()
+  finally:
+    earlier.kill()
+    earlier.wait()
+
+
+def test_on_gcs_storage_that_does_not_answer_is_waited_for(gcs, monkeypatch, absl_caplog):
+  """The server down while the lock is taken: the run waits for it (and takes
+  the lock once it answers), or gives up restartably (exit status 42)."""
+  import threading
+
+  from bertjax import outage
+
+  workdir = gcs.url_of("locks/outage")
+  monkeypatch.setattr(outage, "FIRST_PAUSE_S", 0.2)
+  monkeypatch.setattr(workdir_lock, "REQUEST_RETRY_S", 1.0)
+  gcs.stop()
+  restart = threading.Timer(6.0, gcs.start)
+  restart.start()
+  try:
     with workdir_lock.hold(workdir):
-      pass
+      assert "does not answer" in absl_caplog.text and "answers again" in absl_caplog.text
+  finally:
+    restart.join()
+  monkeypatch.setattr(outage, "WAIT_S", 3.0)
+  gcs.stop()
+  try:
+    with pytest.raises(errors.StorageUnreachableError, match="did not answer for") as error:
+      with workdir_lock.hold(workdir):
+        pass
+    assert errors.exit_status(error.value) == errors.RESTART_EXIT_CODE == 42
+  finally:
+    gcs.start()
 
 
 def test_a_holder_whose_lock_was_taken_over_stops_without_writing(gcs):

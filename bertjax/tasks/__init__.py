@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import Any, Callable
 
 # config.task -> the module of bertjax.tasks whose `run(config, workdir)` does it.
 TASKS = {"pretrain": "pretrain", "glue": "glue", "squad": "squad", "swag": "swag",
@@ -27,7 +28,8 @@ def run(config: Any, workdir: str) -> Any:
   notebook's relative paths too), the workdir is checked (not another task's
   run, not the checkpoint the run starts from) and then locked
   (`bertjax.workdir_lock`, once per run: by process 0, every process learning
-  the outcome) before anything is written.
+  the outcome) before anything is written. Storage that does not answer is
+  waited for (`bertjax.outage`) before the run gives up, restartably.
 
   Returns:
     What the task's `run` returns (its metrics).
@@ -41,7 +43,7 @@ def run(config: Any, workdir: str) -> Any:
   module = task_module(config.task)
   paths.resolve_config(config)
   workdir = paths.resolve(workdir)
-  runs.check_workdir(config, workdir)
+  _waiting_out_outages(lambda: runs.check_workdir(config, workdir), workdir)
   with contextlib.ExitStack() as stack:
     error = None
     if jax.process_index() == 0:
@@ -52,3 +54,20 @@ def run(config: Any, workdir: str) -> Any:
         error = e
     hosts.agree(error, f"locking the workdir {workdir}")
     return module.run(config, workdir)
+
+
+def _waiting_out_outages(fn: Callable[[], Any], workdir: str) -> Any:
+  """`fn()`, tried again while `workdir`'s storage does not answer (waiting
+  for it with `bertjax.outage`, which gives up restartably)."""
+  from bertjax import errors, files, outage
+
+  failed_since = None
+  while True:
+    try:
+      return fn()
+    except Exception as e:  # pylint: disable=broad-except
+      if errors.storage_unreachable(e) is None:
+        raise
+      failed_since = failed_since or time.monotonic()
+      outage.wait_until_reachable(workdir, lambda: files.exists(workdir), e,
+                                  "from the workdir's newest checkpoint", failed_since)

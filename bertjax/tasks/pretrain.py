@@ -19,8 +19,8 @@ import flax.linen as nn
 import jax
 import ml_collections
 
-from bertjax import (checkpoint, divergence, errors, files, flops, hosts, metrics, optim, runs,
-                     sharding, signals, throughput, train)
+from bertjax import (checkpoint, divergence, errors, files, flops, hosts, metrics, optim,
+                     outage, preemption, runs, sharding, signals, throughput, train)
 from bertjax.data import loader
 from bertjax.models import BertConfig
 from bertjax.tasks.pretrain_data import (Phase, check_stream, check_vocabulary, loader_config,
@@ -85,6 +85,9 @@ def validate(config: ml_collections.ConfigDict, mesh_devices: int) -> tuple[int,
                             f"{config.data.static_dupe_factor}")
   if config.train.total_steps < 1:
     raise errors.UsageError(f"train.total_steps must be positive, got {config.train.total_steps}")
+  if config.checkpoint.every_seconds < 0:
+    raise errors.UsageError(f"checkpoint.every_seconds must be >= 0 (0: save by steps only), "
+                            f"got {config.checkpoint.every_seconds}")
   for name, value in (("checkpoint.every_steps", config.checkpoint.every_steps),
                       ("checkpoint.max_to_keep", config.checkpoint.max_to_keep),
                       ("log_every_steps", config.log_every_steps),
@@ -192,6 +195,9 @@ class _Trainer:
     self.saving: int | None = None  # the step of the last save started
     self.guard: divergence.DivergenceGuard | None = None  # the loss's range, once restored
     self.save_deferred = False  # a save that waits for the loss to come back in range
+    self.save_again = False  # a save the storage failed, made again once it answers
+    self.stopping = False  # a stop was requested: saving now, if at all
+    self.clock = preemption.SaveClock(config.checkpoint.every_seconds)
     self.last_eval: dict[str, float] = {}
     self.last_eval_step = 0
     logging.info("Mesh %s over %d devices (%s); peak %s TFLOP/s per device (%s)",
@@ -231,14 +237,17 @@ class _Trainer:
             raise errors.TrainingStoppedError(
                 f"the run ended with its {self.guard.describe()}: the last step is not saved; "
                 f"{self._advice()}")
-          self._save(step, state, {"phase": self.phases[-1].index, "loader": None,
-                                   **self.guard.state()})
+          while not self._save(step, state, {"phase": self.phases[-1].index, "loader": None,
+                                             **self.guard.state()}):
+            pass  # the storage answers again (else the wait has raised): save it now
       except KeyboardInterrupt:  # a second Ctrl-C: no waiting
         in_flight = self.checkpointer.saving()
         logging.error("Aborted: %s; a rerun resumes from step %s",
                       f"the save of step {self.saving} is abandoned" if in_flight
                       else "no checkpoint save was in flight", self._resumable_step())
         raise
+      except preemption.ExitAtOnce:
+        raise  # SIGTERM with no time to save: a save in flight is abandoned
       except BaseException as e:  # an error, or the stop after a preemption's save
         if not isinstance(e, SystemExit) and self.checkpointer.saving():
           logging.error("Stopping on %s; finishing the checkpoint of step %d first",
@@ -457,10 +466,16 @@ class _Trainer:
                                                      + config.profile.num_steps):
         jax.profiler.stop_trace()
 
+      if self.clock.in_flight() and not self.checkpointer.saving():
+        self.clock.done()
       stopping = self.stop.stop_now() or self.checkpointer.reached_preemption(step)
+      self.stopping = stopping
+      if stopping and not self._save_on_stop(step):
+        self._exit_unsaved(step)
       evaluating = config.eval.every_steps > 0 and step % config.eval.every_steps == 0
       saved = False
-      if stopping or self.save_deferred or step % config.checkpoint.every_steps == 0:
+      if (stopping or self.save_deferred or self.save_again
+          or step % config.checkpoint.every_steps == 0 or self._due_by_clock()):
         # The step's own metrics first: the metrics stored with a checkpoint
         # reach its step, so that a rerun from it misses no line.
         result = self._report(*pending, length,
@@ -496,6 +511,47 @@ class _Trainer:
       result = self._report(*pending, length, last=True) or result
     return state, result
 
+  def _due_by_clock(self) -> bool:
+    """Whether `checkpoint.every_seconds` have passed since the last save
+    started (process 0's clock decides for every host)."""
+    if self.clock.every_s <= 0:
+      return False
+    return bool(hosts.from_process_0(int(self.clock.due())))
+
+  def _save_on_stop(self, step: int) -> bool:
+    """Whether to save on a stop request: always on Ctrl-C (on any host); on
+    SIGTERM, when the measured saves (and one still in flight) fit in the
+    grace left, by process 0's clock. Every host calls this at the same step."""
+    if hosts.worst(int(self.stop.requested == "Ctrl-C")):
+      return True
+    signalled = self.stop.signalled or time.monotonic()  # pods: JAX's handler saw it
+    needed = self.clock.save_seconds()
+    left_in_flight = self.clock.in_flight_left()
+    if needed is not None and left_in_flight:
+      needed += left_in_flight  # a new save waits for the one before
+    fits = preemption.fits_in_grace(needed, signalled, preemption.GRACE_S)
+    if not fits and jax.process_index() == 0:
+      logging.warning("SIGTERM at step %d: a save takes about %.0f s, more than the %.0f s "
+                      "grace leaves (--grace_seconds=%g): not saving", step, needed,
+                      preemption.GRACE_S - (time.monotonic() - signalled), preemption.GRACE_S)
+    return bool(hosts.from_process_0(int(fits)))
+
+  def _exit_unsaved(self, step: int) -> None:
+    """Ends the run at once, saying from where a restart resumes."""
+    finished = self.checkpointer.all_steps()
+    if self.clock.finished is not None and finished and self.clock.finished[0] == finished[-1]:
+      ago = time.monotonic() - self.clock.finished[1]
+      back = (f"step {finished[-1]}, {step - finished[-1]} steps back, whose save started "
+              f"{ago:.0f} s before this stop")
+    elif finished:
+      back = f"step {finished[-1]}, {step - finished[-1]} steps back (saved by an earlier run)"
+    else:
+      back = "step 0: nothing is saved yet"
+    logging.warning("Preempted at step %d without saving: a restart resumes from %s%s", step,
+                    back, " (or from the save in flight, if it finishes first)"
+                    if self.checkpointer.saving() else "")
+    raise preemption.ExitAtOnce(PREEMPTED_EXIT_CODE)
+
   def _compile(self, step_fn, state, batch, step: int, length: int):
     """The training step compiled for `batch`'s shape; its time and memory logged."""
     start = time.perf_counter()
@@ -520,22 +576,52 @@ class _Trainer:
     if self.save_deferred:
       logging.info("The loss is back in range at step %d: saving the checkpoint there", step)
     self.save_deferred = False
-    self._save(step, state, data_state)
-    return True
+    return self._save(step, state, data_state)
 
-  def _save(self, step: int, state: train.TrainState, data_state: dict[str, Any]) -> None:
+  def _save(self, step: int, state: train.TrainState, data_state: dict[str, Any]) -> bool:
     """Starts a checkpoint save and stores the metrics so far; the time this
-    holds the loop is left out of the throughput (and logged)."""
+    holds the loop is left out of the throughput (and logged). Returns whether
+    the save started: storage that does not answer is waited for instead
+    (`save_again` then asks for the next step's save)."""
     jax.block_until_ready(state)  # the step's own time stays in its window
     started = time.perf_counter()
     self.saving = step
-    self.checkpointer.save(step, state, data_state, self._meta())
+    failure = None
+    try:
+      self.checkpointer.save(step, state, data_state, self._meta())
+    except checkpoint.CheckpointSaveError as e:
+      failure = e
+    # Every host learns the worst outcome: 1 storage that does not answer
+    # (waited for, then saved again), 2 anything else (every host stops).
+    outcome = 0 if failure is None else 1 if errors.storage_unreachable(failure) else 2
+    outcome = hosts.worst(outcome)
+    if outcome == 2:
+      hosts.agree(failure if failure is not None and not errors.storage_unreachable(failure)
+                  else None, f"saving the checkpoint of step {step}")
+    self.save_again = outcome == 1
+    if outcome == 1 and not self.stopping:  # on a stop there is no time to wait
+      self._wait_for_storage(failure, step)
+    elif outcome == 0:
+      self.clock.started(step)
+      if not self.checkpointer.saving():
+        self.clock.done()  # written already (synchronous saves)
     # Every step up to a checkpoint is in the metrics (on gs:// they go in
     # batches): a run killed after it resumes there and loses no line.
     self.writer.flush()
     held = time.perf_counter() - started
     self.meter.hold(held)
     self.writer.write(step, {"save_blocking_s": held}, "checkpoint/")
+    return outcome == 0
+
+  def _wait_for_storage(self, failure: BaseException | None, step: int) -> None:
+    """Waits for the checkpoints' storage to answer again (`bertjax.outage`);
+    the next step is saved then. Gives up restartably after --storage_wait_s."""
+    directory = self.checkpointer.directory
+    resumes = f"from step {self._resumable_step()}"
+    if failure is None:  # another host's save failed: this one waits with it
+      failure = errors.StorageUnreachableError(f"another host could not save step {step}")
+    outage.wait_until_reachable(directory, lambda: files.exists(directory), failure, resumes)
+    logging.warning("The checkpoint of step %d was not saved: saving the next step", step)
 
   def _report(self, step: int, device_metrics, rows: int, length: int,
               last: bool = False) -> dict[str, Any] | None:
