@@ -10,6 +10,7 @@ NAME="${BERTJAX_TPU_NAME:-}"
 ACCELERATOR="${BERTJAX_ACCELERATOR_TYPE:-}"
 RUNTIME="${BERTJAX_RUNTIME_VERSION:-}"
 SSH_FLAGS="${BERTJAX_SSH_FLAGS:-}"
+CLUSTER="${BERTJAX_XPK_CLUSTER:-}"  # the GKE cluster (xpk.sh, gke_setup.sh)
 DRY_RUN=0
 # Seconds between two looks at something that takes a while (a queued
 # resource, a lost connection); the tests make it short.
@@ -98,6 +99,13 @@ require_common() {
   require "$NAME" "--name (or BERTJAX_TPU_NAME)"
 }
 
+# What the GKE scripts (xpk.sh, gke_setup.sh) need.
+require_cluster() {
+  require "$PROJECT" "--project (or BERTJAX_PROJECT)"
+  require "$ZONE" "--zone (or BERTJAX_ZONE)"
+  require "$CLUSTER" "--cluster (or BERTJAX_XPK_CLUSTER)"
+}
+
 # The common settings as flags, to hand on to another launch script.
 common_flags() {
   COMMON=(--project="$PROJECT" --zone="$ZONE" --name="$NAME")
@@ -117,6 +125,12 @@ run() {
 # How often describe_tpu reads a state before it gives up (waiting
 # POLL_SECONDS, then twice and four times that between tries).
 DESCRIBE_TRIES=4
+
+# gcloud's error line in a file of its stderr (the first "ERROR: ...", else the
+# first line).
+first_error() {
+  grep -m 1 '^ERROR' "$1" || grep -m 1 . "$1" || true
+}
 
 # Waits N times POLL_SECONDS (which may be a fraction: no shell arithmetic on it).
 pause() {
@@ -147,7 +161,7 @@ describe_tpu() {
       STATE=NOT_FOUND
       break
     fi
-    DESCRIBE_ERROR="$(grep -m 1 '^ERROR' "$errors" || grep -m 1 . "$errors" || true)"
+    DESCRIBE_ERROR="$(first_error "$errors")"
     DESCRIBE_ERROR="${DESCRIBE_ERROR:-it printed no state}"
     tries=$((tries + 1))
     (( tries < DESCRIBE_TRIES )) || break
