@@ -5,18 +5,35 @@ set -euo pipefail
 # shellcheck source=launch/lib.sh
 source "$(dirname "$0")/lib.sh"
 
+# The xpk this script and its tests are checked against: its workload names,
+# its JobSet (restart rules, the command's wrapper) and its dry run.
+XPK_VERSION=1.16.0
+# xpk runs --command under a bash that forwards SIGTERM to it from a loop that
+# sleeps 5 seconds between looks (bash runs a trap once the sleep ends): the run
+# hears of a preemption up to this many seconds after the pod did.
+XPK_SIGTERM_DELAY=5
+# GKE's grace for a spot pod: of the 30 seconds between a spot VM's preemption
+# notice and its end, non-system pods get the first 15, whatever their
+# terminationGracePeriodSeconds (cloud.google.com/kubernetes-engine/docs/concepts/spot-vms).
+SPOT_GRACE=15
+# For maintenance on on-demand and reserved TPU nodes GKE follows the pod's
+# terminationGracePeriodSeconds (cloud.google.com/kubernetes-engine/docs/concepts/
+# handle-disruption-gpu-tpu, which gives its upper limit): what is asked for.
+GRACE_ASKED=300
+
 usage() {
   cat <<HELP
 Usage: launch/xpk.sh --cluster=CLUSTER --tpu-type=TYPE --image=IMAGE --config=FILE[:ARG] \\
     --workdir=gs://BUCKET/RUN [flags] [-- MAIN_FLAGS...]
 
 Runs python3 -m bertjax.main in the image (launch/Dockerfile) on every host of
---num-slices slices of TYPE, through \`xpk workload create\` (pip install xpk, in a
-virtual environment of its own: its pins are strict). The workload restarts
-after a failure that a rerun can mend (a preemption's SIGTERM, after which the
-run has saved a checkpoint and exits 143; a killed host), up to --max-restarts
-times, and every restart resumes from the workdir's checkpoints; an error to
-mend (exit 2) or a bug (exit 1) ends it. docs/tpu.md has the whole route.
+--num-slices slices of TYPE, through \`xpk workload create\` (xpk $XPK_VERSION:
+pip install xpk==$XPK_VERSION, in a virtual environment of its own, since its pins are
+strict). The workload restarts after a failure that a rerun can mend (exit 42,
+or a preemption's SIGTERM, after which the run exits 143), up to --max-restarts
+times (each preemption uses one), and every restart resumes from the workdir's
+checkpoints; an error to mend (exit 2) or a bug (exit 1) ends it. docs/tpu.md
+has the whole route, the identity included (launch/gke_setup.sh).
 
   --cluster CLUSTER       BERTJAX_XPK_CLUSTER       the GKE cluster (xpk cluster create)
   --tpu-type TYPE         BERTJAX_ACCELERATOR_TYPE  v4-32, v5litepod-16, v5p-64, v6e-16, ...
@@ -24,31 +41,50 @@ mend (exit 2) or a bug (exit 1) ends it. docs/tpu.md has the whole route.
                           data axis spans them (bertjax.tools.compile --num_slices=N compiles
                           the same)
   --image IMAGE           BERTJAX_IMAGE             the container (launch/Dockerfile), e.g.
-                                                    us-docker.pkg.dev/PROJECT/REPO/bertjax:TAG
+                                                    REGION-docker.pkg.dev/PROJECT/REPO/bertjax:TAG
   --config FILE[:ARG]     the config, e.g. configs/base_pretrain.py (in the image's /app)
   --workdir gs://...      where checkpoints, metrics and the resolved config go
-  --workload NAME         the workload's name (default: bertjax- and the UTC time)
-  --max-restarts N        restarts of the whole workload after a failure (default 10)
-  --grace-seconds N       how long a preempted host may take to save its checkpoint after
-                          SIGTERM (default 300)
+  --workload NAME         the workload's name, as xpk takes it: lower-case letters, digits and
+                          '-', a letter first, no '-' last, at most 40 characters (28 where
+                          xpk schedules it by super-slicing); default bertjax- and the UTC time
+  --max-restarts N        restarts of the whole workload after a failure (default 10); each
+                          preemption of any slice uses one (docs/tpu.md: how many to give)
   --spot | --reservation R | --on-demand
-                          the capacity (default: the cluster's)
+                          the capacity (default: the cluster's); give --spot when the
+                          cluster's slices are spot VMs, which sets the grace below
+  --grace-seconds N       how long GKE lets a stopped pod run after SIGTERM: the pod's
+                          terminationGracePeriodSeconds, and, less the up to
+                          $XPK_SIGTERM_DELAY seconds xpk's wrapper takes to pass SIGTERM on, what
+                          bertjax.main is told (--grace_seconds) to fit a checkpoint into.
+                          Default: $SPOT_GRACE with --spot (GKE gives spot pods $SPOT_GRACE seconds whatever
+                          the pod asks), else $GRACE_ASKED
   --manifest FILE         also write the JobSet xpk applies to FILE
   --project ID            BERTJAX_PROJECT           Google Cloud project
   --zone ZONE             BERTJAX_ZONE              the cluster's zone
+  --service-account SA    BERTJAX_SERVICE_ACCOUNT   the Google service account the workload acts as
+                                                    (for --check; default
+                                                    bertjax-workload@PROJECT.iam.gserviceaccount.com,
+                                                    what launch/gke_setup.sh makes)
+  --check                 check, acting as SA, what the workload needs, submit nothing: that the
+                          pods' Kubernetes service account (default/default) may act as SA,
+                          that SA can write and delete an object in --workdir and read
+                          --image; one line for each thing missing (needs
+                          roles/iam.serviceAccountTokenCreator on SA: gke_setup.sh grants it)
   --dry-run                                         xpk's own dry run: what it would build and
-                                                    apply, nothing submitted
+                                                    apply, nothing submitted (with --check: the
+                                                    check's commands)
   --help                                            this text
   -- MAIN_FLAGS...        passed on to bertjax.main, e.g. --config.train.batch_size=512
 HELP
 }
 
 VALUE_FLAGS+=(--cluster --tpu-type --num-slices --image --config --workdir --workload
-              --max-restarts --grace-seconds --reservation --manifest)
+              --max-restarts --grace-seconds --reservation --manifest --service-account)
 normalize_flags "$@"
 set -- ${ARGS[@]+"${ARGS[@]}"}
-CLUSTER="${BERTJAX_XPK_CLUSTER:-}" IMAGE="${BERTJAX_IMAGE:-}" SLICES=1 CONFIG="" WORKDIR=""
-WORKLOAD="" MAX_RESTARTS=10 GRACE=300 CAPACITY=() MANIFEST="" EXTRA=()
+IMAGE="${BERTJAX_IMAGE:-}" SLICES=1 CONFIG="" WORKDIR=""
+WORKLOAD="" MAX_RESTARTS=10 GRACE="" CAPACITY=() MANIFEST="" EXTRA=() CHECK=0
+SERVICE_ACCOUNT="${BERTJAX_SERVICE_ACCOUNT:-}"
 while (( $# )); do
   case "$1" in
     --help) usage; exit 0 ;;
@@ -64,31 +100,112 @@ while (( $# )); do
     --spot | --on-demand) CAPACITY+=("$1") ;;
     --reservation=*) CAPACITY+=("$1") ;;
     --manifest=*) MANIFEST="${1#*=}" ;;
+    --service-account=*) SERVICE_ACCOUNT="${1#*=}" ;;
+    --check) CHECK=1 ;;
     --) shift; EXTRA=("$@"); break ;;
     *) parse_common_flag "$1" || die "unknown flag $1 (see --help)" ;;
   esac
   shift
 done
-require "$PROJECT" "--project (or BERTJAX_PROJECT)"
-require "$ZONE" "--zone (or BERTJAX_ZONE)"
-require "$CLUSTER" "--cluster (or BERTJAX_XPK_CLUSTER)"
+require_cluster
 require "$ACCELERATOR" "--tpu-type (or BERTJAX_ACCELERATOR_TYPE)"
 require "$IMAGE" "--image (or BERTJAX_IMAGE)"
 require "$CONFIG" "--config"
 require "$WORKDIR" "--workdir"
-[[ "$WORKDIR" == gs://* ]] || die "--workdir must be a gs:// path that every host can reach"
+[[ "$WORKDIR" == gs://?* ]] || die "--workdir must be a gs:// path that every host can reach"
 require_number "$SLICES" --num-slices
 (( SLICES >= 1 )) || die "--num-slices must be 1 or more"
 require_number "$MAX_RESTARTS" --max-restarts
-require_number "$GRACE" --grace-seconds
 (( ${#CAPACITY[@]} <= 1 )) || die "choose one of --spot, --reservation and --on-demand"
+if [[ -z "$GRACE" ]]; then
+  GRACE="$GRACE_ASKED"
+  [[ "${CAPACITY[*]:-}" != --spot ]] || GRACE="$SPOT_GRACE"
+fi
+require_number "$GRACE" --grace-seconds
+# What the run has: the grace, less the time xpk's wrapper may take to pass SIGTERM on.
+RUN_GRACE=$((GRACE > XPK_SIGTERM_DELAY ? GRACE - XPK_SIGTERM_DELAY : 0))
 WORKLOAD="${WORKLOAD:-bertjax-$(date -u +%Y%m%d-%H%M%S)}"
-# A Kubernetes name: lower-case letters, digits and '-', starting with a letter.
-[[ "$WORKLOAD" =~ ^[a-z][a-z0-9-]{0,39}$ ]] || die "--workload takes lower-case letters," \
-  "digits and '-' (at most 40, a letter first), got $WORKLOAD"
+# xpk's own check (parser/validators.py name_type): the pattern, and 40 characters.
+if (( ${#WORKLOAD} > 40 )); then
+  die "--workload $WORKLOAD has ${#WORKLOAD} characters; xpk takes at most 40"
+elif [[ "$WORKLOAD" == *- ]]; then
+  die "--workload $WORKLOAD ends in '-'; xpk wants a letter or digit last"
+elif ! [[ "$WORKLOAD" =~ ^[a-z]([-a-z0-9]*[a-z0-9])?$ ]]; then
+  die "--workload takes lower-case letters, digits and '-', a letter first (xpk's" \
+    "[a-z]([-a-z0-9]*[a-z0-9])?), got $WORKLOAD"
+fi
+SERVICE_ACCOUNT="${SERVICE_ACCOUNT:-bertjax-workload@$PROJECT.iam.gserviceaccount.com}"
+
+# The pods run as the Kubernetes service account xpk gives them: none named
+# (serviceAccountName is empty unless xpk mounts storage, which this script
+# does not ask for), so the namespace's "default", in the namespace "default".
+POD_MEMBER="serviceAccount:$PROJECT.svc.id.goog[default/default]"
+
+# One line for what a failed check says: gcloud's error, and what grants the missing piece.
+check_failed() {
+  local what="$1" fix="$2" errors="$3" error
+  error="$(first_error "$errors")"
+  if [[ "$error" == *"Failed to impersonate"* || "$error" == *getAccessToken* ]]; then
+    fix="you may not act as $SERVICE_ACCOUNT: roles/iam.serviceAccountTokenCreator on it"
+    fix+=" (launch/gke_setup.sh --impersonator=YOU grants it)"
+  fi
+  echo "xpk.sh: --check: $what: ${error:-no error printed}; $fix" >&2
+}
+
+# --check: what the workload will do, done as its identity (impersonated).
+preflight() {
+  local as=(--impersonate-service-account="$SERVICE_ACCOUNT") errors members missing=0
+  local object="${WORKDIR%/}/.bertjax-check-$WORKLOAD"
+  local policy=(gcloud iam service-accounts get-iam-policy "$SERVICE_ACCOUNT" --project="$PROJECT"
+                --flatten='bindings[].members' --filter=bindings.role=roles/iam.workloadIdentityUser
+                --format='value(bindings.members)')
+  if (( DRY_RUN )); then
+    run "${policy[@]}"
+    echo "echo bertjax-check | $(printf '%q ' gcloud storage cp - "$object" "${as[@]}" \
+      | sed 's/ $//')"
+    run gcloud storage rm "$object" "${as[@]}"
+    run gcloud artifacts docker images describe "$IMAGE" "${as[@]}"
+    return 0
+  fi
+  errors="$(mktemp)"
+  if ! members="$("${policy[@]}" 2> "$errors")"; then
+    check_failed "the IAM policy of $SERVICE_ACCOUNT could not be read" \
+      "launch/gke_setup.sh makes the account" "$errors"
+    missing=1
+  elif ! grep -qxF "$POD_MEMBER" <<< "$members"; then
+    echo "xpk.sh: --check: the pods' Kubernetes service account default/default may not act as" \
+      "$SERVICE_ACCOUNT: roles/iam.workloadIdentityUser for $POD_MEMBER (launch/gke_setup.sh" \
+      "binds it)" >&2
+    missing=1
+  fi
+  if ! echo bertjax-check | gcloud storage cp - "$object" "${as[@]}" > /dev/null \
+      2> "$errors"; then
+    check_failed "$SERVICE_ACCOUNT cannot write to $WORKDIR" "it needs roles/storage.objectAdmin" \
+      "$errors"
+    missing=1
+  elif ! gcloud storage rm "$object" "${as[@]}" > /dev/null 2> "$errors"; then
+    check_failed "$SERVICE_ACCOUNT cannot delete in $WORKDIR" \
+      "it needs roles/storage.objectAdmin (a checkpoint replaces objects)" "$errors"
+    missing=1
+  fi
+  if ! gcloud artifacts docker images describe "$IMAGE" "${as[@]}" > /dev/null 2> "$errors"; then
+    check_failed "$SERVICE_ACCOUNT cannot read $IMAGE" \
+      "push it, and grant roles/artifactregistry.reader on its repository" "$errors"
+    missing=1
+  fi
+  rm -f "$errors"
+  (( ! missing )) || exit 1
+  echo "xpk.sh: --check: $SERVICE_ACCOUNT is what the pods act as, writes and deletes in" \
+    "$WORKDIR and reads $IMAGE"
+}
+
+if (( CHECK )); then
+  preflight
+  exit 0
+fi
 
 COMMAND="python3 -m bertjax.main$(printf ' %q' "--config=$CONFIG" "--workdir=$WORKDIR" \
-  ${EXTRA[@]+"${EXTRA[@]}"})"
+  "--grace_seconds=$RUN_GRACE" ${EXTRA[@]+"${EXTRA[@]}"})"
 XPK=(workload create --cluster="$CLUSTER" --workload="$WORKLOAD" --tpu-type="$ACCELERATOR"
      --num-slices="$SLICES" --docker-image="$IMAGE" --command="$COMMAND"
      --max-restarts="$MAX_RESTARTS" --termination-grace-period-seconds="$GRACE"
@@ -99,8 +216,8 @@ if (( DRY_RUN )); then
   printf '%q ' "${BERTJAX_XPK:-xpk}" "${XPK[@]}" | sed 's/ $//'
   echo
 fi
-command -v "${BERTJAX_XPK:-xpk}" > /dev/null || die "no xpk here: pip install xpk (in a" \
-  "virtual environment of its own), or set BERTJAX_XPK to its path"
+command -v "${BERTJAX_XPK:-xpk}" > /dev/null || die "no xpk here: pip install" \
+  "xpk==$XPK_VERSION (in a virtual environment of its own), or set BERTJAX_XPK to its path"
 "${BERTJAX_XPK:-xpk}" "${XPK[@]}"
 (( DRY_RUN )) || echo "xpk.sh: workload $WORKLOAD submitted to $CLUSTER: xpk workload list" \
   "--cluster=$CLUSTER shows it; its hosts' logs are in Cloud Logging (the link above), its" \

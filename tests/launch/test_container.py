@@ -54,3 +54,14 @@ def test_in_the_images_layout_the_shipped_configs_load(tmp_path):
                          capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": str(site)})
   assert loads.returncode == 0 and "--workdir" in loads.stdout, loads.stderr[-3000:]
+
+
+def test_every_build_command_builds_for_the_tpu_hosts():
+  """TPU hosts are x86-64: the build commands in the recipe and in the docs
+  name the platform, so that one run on an ARM machine builds an image the
+  hosts can run."""
+  docs = open(os.path.join(ROOT, "docs", "tpu.md"), encoding="utf-8").read()
+  builds = [line for text in (_dockerfile(), docs) for line in text.splitlines()
+            if "docker build" in line]
+  assert len(builds) >= 2
+  assert all("--platform=linux/amd64" in line for line in builds), builds
