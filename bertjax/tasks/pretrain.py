@@ -520,21 +520,36 @@ class _Trainer:
 
   def _save_on_stop(self, step: int) -> bool:
     """Whether to save on a stop request: always on Ctrl-C (on any host); on
-    SIGTERM, when the measured saves (and one still in flight) fit in the
-    grace left, by process 0's clock. Every host calls this at the same step."""
+    SIGTERM, when the measured saves (after one still in flight) fit in the
+    grace left, by process 0's clock. Where they do not, a save in flight that
+    can still finish is waited for. Every host calls this at the same step."""
     if hosts.worst(int(self.stop.requested == "Ctrl-C")):
       return True
     signalled = self.stop.signalled or time.monotonic()  # pods: JAX's handler saw it
-    needed = self.clock.save_seconds()
-    left_in_flight = self.clock.in_flight_left()
-    if needed is not None and left_in_flight:
-      needed += left_in_flight  # a new save waits for the one before
-    fits = preemption.fits_in_grace(needed, signalled, preemption.GRACE_S)
-    if not fits and jax.process_index() == 0:
-      logging.warning("SIGTERM at step %d: a save takes about %.0f s, more than the %.0f s "
-                      "grace leaves (--grace_seconds=%g): not saving", step, needed,
-                      preemption.GRACE_S - (time.monotonic() - signalled), preemption.GRACE_S)
-    return bool(hosts.from_process_0(int(fits)))
+    needed, in_flight = self.clock.save_seconds(), self.checkpointer.saving()
+    left_in_flight = self.clock.in_flight_left() if in_flight else 0.0
+    if in_flight and needed is None:
+      save = False  # the first save is still being written: no time measured for another
+    else:
+      save = preemption.fits_in_grace(
+          None if needed is None else needed + left_in_flight, signalled, preemption.GRACE_S)
+    if not save and jax.process_index() == 0:
+      logging.warning(
+          "SIGTERM at step %d: %s (--grace_seconds=%g): not saving", step,
+          "the run's first save is still being written" if needed is None else
+          f"a save takes about {needed:.0f} s, more than the "
+          f"{preemption.GRACE_S - (time.monotonic() - signalled):.0f} s grace leaves",
+          preemption.GRACE_S)
+    save = bool(hosts.from_process_0(int(save)))
+    if not save and in_flight:
+      # The save in flight may still finish: wait for it while the grace allows.
+      wait_s = preemption.GRACE_S - preemption.EXIT_MARGIN_S - (time.monotonic() - signalled)
+      deadline = time.monotonic() + hosts.from_process_0(int(max(wait_s, 0)))
+      while self.checkpointer.saving() and time.monotonic() < deadline:
+        time.sleep(0.05)
+      if not self.checkpointer.saving():
+        self.clock.done()
+    return save
 
   def _exit_unsaved(self, step: int) -> None:
     """Ends the run at once, saying from where a restart resumes."""
