@@ -206,8 +206,12 @@ fi
 
 COMMAND="python3 -m bertjax.main$(printf ' %q' "--config=$CONFIG" "--workdir=$WORKDIR" \
   "--grace_seconds=$RUN_GRACE" ${EXTRA[@]+"${EXTRA[@]}"})"
+# BERTJAX_WORKLOAD: every restart of the workload is an attempt of the same
+# run, whose process 0 takes the workdir's lock over from the attempt before
+# at once (bertjax/workdir_lock.py); JobSet starts one only after ending the last.
 XPK=(workload create --cluster="$CLUSTER" --workload="$WORKLOAD" --tpu-type="$ACCELERATOR"
      --num-slices="$SLICES" --docker-image="$IMAGE" --command="$COMMAND"
+     --env="BERTJAX_WORKLOAD=$WORKLOAD"
      --max-restarts="$MAX_RESTARTS" --termination-grace-period-seconds="$GRACE"
      --project="$PROJECT" --zone="$ZONE" ${CAPACITY[@]+"${CAPACITY[@]}"})
 [[ -z "$MANIFEST" ]] || XPK+=(--output-manifest-file="$MANIFEST")
