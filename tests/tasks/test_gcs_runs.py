@@ -253,3 +253,25 @@ def test_fine_tunes_from_gcs_into_gcs(gcs, local_run, tiny_hf_checkpoint, tmp_pa
       files.join(workdir, "metrics.jsonl")).splitlines() if "dev/accuracy" in line] == [8, 16]
   tuned = bertjax.load_pretrained(files.join(workdir, "model"))
   assert tuned.task == "sequence_classification" and tuned.labels == ["0", "1"]
+
+
+def test_a_two_minute_storage_outage_is_waited_out(gcs, gcs_data, local_run):
+  """Cloud Storage gone for two minutes: the run waits for it (the clients'
+  retries, then --storage_wait_s) instead of ending, and ends as the local
+  run did, every step logged once."""
+  expected = {step: values[0] for step, values in _losses(local_run).items()}
+  workdir = gcs.url_of("runs/long-outage")
+  args = _args(workdir, gcs_data, **RUN) + ["--storage_wait_s=600"]
+  process = _start_until(args, _env_with(gcs), workdir, 15)
+  gcs.stop()
+  try:
+    time.sleep(120)
+    assert process.poll() is None, process.communicate()[1][-3000:]  # still waiting
+  finally:
+    gcs.start()
+  _, stderr = process.communicate(timeout=600)
+  assert process.returncode == 0, stderr[-3000:]
+  losses = _losses(workdir)
+  assert sorted(losses) == list(range(1, TOTAL + 1))
+  for step, values in losses.items():
+    assert values == [expected[step]], step
