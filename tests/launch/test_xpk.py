@@ -282,3 +282,38 @@ def test_the_docs_and_the_script_pin_the_xpk_the_tests_use():
   docs = open(os.path.join(ROOT, "docs", "tpu.md"), encoding="utf-8").read()
   assert f"pip install xpk=={XPK_VERSION}" in docs
   assert "xpk config set send-telemetry false" in docs
+
+
+def _exit_status_table():
+  """{exit status: what GKE does} from docs/troubleshooting.md's table."""
+  text = open(os.path.join(ROOT, "docs", "troubleshooting.md"), encoding="utf-8").read()
+  rows = {}
+  for line in text.splitlines():
+    cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+    if len(cells) == 5 and cells[0][:1].isdigit():
+      for status in cells[0].replace("...", "").split(","):
+        if status.strip():
+          rows[int(status)] = cells[4]
+  return rows
+
+
+def test_the_exit_status_table_is_what_the_real_jobset_does(xpk, tmp_path):
+  """docs/troubleshooting.md says, for each exit status, whether GKE restarts
+  the workload: the restart rules of the JobSet xpk would apply say the same."""
+  from bertjax import errors
+  from bertjax.tasks import pretrain
+
+  jobset, _ = _submit(xpk, tmp_path, "--tpu-type=v5litepod-16")
+  (job,) = jobset["spec"]["replicatedJobs"]
+  rules = job["template"]["spec"]["podFailurePolicy"]["rules"]
+  (ends,) = [rule for rule in rules if rule.get("onExitCodes")]
+  assert ends["action"] == "FailJob" and ends["onExitCodes"]["operator"] == "NotIn"
+  restarted = set(ends["onExitCodes"]["values"])
+  table = _exit_status_table()
+  assert {0, 1, 2, 42, 130, 143, 134, 137} <= set(table)
+  assert table[errors.RESTART_EXIT_CODE] == "restarts"
+  assert table[errors.USAGE_EXIT_CODE] == "ends"
+  assert table[pretrain.PREEMPTED_EXIT_CODE] == "restarts"
+  for status, gke in table.items():
+    if status:
+      assert gke == ("restarts" if status in restarted else "ends"), status
