@@ -56,13 +56,13 @@ has the whole route, the identity included (launch/gke_setup.sh).
                           terminationGracePeriodSeconds, and, less the up to
                           $XPK_SIGTERM_DELAY seconds xpk's wrapper takes to pass SIGTERM on, what
                           bertjax.main is told (--grace_seconds) to fit a checkpoint into.
-                          Default: $SPOT_GRACE with --spot (GKE gives spot pods $SPOT_GRACE seconds whatever
-                          the pod asks), else $GRACE_ASKED
+                          Default: $SPOT_GRACE with --spot (GKE gives spot pods $SPOT_GRACE seconds
+                          whatever the pod asks), else $GRACE_ASKED
   --manifest FILE         also write the JobSet xpk applies to FILE
   --project ID            BERTJAX_PROJECT           Google Cloud project
   --zone ZONE             BERTJAX_ZONE              the cluster's zone
-  --service-account SA    BERTJAX_SERVICE_ACCOUNT   the Google service account the workload acts as
-                                                    (for --check; default
+  --service-account SA    BERTJAX_SERVICE_ACCOUNT   the Google service account the workload acts
+                                                    as (for --check; default
                                                     bertjax-workload@PROJECT.iam.gserviceaccount.com,
                                                     what launch/gke_setup.sh makes)
   --check                 check, acting as SA, what the workload needs, submit nothing: that the
