@@ -167,9 +167,10 @@ class DocumentSource:
 # Threads that read ahead (`LoaderConfig.read_ahead`): each waits on one
 # streamed read at a time, so they bound the reads in flight.
 READ_THREADS = 32
-# Documents read ahead of the pipeline from a directory on gs://: enough to
-# keep READ_THREADS reads in flight, a few MB of documents and instances.
-STREAM_READ_AHEAD = 256
+# Documents read ahead of the pipeline from a directory on gs://: twice the
+# reads in flight. More reads documents long before they are needed, which a
+# restore's first batch waits for (docs/benchmarks.md#a-restart-with-the-data-on-gcs).
+STREAM_READ_AHEAD = 64
 
 
 def read_ahead(config: LoaderConfig) -> int:
@@ -500,7 +501,9 @@ class DeviceIterator:
   """Global batches on the mesh, assembled from process-local data, prefetched.
 
   A background thread turns the numpy batches of this process into global
-  `jax.Array`s (`jax.make_array_from_process_local_data`) ahead of use.
+  `jax.Array`s (`jax.make_array_from_process_local_data`) ahead of use, from
+  the first `next()` on: a `set_state` before it (a resumed run) makes no
+  batch of the position it leaves (a shuffle window's instances, read again).
   `get_state()` is the loader's state after the last batch handed out, not
   after the prefetched ones, so a checkpoint resumes at the next batch.
   """
@@ -508,10 +511,10 @@ class DeviceIterator:
   def __init__(self, iterator: grain.DatasetIterator, sharding, prefetch: int = 2):
     self._iterator, self._sharding, self._prefetch = iterator, sharding, prefetch
     self._state = iterator.get_state()
-    self._start()
+    self._thread: threading.Thread | None = None
+    self._end: BaseException | None = None
 
   def _start(self) -> None:
-    self._end: BaseException | None = None
     self._queue: queue.Queue = queue.Queue(maxsize=self._prefetch)
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._fill, daemon=True)
@@ -545,6 +548,8 @@ class DeviceIterator:
   def __next__(self) -> dict[str, Any]:
     if self._end is not None:
       raise self._end
+    if self._thread is None:
+      self._start()
     item = self._queue.get()
     if isinstance(item, BaseException):
       self._end = item  # the end of the data, or the loader's error, every time after
@@ -556,18 +561,21 @@ class DeviceIterator:
     return self._state
 
   def set_state(self, state: dict[str, Any]) -> None:
+    """Resumes at `state`; the batches after it are made from the next `next()` on."""
     self.close()
     self._iterator.set_state(state)
     self._state = state
-    self._start()
+    self._end = None
 
   def close(self) -> None:
-    """Stops the prefetch thread; `set_state` starts it again."""
-    self._stop.set()
-    while self._thread.is_alive():
-      try:
-        self._queue.get(timeout=0.1)
-      except queue.Empty:
-        pass
-      self._thread.join(timeout=0.1)
+    """Stops the prefetch thread; `set_state` opens the iterator again."""
+    if self._thread is not None:
+      self._stop.set()
+      while self._thread.is_alive():
+        try:
+          self._queue.get(timeout=0.1)
+        except queue.Empty:
+          pass
+        self._thread.join(timeout=0.1)
+      self._thread = None
     self._end = RuntimeError("DeviceIterator is closed; set_state() restarts it")

@@ -239,6 +239,45 @@ def test_device_iterator_assembles_global_batches_and_resumes(prepared_dir):
       next(device)
 
 
+def test_device_iterator_restored_before_its_first_batch_makes_none_of_the_start(prepared_dir):
+  """A resumed run sets the state before taking a batch: the batches of the
+  position left (a shuffle window filled for nothing) are never made."""
+  import time
+
+  mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+  sharding = jax.NamedSharding(mesh, jax.P("data"))
+  config = loader.LoaderConfig(prepared_dir, batch_size=16)
+  plain = iter(loader.make_dataset(config))
+  _take(plain, 3)
+  state = plain.get_state()
+  expected = _take(plain, 2)
+
+  class Counted:  # the loader's iterator, counting the batches asked of it
+    def __init__(self, iterator):
+      self.iterator, self.batches = iterator, 0
+
+    def __iter__(self):
+      return self
+
+    def __next__(self):
+      self.batches += 1
+      return next(self.iterator)
+
+    def get_state(self):
+      return self.iterator.get_state()
+
+    def set_state(self, state):
+      self.iterator.set_state(state)
+
+  counted = Counted(iter(loader.make_dataset(config)))
+  device = loader.DeviceIterator(counted, sharding)
+  time.sleep(0.5)
+  device.set_state(state)
+  assert counted.batches == 0
+  _assert_same([jax.device_get(next(device)) for _ in range(2)], expected)
+  device.close()
+
+
 def test_static_masking_writes_what_the_dynamic_pipeline_makes(prepared_dir, tmp_path):
   import shutil
 
