@@ -484,6 +484,8 @@ class _Trainer:
         saved = self._save_in_range(step, state, {
             "phase": phase.index, "loader": iterator.get_state(), "workers": self.workers,
             "stream": stream_settings(config), **self.guard.state()})
+      if stopping and self.save_again:  # the storage failed the save: no time to wait
+        self._exit_unsaved(step)
       if stopping:
         self.checkpointer.close()
         if not saved:  # its loss is out of range: so are the weights of a save just before
@@ -526,7 +528,8 @@ class _Trainer:
     if hosts.worst(int(self.stop.requested == "Ctrl-C")):
       return True
     signalled = self.stop.signalled or time.monotonic()  # pods: JAX's handler saw it
-    needed, in_flight = self.clock.save_seconds(), self.checkpointer.saving()
+    needed = self.clock.save_seconds()
+    in_flight = bool(hosts.worst(int(self.checkpointer.saving())))  # the same branch on all
     left_in_flight = self.clock.in_flight_left() if in_flight else 0.0
     if in_flight and needed is None:
       save = False  # the first save is still being written: no time measured for another
@@ -563,7 +566,7 @@ class _Trainer:
     else:
       back = "step 0: nothing is saved yet"
     logging.warning("Preempted at step %d without saving: a restart resumes from %s%s", step,
-                    back, " (or from the save in flight, if it finishes first)"
+                    back, "; the save still being written is abandoned"
                     if self.checkpointer.saving() else "")
     raise preemption.ExitAtOnce(PREEMPTED_EXIT_CODE)
 
@@ -635,6 +638,7 @@ class _Trainer:
     resumes = f"from step {self._resumable_step()}"
     if failure is None:  # another host's save failed: this one waits with it
       failure = errors.StorageUnreachableError(f"another host could not save step {step}")
+    failure = errors.storage_unreachable(failure) or failure  # what did not answer, and how
     outage.wait_until_reachable(directory, lambda: files.exists(directory), failure, resumes)
     logging.warning("The checkpoint of step %d was not saved: saving the next step", step)
 

@@ -256,9 +256,11 @@ def test_fine_tunes_from_gcs_into_gcs(gcs, local_run, tiny_hf_checkpoint, tmp_pa
 
 
 def test_a_two_minute_storage_outage_is_waited_out(gcs, gcs_data, local_run):
-  """Cloud Storage gone for two minutes: the run waits for it (the clients'
-  retries, then --storage_wait_s) instead of ending, and ends as the local
-  run did, every step logged once."""
+  """Cloud Storage gone for two minutes: the run waits for it instead of
+  ending (here the save in progress is held by tensorstore's own retries; a
+  save they give up on is waited for by the run: tests/faults/
+  test_storage_outage.py), and ends as the local run did, every step logged
+  once."""
   expected = {step: values[0] for step, values in _losses(local_run).items()}
   workdir = gcs.url_of("runs/long-outage")
   args = _args(workdir, gcs_data, **RUN) + ["--storage_wait_s=600"]
