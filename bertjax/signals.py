@@ -11,8 +11,9 @@ from absl import logging
 
 
 class StopRequests:
-  """SIGTERM (a TPU VM's preemption notice) and a first Ctrl-C ask the loop to save
-  a checkpoint at the current step and stop; a second Ctrl-C aborts at once.
+  """SIGTERM (a preemption notice) and a first Ctrl-C ask the loop to stop at
+  the current step, saving a checkpoint there (on SIGTERM, when the grace
+  allows: `bertjax.preemption`); a second Ctrl-C aborts at once.
 
   With one process the handlers set `requested`, which the loop checks after
   each step. With several, the hosts must agree on the step to save at, which
