@@ -79,3 +79,44 @@ def test_sigterm_with_a_short_grace_exits_at_once_and_loses_at_most_the_interval
   assert result.returncode == 0, result.stderr[-3000:]
   assert f"at step {resumes}" in result.stderr
   assert _saved_steps(workdir)[-1] == resumes + 5
+
+
+def test_on_two_hosts_process_0_decides_and_both_exit_at_once(prepared_dir, tmp_path):
+  """A SIGTERM to one host reaches both through JAX's preemption sync point;
+  process 0's measured saves and clock decide for both, which exit 143 at
+  once, neither waiting for the other in a collective."""
+  from tests.tasks.test_pretrain import _free_port
+
+  workdir = str(tmp_path / "run")
+  args = _tiny(workdir, prepared_dir, **{
+      "train.total_steps": 1_000_000, "checkpoint.every_steps": 1_000_000,
+      "checkpoint.every_seconds": EVERY_S, "eval.every_steps": 0})
+  port = _free_port()
+  logs = [str(tmp_path / f"log{i}") for i in range(2)]
+  processes = [subprocess.Popen(
+      [sys.executable, "-c", _SLOW_SAVES, *args[3:], f"--grace_seconds={GRACE_S}",
+       f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
+      cwd=ROOT, env={**_env(devices=2), "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"},
+      stdout=subprocess.DEVNULL, stderr=open(logs[i], "w")) for i in range(2)]
+  try:
+    deadline = time.time() + 300
+    while "test: finalising a save" not in open(logs[0]).read():
+      assert all(p.poll() is None for p in processes) and time.time() < deadline, (
+          open(logs[0]).read()[-3000:])
+      time.sleep(0.1)
+    time.sleep(SAVE_S + 3)
+    signalled = time.monotonic()
+    processes[0].send_signal(signal.SIGTERM)
+    codes = [p.wait(timeout=GRACE_S) for p in processes]
+    took = time.monotonic() - signalled
+  finally:
+    for p in processes:
+      p.kill()
+  outputs = [open(log).read() for log in logs]
+  assert codes == [143, 143], outputs[0][-3000:] + outputs[1][-3000:]
+  assert took < GRACE_S - 3, took
+  said = [re.search(r"Preempted at step (\d+) without saving: a restart resumes from step "
+                    r"(\d+)", output) for output in outputs]
+  assert all(said), outputs[1][-3000:]
+  assert said[0].groups() == said[1].groups()  # the same step, the same resume point
+  assert _saved_steps(workdir)[-1] == int(said[0].group(2))
