@@ -83,10 +83,10 @@ class LoaderConfig:
       `batch_size` counts rows.
     packing_window: Sequences packed together (more: fuller rows).
     read_ahead: Documents (static instances) read ahead of the pipeline, with
-      their instances made, by a pool of threads (at most `READ_THREADS`):
-      what hides a streamed read's latency. 0 reads each when it is needed;
-      -1: `STREAM_READ_AHEAD` for a directory on `gs://`, else 0. Batches and
-      iterator states do not depend on it.
+      their instances made, by half as many threads (at most
+      `MAX_READ_THREADS`): what hides a streamed read's latency. 0 reads each
+      when it is needed; -1: `STREAM_READ_AHEAD` for a directory on `gs://`,
+      else 0. Batches and iterator states do not depend on it.
   """
 
   data_dir: str
@@ -164,13 +164,13 @@ class DocumentSource:
     return [ids[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
 
 
-# Threads that read ahead (`LoaderConfig.read_ahead`): each waits on one
-# streamed read at a time, so they bound the reads in flight.
-READ_THREADS = 32
-# Documents read ahead of the pipeline from a directory on gs://: twice the
-# reads in flight. More reads documents long before they are needed, which a
-# restore's first batch waits for (docs/benchmarks.md#a-restart-with-the-data-on-gcs).
+# Documents read ahead of the pipeline from a directory on gs://, by half as
+# many threads (each waits on one streamed read at a time: they bound the reads
+# in flight). More reads documents long before they are needed, which a
+# restore's first batch waits for (docs/benchmarks.md#a-restart-with-the-data-on-gcs);
+# a network with a longer round trip than the test server's wants more.
 STREAM_READ_AHEAD = 64
+MAX_READ_THREADS = 128
 
 
 def read_ahead(config: LoaderConfig) -> int:
@@ -185,7 +185,8 @@ def read_options(config: LoaderConfig) -> grain.ReadOptions:
   needed, or read ahead in order by threads (`grain`'s prefetch keeps the
   order and the iterator state)."""
   ahead = read_ahead(config)
-  return grain.ReadOptions(num_threads=min(ahead, READ_THREADS), prefetch_buffer_size=ahead)
+  threads = min(max(ahead // 2, 1), MAX_READ_THREADS) if ahead else 0
+  return grain.ReadOptions(num_threads=threads, prefetch_buffer_size=ahead)
 
 
 class _NextSentenceInstances(grain.experimental.FlatMapTransform):
