@@ -9,11 +9,11 @@ a chunk (`group_size:1`, for random access), so a document is one ranged read
 of its chunk's bytes.
 
 `StreamedRecords` reads every shard's postscript and footer when it opens them
-(two small reads a shard, all shards at once) and each record when asked,
-through gcsfs, which retries transient errors as for every other file
-(docs/storage.md). Reads are pinned to the object generation that was
-indexed, so a shard replaced while a run reads it fails with a clear error
-rather than read new bytes at old offsets. Nothing is written to disk.
+(one read a shard, two for a footer over 64 KiB; all shards at once) and each
+record when asked, through gcsfs, which retries transient errors as for every
+other file (docs/storage.md). Reads are pinned to the object generation that
+was indexed, so a shard replaced while a run reads it fails with a clear
+error rather than read new bytes at old offsets. Nothing is written to disk.
 
 Riegeli's layout as read here (google/riegeli, `doc/riegeli_records_file_format.md`):
 - the file is cut into 64 KiB blocks, each beginning with a 24-byte block
@@ -26,11 +26,12 @@ Riegeli's layout as read here (google/riegeli, `doc/riegeli_records_file_format.
   the compressed records back to back; compressed data begins with the varint
   of its decompressed length.
 
-Riegeli's hashes (HighwayHash) are not recomputed here, as array_record does
-for a local file; what is checked is every size the format records: a chunk's
-data and decoded sizes, its record count against the footer's, its record
-sizes against its decoded data (a damaged record then fails here, in zstd, or
-when its document is decoded).
+Riegeli's hashes (HighwayHash) are not recomputed here, as array_record's
+reader does for a local file; what is checked is every size the layout
+records: a chunk's data and decoded sizes, its record count against the
+footer's, its record sizes against its decoded data, and zstd's frame. Damage
+inside compressed bytes that leaves all of those right can pass; Cloud
+Storage and TLS check the bytes at rest and in transit.
 """
 
 from __future__ import annotations
@@ -354,10 +355,6 @@ class StreamedRecords:
     with concurrent.futures.ThreadPoolExecutor(min(_OPEN_THREADS, len(self.paths) or 1)) as pool:
       self.indexes = list(pool.map(index, self.paths))
     self._starts = np.cumsum([0] + [i.num_records for i in self.indexes])
-
-  @property
-  def num_bytes(self) -> int:
-    return sum(index.size for index in self.indexes)
 
   def __len__(self) -> int:
     return int(self._starts[-1])
