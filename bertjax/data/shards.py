@@ -16,6 +16,9 @@ A document record is little-endian bytes: one byte giving the id width (2 or
 4), three zero bytes, uint32 sentence count `n`, `n` uint32 sentence lengths,
 then the token ids. Documents are stored untruncated and unmasked, so one
 prepared directory serves every sequence length and objective.
+
+A directory on `gs://` is read in place (`open_records`: each record a ranged
+read, `bertjax.data.streaming`), or from a host's copy (`reading_directory`).
 """
 
 from __future__ import annotations
@@ -26,12 +29,15 @@ import hashlib
 import json
 import os
 import struct
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 
 from bertjax import errors, files
 from bertjax.data.corpus import CorpusStats
+
+if TYPE_CHECKING:
+  from bertjax.data.streaming import StreamedRecords
 
 INFO_FILE = "dataset_info.json"
 # Statically masked instances from before the length was part of their name.
@@ -337,7 +343,7 @@ class Records:
     return self.paths[-1], index
 
 
-def open_records(directory: str, paths: Sequence[str]) -> Records | Any:
+def open_records(directory: str, paths: Sequence[str]) -> Records | StreamedRecords:
   """Random access to the records of finished shards: `Records` for local
   ones, `bertjax.data.streaming.StreamedRecords` (ranged reads) on `gs://`."""
   if files.is_remote(directory):
