@@ -117,7 +117,7 @@ def repeated_data(demo: str, out: str, size_mb: float) -> str:
 def command(workdir: str, data_dir: str, read_mode: str) -> list[str]:
   settings = {**RUN, "data.dir": data_dir, "data.read_mode": read_mode}
   return ([sys.executable, "-m", "bertjax.main",
-           f"--config={os.path.join(ROOT, 'benchmarks', 'restart_config.py')}",
+           f"--config={os.path.join(ROOT, 'configs', 'demo.py')}",
            f"--workdir={workdir}"] + [f"--config.{k}={v}" for k, v in settings.items()])
 
 

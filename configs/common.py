@@ -101,6 +101,14 @@ def pretrain_config(size: str = "bert_base") -> ml_collections.ConfigDict:
   # Loader processes a host runs; -1 sizes them for the devices (0 on CPUs:
   # bertjax.throughput.loader_workers); a run that waits for data says so.
   config.data.worker_count = -1
+  # Data on gs://: "stream" (each document a ranged read, nothing copied to
+  # the host), "copy" (each host copies the shards into BERTJAX_CACHE_DIR
+  # first), or "auto": this host's complete copy if it has one, else stream
+  # (docs/storage.md). A local path (a mounted bucket) is read in place.
+  config.data.read_mode = "auto"
+  # Documents read ahead of the loader, by half as many threads; -1: 64 for
+  # gs:// data, 0 for a local directory (give a mounted bucket 64).
+  config.data.read_ahead = -1
   # Rows of up to this many sequences that do not attend to each other
   # (bertjax.data.packing): no compute on padding. 1: one sequence a row, as
   # the paper. Packed, train.batch_size counts rows (the log's sequences/s

@@ -59,6 +59,10 @@ has the whole route, the identity included (launch/gke_setup.sh).
                           Default: $SPOT_GRACE with --spot (GKE gives spot pods $SPOT_GRACE seconds
                           whatever the pod asks), else $GRACE_ASKED
   --manifest FILE         also write the JobSet xpk applies to FILE
+  --storage NAME          mount storage attached with xpk storage attach (a GCS FUSE bucket, a
+                          persistent disk: docs/storage.md) in the workload; repeatable
+  --env NAME=VALUE        set a variable in the pods, e.g. BERTJAX_CACHE_DIR=/mnt/disk/cache;
+                          repeatable
   --project ID            BERTJAX_PROJECT           Google Cloud project
   --zone ZONE             BERTJAX_ZONE              the cluster's zone
   --service-account SA    BERTJAX_SERVICE_ACCOUNT   the Google service account the workload acts
@@ -79,11 +83,12 @@ HELP
 }
 
 VALUE_FLAGS+=(--cluster --tpu-type --num-slices --image --config --workdir --workload
-              --max-restarts --grace-seconds --reservation --manifest --service-account)
+              --max-restarts --grace-seconds --reservation --manifest --service-account --storage
+              --env)
 normalize_flags "$@"
 set -- ${ARGS[@]+"${ARGS[@]}"}
 IMAGE="${BERTJAX_IMAGE:-}" SLICES=1 CONFIG="" WORKDIR=""
-WORKLOAD="" MAX_RESTARTS=10 GRACE="" CAPACITY=() MANIFEST="" EXTRA=() CHECK=0
+WORKLOAD="" MAX_RESTARTS=10 GRACE="" CAPACITY=() MANIFEST="" EXTRA=() CHECK=0 PASSED=()
 SERVICE_ACCOUNT="${BERTJAX_SERVICE_ACCOUNT:-}"
 while (( $# )); do
   case "$1" in
@@ -100,6 +105,10 @@ while (( $# )); do
     --spot | --on-demand) CAPACITY+=("$1") ;;
     --reservation=*) CAPACITY+=("$1") ;;
     --manifest=*) MANIFEST="${1#*=}" ;;
+    --storage=*) PASSED+=("$1") ;;
+    --env=*)
+      [[ "${1#*=}" =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || die "--env takes NAME=VALUE, got ${1#*=}"
+      PASSED+=("$1") ;;
     --service-account=*) SERVICE_ACCOUNT="${1#*=}" ;;
     --check) CHECK=1 ;;
     --) shift; EXTRA=("$@"); break ;;
@@ -213,7 +222,8 @@ XPK=(workload create --cluster="$CLUSTER" --workload="$WORKLOAD" --tpu-type="$AC
      --num-slices="$SLICES" --docker-image="$IMAGE" --command="$COMMAND"
      --env="BERTJAX_WORKLOAD=$WORKLOAD"
      --max-restarts="$MAX_RESTARTS" --termination-grace-period-seconds="$GRACE"
-     --project="$PROJECT" --zone="$ZONE" ${CAPACITY[@]+"${CAPACITY[@]}"})
+     --project="$PROJECT" --zone="$ZONE" ${CAPACITY[@]+"${CAPACITY[@]}"}
+     ${PASSED[@]+"${PASSED[@]}"})
 [[ -z "$MANIFEST" ]] || XPK+=(--output-manifest-file="$MANIFEST")
 if (( DRY_RUN )); then
   XPK+=(--dry-run)

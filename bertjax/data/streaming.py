@@ -41,11 +41,12 @@ import dataclasses
 import os
 import struct
 import threading
+import time
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from bertjax import errors, files
+from bertjax import errors, files, outage
 
 _BLOCK = 1 << 16
 _BLOCK_HEADER = 24
@@ -78,16 +79,27 @@ def fetched() -> dict[str, int]:
 
 
 def _fetch(url: str, start: int, end: int, generation: str | None) -> bytes:
-  """Bytes [start, end) of the object `url`, of this generation if given."""
+  """Bytes [start, end) of the object `url`, of this generation if given.
+
+  Storage that does not answer once gcsfs has given up is waited for
+  (`bertjax.outage`), by one reader thread while the others wait for it."""
   kwargs = {"generation": generation} if generation else {}
-  try:
-    data = filesystem().cat_file(url, start=start, end=end, **kwargs)
-  except FileNotFoundError:
-    if generation is None:
-      raise
-    raise errors.CorruptFileError(
-        f"{url} was replaced while this run read it (generation {generation} is gone); "
-        "restart the run to read the data as it is now") from None
+  failed_since = None
+  while True:
+    try:
+      data = filesystem().cat_file(url, start=start, end=end, **kwargs)
+      break
+    except FileNotFoundError:
+      if generation is None:
+        raise
+      raise errors.CorruptFileError(
+          f"{url} was replaced while this run read it (generation {generation} is gone); "
+          "restart the run to read the data as it is now") from None
+    except Exception as e:  # pylint: disable=broad-except
+      if errors.storage_unreachable(e) is None:
+        raise
+      failed_since = failed_since or time.monotonic()
+      _wait_for_storage(url, e, failed_since)
   with _fetched_lock:
     _fetched["requests"] += 1
     _fetched["bytes"] += len(data)
@@ -95,6 +107,21 @@ def _fetch(url: str, start: int, end: int, generation: str | None) -> bytes:
     raise errors.CorruptFileError(f"{url}: {len(data)} bytes at {start}, {end - start} expected "
                                   "(the file is shorter than its index says)")
   return data
+
+
+_outage_lock = threading.Lock()
+_answered_at = [float("-inf")]  # when the storage last answered after an outage
+
+
+def _wait_for_storage(url: str, failure: BaseException, failed_since: float) -> None:
+  """Waits until the storage answers (`bertjax.outage`): one thread waits and
+  says so; a thread that failed before it answered again just reads again."""
+  with _outage_lock:
+    if _answered_at[0] >= failed_since:
+      return
+    outage.wait_until_reachable(url, lambda: filesystem().info(url), failure,
+                                "from the workdir's newest checkpoint", failed_since)
+    _answered_at[0] = time.monotonic()
 
 
 class FormatError(ValueError):

@@ -154,7 +154,7 @@ def loader_config(config: ml_collections.ConfigDict, data_dir: str, phase: Phase
       eval_percent=data.eval_percent, host_sharding=data.host_sharding,
       static=data.static and split == "train",
       max_sequences_per_row=data.max_sequences_per_row, packing_window=data.packing_window,
-      read_ahead=data.get("read_ahead", -1))
+      read_ahead=data.read_ahead)
 
 
 def prepare_data(config: ml_collections.ConfigDict, workdir: str) -> str:
@@ -180,7 +180,7 @@ def prepare_data(config: ml_collections.ConfigDict, workdir: str) -> str:
         except Exception as e:  # every host stops with it (none waits)
           error = e
       hosts.agree(error, "checking the data against its vocabulary")
-  mode = config.data.get("read_mode", "auto")
+  mode = config.data.read_mode
   local, error = None, None
   try:
     shards.complete_shards(data_dir)  # a clear error if it is not there
@@ -195,7 +195,7 @@ def prepare_data(config: ml_collections.ConfigDict, workdir: str) -> str:
   if local != data_dir:
     logging.info("Reading %s from this host's copy, %s", data_dir, local)
   elif files.is_remote(data_dir):
-    ahead = config.data.get("read_ahead", -1)
+    ahead = config.data.read_ahead
     logging.info("Streaming %s: each document a ranged read, %d read ahead, nothing copied",
                  data_dir, ahead if ahead >= 0 else loader.STREAM_READ_AHEAD)
   return local

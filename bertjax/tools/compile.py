@@ -582,7 +582,7 @@ class RealWork:
     if batches < 1:
       raise errors.UsageError(f"--data_batches={batches}: read 1 or more batches")
     shards.complete_shards(data_dir)  # names what is missing
-    local = shards.local_directory(data_dir)
+    local = shards.reading_directory(data_dir, config.data.read_mode)  # streamed on gs://
     pretrain_data.check_vocabulary(config, local)
     per_row = {}
     for phase in pretrain_data.phases(config):

@@ -18,7 +18,7 @@ def test_each_restart_is_the_demo_config_with_valid_overrides(tmp_path):
   for mode in ("copy", "stream"):
     args = restart_data.command(str(tmp_path), "gs://bucket/data", mode)
     config_file = next(a for a in args if a.startswith("--config=")).split("=", 1)[1]
-    spec = importlib.util.spec_from_file_location("restart_config", config_file)
+    spec = importlib.util.spec_from_file_location("demo_config", config_file)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     config = module.get_config()

@@ -9,6 +9,7 @@ with an empty cache (a new container) reaches its first step without copying
 the dataset, with the local run's losses.
 """
 
+import concurrent.futures
 import json
 import os
 import shutil
@@ -174,6 +175,32 @@ def test_a_damaged_or_replaced_shard_is_named(tmp_path, larger, gcs):
   index = int(source._records._starts[first])
   with pytest.raises(errors.CorruptFileError, match="was replaced while this run read it"):
     source[index]
+
+
+def test_storage_that_stops_answering_mid_read_is_waited_for(larger, gcs, monkeypatch,
+                                                             absl_caplog):
+  """The server down for longer than gcsfs retries (about 30 s): the readers
+  wait for it (bertjax.outage), one of them saying so, and read on."""
+  import threading
+
+  from bertjax import outage
+
+  local, remote = larger
+  source, expected = loader.DocumentSource(remote), loader.DocumentSource(local)
+  monkeypatch.setattr(outage, "FIRST_PAUSE_S", 0.5)
+  gcs.stop()
+  restart = threading.Timer(45.0, gcs.start)
+  restart.start()
+  try:
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+      read = list(pool.map(source.__getitem__, range(100, 104)))
+  finally:
+    restart.join()
+  as_lists = lambda document: [sentence.tolist() for sentence in document]  # noqa: E731
+  assert list(map(as_lists, read)) == [as_lists(expected[i]) for i in range(100, 104)]
+  waits = {r.created for r in absl_caplog.records if "does not answer" in r.getMessage()}
+  assert len(waits) == 1  # one reader waits for all (each record is captured twice here)
+  assert "answers again after" in absl_caplog.text
 
 
 def test_a_restart_reaches_its_first_step_without_copying_the_data(

@@ -8,6 +8,7 @@ own (tests/launch/xpk_env.py).
 import glob
 import json
 import os
+import shlex
 import re
 import signal
 import subprocess
@@ -204,7 +205,7 @@ def test_the_cluster_command_in_the_docs_gives_the_pods_workload_identity(xpk, t
   docs = open(os.path.join(ROOT, "docs", "tpu.md"), encoding="utf-8").read()
   (line,) = [line.strip() for line in docs.splitlines()
              if line.strip().startswith("xpk cluster create")]
-  words = line.replace("\\", "").split()
+  words = shlex.split(line.replace("\\", ""), comments=True)
   result = subprocess.run([xpk, *words[1:], "--dry-run", "--quiet"], capture_output=True,
                           text=True, timeout=300, stdin=subprocess.DEVNULL,
                           env={**os.environ, "HOME": str(tmp_path), **QUIET})
@@ -317,3 +318,17 @@ def test_the_exit_status_table_is_what_the_real_jobset_does(xpk, tmp_path):
   for status, gke in table.items():
     if status:
       assert gke == ("restarts" if status in restarted else "ends"), status
+
+
+def test_storage_and_variables_are_passed_on_to_xpk(xpk, tmp_path):
+  """A mounted bucket or disk (xpk storage attach) and a variable for the pods
+  (the cache on that volume): passed to xpk as its own flags."""
+  jobset, printed = _submit(xpk, tmp_path, "--tpu-type=v5litepod-16", "--storage=bert-data",
+                            "--env=BERTJAX_CACHE_DIR=/mnt/disk/cache", "--",
+                            "--config.data.dir=/mnt/disk/wiki")
+  assert "--storage=bert-data" in printed.splitlines()[0]
+  (job,) = jobset["spec"]["replicatedJobs"]
+  (container,) = job["template"]["spec"]["template"]["spec"]["containers"]
+  env = {item["name"]: item.get("value") for item in container["env"]}
+  assert env["BERTJAX_CACHE_DIR"] == "/mnt/disk/cache" and env["BERTJAX_WORKLOAD"]
+  assert "--config.data.dir=/mnt/disk/wiki" in container["command"][-1]
