@@ -175,6 +175,9 @@ def parse_flags(argv: list[str]) -> list[str]:
     return remaining
   except errors.Error as e:  # a config's own check (an unknown size, argument)
     fail(f"--config: {e}")
+  except SyntaxError as e:  # the config file's Python (IndentationError, TabError too)
+    where = f"{e.filename}, line {e.lineno}" + (f", column {e.offset}" if e.offset else "")
+    fail(f"--config: {where}: {e.msg} ({type(e).__name__}); correct the config file")
   except (flags.Error, AttributeError, KeyError, TypeError, ValueError, OSError,
           ImportError) as e:
     fail(_flag_error(e, argv))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Callable
 
@@ -38,11 +39,14 @@ def run(config: Any, workdir: str) -> Any:
 
   import jax
 
-  from bertjax import files, hosts, paths, runs, workdir_lock
+  from bertjax import errors, files, hosts, paths, runs, workdir_lock
 
   module = task_module(config.task)
   paths.resolve_config(config)
   workdir = paths.resolve(workdir)
+  if not files.is_remote(workdir) and os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise errors.UsageError(f"--workdir={workdir} is a file, not a directory: give a directory "
+                            "(a new one is created)")
   _waiting_out_outages(lambda: runs.check_workdir(config, workdir), workdir)
   with contextlib.ExitStack() as stack:
     error = None

@@ -364,6 +364,20 @@ def test_usage_errors_are_one_line(prepared_dir, tmp_path, flag, says):
   assert len(errors) == 1 and says in errors[0], result.stderr[-3000:]
 
 
+def test_a_workdir_that_is_a_file_is_one_line_and_the_file_is_left(prepared_dir, tmp_path):
+  for name in ("notes.txt", "run.lock"):  # any file; one named as a run's own file
+    path = tmp_path / name
+    path.write_text("mine\n")
+    result = subprocess.run(_tiny(str(path), prepared_dir), cwd=ROOT, env=_env(),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert _error_lines(result.stderr)[-1].startswith(
+        f"error: --workdir={path} is a file, not a directory"), result.stderr[-3000:]
+    assert path.read_text() == "mine\n"
+  assert sorted(os.listdir(tmp_path)) == ["notes.txt", "run.lock"]  # nothing else written
+
+
 def _two_processes(args, timeout=240):
   """Runs `args` as processes 0 and 1 of one job; returns (exit codes, stderr of each)."""
   from tests.tasks.test_pretrain import _free_port
@@ -474,11 +488,26 @@ def test_a_checkpoint_with_arrays_this_run_lacks_is_a_mismatch_not_damage(finish
   assert _saved_steps(workdir) == [10, 20, 30]
 
 
+_BROKEN_CONFIGS = {
+    # A doubled comma, and a tab among spaces: Python refuses the file itself.
+    "comma.py": ("from bertjax.configs import demo\n\ndef get_config(arg=None):\n"
+                 "  config = demo.get_config(arg)\n  config.seed = 1,,\n  return config\n"),
+    "tabs.py": ("from bertjax.configs import demo\n\ndef get_config(arg=None):\n"
+                "  config = demo.get_config(arg)\n\treturn config\n"),
+}
+
+
 @pytest.mark.parametrize("config,says", [
     ("configs/no_such_config.py", "--config: [Errno 2] No such file or directory"),
     ("configs/glue.py:foo", "configs/glue.py needs a GLUE task as its argument"),
+    ("comma.py", "comma.py, line 5, column 19: invalid syntax (SyntaxError); correct the "
+     "config file"),
+    ("tabs.py", "tabs.py, line 5"),
 ])
 def test_a_config_file_that_does_not_load_is_one_line(tmp_path, config, says):
+  if config in _BROKEN_CONFIGS:
+    (tmp_path / config).write_text(_BROKEN_CONFIGS[config])
+    config = str(tmp_path / config)
   result = subprocess.run([sys.executable, "-m", "bertjax.main", f"--config={config}",
                            f"--workdir={tmp_path}"], cwd=ROOT, env=_env(), capture_output=True,
                           text=True, timeout=300)
