@@ -88,7 +88,9 @@ def read_bytes(path: str) -> bytes:
 
 
 def read_text(path: str) -> str:
-  return read_bytes(path).decode("utf-8")
+  """The text of a UTF-8 file (a byte-order mark, as Windows editors write,
+  is not part of it)."""
+  return read_bytes(path).decode("utf-8-sig")
 
 
 @contextlib.contextmanager
@@ -325,9 +327,9 @@ def read_json(path: str) -> dict[str, Any]:
       from etils import epath
       if not epath.Path(path).exists():
         raise errors.MissingFileError(path)
-      data = json.loads(epath.Path(path).read_text())
+      data = json.loads(epath.Path(path).read_bytes().decode("utf-8-sig"))
     else:
-      with open(path, encoding="utf-8") as f:
+      with open(path, encoding="utf-8-sig") as f:  # a byte-order mark is no JSON
         data = json.load(f)
   except FileNotFoundError:
     raise errors.MissingFileError(f"{path} not found") from None

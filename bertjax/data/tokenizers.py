@@ -208,10 +208,15 @@ class Tokenizer(abc.ABC):
 
 
 def read_vocab(path: str) -> list[str]:
-  """The tokens of a `vocab.txt`, one per line; the line index is the id."""
+  """The tokens of a `vocab.txt`, one per line; the line index is the id.
+
+  A file saved on another system reads the same: a UTF-8 byte-order mark
+  (Windows editors write one) is not part of the first token, and a line
+  may end in CRLF."""
   try:
-    with open(path, encoding="utf-8") as f:
-      tokens = f.read().split("\n")
+    with open(path, encoding="utf-8-sig") as f:
+      tokens = [line[:-1] if line.endswith("\r") else line
+                for line in f.read().split("\n")]
   except FileNotFoundError:
     raise errors.MissingFileError(f"Vocabulary file not found: {path}") from None
   except UnicodeDecodeError as e:

@@ -184,3 +184,34 @@ def test_index_naming_a_shard_outside_the_model_directory_is_refused(tmp_path, s
     hf.read_weights(directory)
   message = str(error.value)
   assert hf.SAFETENSORS_INDEX_FILE in message and name in message, message
+
+
+@pytest.mark.parametrize("saved_as", ["bom", "crlf", "bom+crlf"])
+def test_a_vocabulary_saved_on_another_system_reads_as_the_original(tmp_path, saved_as):
+  """A vocab.txt with a UTF-8 byte-order mark or CRLF line ends (a Windows
+  editor's save) has the same tokens, so the same ids, as the original."""
+  from bertjax.data.tokenizers import WordPieceTokenizer, read_vocab
+  from tests import reference
+
+  original = tmp_path / "vocab.txt"
+  reference.write_vocab(str(original))
+  text = original.read_text(encoding="utf-8")
+  if "crlf" in saved_as:
+    text = text.replace("\n", "\r\n")
+  saved = tmp_path / f"{saved_as}.txt"
+  saved.write_bytes(("\ufeff" if "bom" in saved_as else "").encode() + text.encode("utf-8"))
+  assert read_vocab(str(saved)) == read_vocab(str(original))
+  assert read_vocab(str(saved))[0] == "[PAD]"
+  sentence = "the quick brown fox jumps over the lazy dog"
+  assert (WordPieceTokenizer(str(saved)).encode(sentence)
+          == WordPieceTokenizer(str(original)).encode(sentence))
+
+
+def test_json_and_text_files_saved_with_a_byte_order_mark_read_as_without(tmp_path):
+  """config.json, tokenizer and model settings edited in a Windows editor."""
+  from bertjax import files
+
+  path = tmp_path / "config.json"
+  path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"hidden_size": 32}).encode())
+  assert files.read_json(str(path)) == {"hidden_size": 32}
+  assert files.read_text(str(path)) == json.dumps({"hidden_size": 32})
