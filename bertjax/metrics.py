@@ -88,12 +88,19 @@ class AppendFile:
   A storage error never reaches the caller: it is logged, the batch is kept
   and tried again (the next flush), with the number of bytes still waiting.
 
+  A file of records that end in `record_end` (JSONL's newline) is cut back to
+  its last whole record when it is opened: a run killed while writing a line
+  leaves part of it, which the next run's first line would otherwise follow
+  on the same line, making one that no reader can parse.
+
   Args:
     path: The file, local or a URL.
     flush_every_s: Seconds between uploads of a remote file's batches.
+    record_end: What ends each record (b"\n"), or None for records that do
+      not say where they end.
   """
 
-  def __init__(self, path: str, flush_every_s: float = 30.0):
+  def __init__(self, path: str, flush_every_s: float = 30.0, record_end: bytes | None = None):
     self.path = path
     self._remote = "://" in path
     self._buffer = bytearray()
@@ -102,11 +109,20 @@ class AppendFile:
     self._failures = 0
     if not self._remote:
       os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-      self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+      self._fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+      if record_end is not None:
+        size = os.fstat(self._fd).st_size
+        whole = _whole_records(lambda start, end: os.pread(self._fd, end - start, start),
+                               size, record_end)
+        if whole < size:
+          self._cut(whole)
+          _said_cut(path, size - whole)
       return
     import fsspec
 
     self._fs, self._object = fsspec.core.url_to_fs(path)
+    if record_end is not None:
+      self._cut_remote(record_end)
     self._parts = 0
     self._flush_every_s = flush_every_s
     self._wake = threading.Event()
@@ -137,6 +153,24 @@ class AppendFile:
       return
     with self._lock:
       self._buffer += data
+
+  def _cut_remote(self, record_end: bytes) -> None:
+    """Rewrites the object up to its last whole record, if it ends in a part
+    of one (an object cannot be truncated). A storage error is logged: the
+    next run tries again."""
+    fs, target = self._fs, self._object
+    try:
+      if not fs.exists(target):
+        return
+      size = fs.info(target)["size"]
+      whole = _whole_records(lambda start, end: fs.cat_file(target, start=start, end=end),
+                             size, record_end)
+      if whole < size:
+        fs.pipe_file(target, fs.cat_file(target, start=0, end=whole) if whole else b"")
+        fs.invalidate_cache(target)
+        _said_cut(self.path, size - whole)
+    except Exception as e:  # pylint: disable=broad-except  # never fatal to training
+      logging.warning("%s: could not check its last line (%s)", self.path, e)
 
   def _cut(self, end: int) -> None:
     """Truncates the local file back to `end` bytes (dropping a partial write)."""
@@ -227,6 +261,31 @@ class AppendFile:
                   len(self._buffer))
 
 
+def _whole_records(read, size: int, record_end: bytes, block: int = 1 << 16) -> int:
+  """The length of a file's whole records: up to its last `record_end`.
+
+  Args:
+    read: `read(start, end)`, the file's bytes [start, end).
+    size: The file's size.
+  """
+  end = size
+  while end > 0:
+    start = max(0, end - block)
+    data = read(start, end)
+    if end == size and data.endswith(record_end):
+      return size
+    found = data.rfind(record_end)
+    if found >= 0:
+      return start + found + len(record_end)
+    end = start
+  return 0
+
+
+def _said_cut(path: str, dropped: int) -> None:
+  logging.warning("%s ended in part of a line (%d bytes: a run stopped while writing it); "
+                  "dropped it, so that every line reads", path, dropped)
+
+
 class EventFileWriter:
   """Appends scalar summaries to a TensorBoard event file of its own (one per
   writer: each run or resume starts a new file, which TensorBoard reads together).
@@ -279,7 +338,8 @@ class MetricWriter:
     self.enabled = enabled
     if not enabled:
       return
-    self._jsonl = AppendFile(os.path.join(workdir, "metrics.jsonl"), flush_every_s)
+    self._jsonl = AppendFile(os.path.join(workdir, "metrics.jsonl"), flush_every_s,
+                             record_end=b"\n")
     self._events = EventFileWriter(os.path.join(workdir, "tensorboard"), flush_every_s)
 
   def write(self, step: int, values: Mapping[str, Any], prefix: str = "") -> None:

@@ -197,3 +197,40 @@ def test_a_storage_outage_never_stops_the_writer(gcs, caplog, monkeypatch):
   writer.close()
   lines = files.read_text(files.join(workdir, "metrics.jsonl")).splitlines()
   assert [json.loads(line)["step"] for line in lines] == [1, 2, 3]  # the batch was kept
+
+
+def _cut_run(path_write, fragment):
+  """Two whole lines, then `fragment`: a run killed while it wrote its third."""
+  path_write(b'{"step": 1, "train/loss": 2.5}\n{"step": 2, "train/loss": 2.4}\n' + fragment)
+
+
+@pytest.mark.parametrize("fragment", [b'{"step": 3, "tr', b'{"step": 3, "x": "' + b"y" * 200_000])
+def test_a_line_cut_by_a_kill_is_dropped_before_the_next_run_appends(tmp_path, caplog,
+                                                                     fragment):
+  """Locally: the next run's lines each read, the cut one is gone and said so
+  (a fragment longer than the tail block read too)."""
+  path = tmp_path / "metrics.jsonl"
+  _cut_run(path.write_bytes, fragment)
+  writer = metrics.MetricWriter(str(tmp_path))
+  writer.write(3, {"loss": 2.3}, "train/")
+  writer.close()
+  records = [json.loads(line) for line in path.read_text().splitlines()]
+  assert [r["step"] for r in records] == [1, 2, 3]
+  assert f"ended in part of a line ({len(fragment)} bytes" in caplog.text
+  _cut_run(path.write_bytes, b"")  # whole lines: nothing is dropped
+  metrics.MetricWriter(str(tmp_path)).close()
+  assert path.read_bytes().count(b"\n") == 2
+
+
+def test_a_line_cut_by_a_kill_is_dropped_on_gcs_too(gcs, caplog):
+  from bertjax import files
+
+  workdir = gcs.url_of("metrics/cut")
+  path = files.join(workdir, "metrics.jsonl")
+  _cut_run(lambda data: files.write_bytes(path, data), b'{"step": 3, "tr')
+  writer = metrics.MetricWriter(workdir)
+  writer.write(3, {"loss": 2.3}, "train/")
+  writer.close()
+  records = [json.loads(line) for line in files.read_text(path).splitlines()]
+  assert [r["step"] for r in records] == [1, 2, 3]
+  assert "ended in part of a line (15 bytes" in caplog.text
