@@ -14,7 +14,9 @@ Each command's module ends with `usage.run_main(main)`, which
   shows every traceback;
 - ends on Ctrl-C with status 130 and one line saying what was kept: every
   staging file is removed on the way out (each writer does so on any
-  exception), and finished work stays for a rerun to continue from.
+  exception), and finished work stays for a rerun to continue from; SIGTERM
+  and SIGHUP end it the same way, with status 143 and 129 (a training run
+  takes SIGTERM as a preemption notice instead: `bertjax.signals`).
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def run(fn: Callable[[], T], interrupted: str = "nothing was left half-written")
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(e.code)  # pylint: disable=protected-access
-  except KeyboardInterrupt:
+  except KeyboardInterrupt as stop:
     if verbose:
       raise
     # The process ends at once: the logs are silenced first, so that a
@@ -77,9 +79,10 @@ def run(fn: Callable[[], T], interrupted: str = "nothing was left half-written")
     # line that says what happened.
     logging.set_verbosity(logging.FATAL)
     std_logging.disable(std_logging.CRITICAL)
-    print(f"error: interrupted (Ctrl-C): {interrupted}", file=sys.stderr, flush=True)
+    print(f"error: interrupted ({_signal_name(stop)}): {interrupted}", file=sys.stderr,
+          flush=True)
     sys.stdout.flush()
-    os._exit(INTERRUPTED_EXIT_CODE)  # pylint: disable=protected-access
+    os._exit(_signal_exit_code(stop))  # pylint: disable=protected-access
   except Exception as e:  # pylint: disable=broad-except
     line = errors.one_line(e)
     if verbose or line is None:
@@ -102,6 +105,7 @@ def run_main(main: Callable[[list[str]], Any], *,
   """
 
   _redeliver_swallowed_interrupts()
+  _stop_on_termination_signals()
 
   def checked(argv: list[str]) -> Any:
     from bertjax import metrics
@@ -120,19 +124,55 @@ def run_main(main: Callable[[list[str]], Any], *,
     if exit_.code == 1 and set(sys.argv[1:]) & _HELP_FLAGS:
       sys.exit(0)
     raise
-  except KeyboardInterrupt:  # while the flags or the config loaded
+  except KeyboardInterrupt as stop:  # while the flags or the config loaded
     if logging.get_verbosity() >= logging.DEBUG:
       raise
-    print("error: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
-    sys.exit(INTERRUPTED_EXIT_CODE)
+    print(f"error: interrupted ({_signal_name(stop)})", file=sys.stderr, flush=True)
+    sys.exit(_signal_exit_code(stop))
 
 
 _HELP_FLAGS = frozenset({"--help", "-help", "-h", "-?", "--helpshort", "--helpfull",
                          "--helpxml"})
 
 
+class Terminated(KeyboardInterrupt):
+  """SIGTERM (`kill`, a scheduler, a machine shutting down) or SIGHUP (the
+  terminal closed), ending a command as Ctrl-C does: the same clean-up runs
+  (worker processes stopped, staging files removed), and the command exits
+  with 128 + the signal's number."""
+
+  def __init__(self, signum: int):
+    super().__init__(signal.Signals(signum).name)
+    self.signum = signum
+
+
+def _signal_name(stop: KeyboardInterrupt) -> str:
+  return signal.Signals(stop.signum).name if isinstance(stop, Terminated) else "Ctrl-C"
+
+
+def _signal_exit_code(stop: KeyboardInterrupt) -> int:
+  return 128 + stop.signum if isinstance(stop, Terminated) else INTERRUPTED_EXIT_CODE
+
+
+def _stop_on_termination_signals() -> None:
+  """SIGTERM and SIGHUP raise `Terminated` in the main thread. A signal that
+  is ignored (SIGHUP under `nohup`) stays ignored; a training run replaces
+  SIGTERM's handler with its own while it trains (a preemption notice:
+  `bertjax.signals`), as `jax.distributed` does on several hosts."""
+  if threading.current_thread() is not threading.main_thread():
+    return
+
+  def stop(signum, frame):
+    del frame
+    raise Terminated(signum)
+
+  for signum in (signal.SIGTERM, signal.SIGHUP):
+    if signal.getsignal(signum) == signal.SIG_DFL:
+      signal.signal(signum, stop)
+
+
 def _redeliver_swallowed_interrupts() -> None:
-  """Delivers again a Ctrl-C that Python swallowed.
+  """Delivers again a Ctrl-C (or SIGTERM, SIGHUP) that Python swallowed.
 
   A KeyboardInterrupt raised while a garbage-collection callback or a
   destructor runs (JAX registers one) is printed as "Exception ignored" and
@@ -149,10 +189,13 @@ def _redeliver_swallowed_interrupts() -> None:
       previous(unraisable)
       return
 
+    stop = unraisable.exc_value
+    signum = stop.signum if isinstance(stop, Terminated) else signal.SIGINT
+
     def resend() -> None:
       time.sleep(0.05)
       if _running:  # not once the command is done: its work is whole then
-        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signum)
 
     threading.Thread(target=resend, daemon=True).start()
 

@@ -624,11 +624,13 @@ def _run(tasks: list[dict[str, Any]], num_workers: int, bar: Progress, directory
 
 @contextlib.contextmanager
 def _ctrl_c_held_back() -> Iterator[None]:
-  """Holds Ctrl-C (SIGINT) back for the block: it is raised when the block ends."""
+  """Holds Ctrl-C (SIGINT), SIGTERM and SIGHUP back for the block: they are
+  raised when the block ends."""
   if threading.current_thread() is not threading.main_thread():
     yield
     return
-  previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+  previous = signal.pthread_sigmask(signal.SIG_BLOCK,
+                                    {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
   try:
     yield
   finally:

@@ -110,3 +110,50 @@ def test_ctrl_c_in_a_conversion_leaves_no_output_and_the_rerun_converts(tmp_path
                          capture_output=True, text=True, timeout=600)
   assert again.returncode == 0, again.stderr[-3000:]
   assert os.path.isfile(output / "bertjax.json")
+
+
+def _group_gone(pid, timeout=30):
+  """Whether every process of the command's session has ended."""
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    try:
+      os.killpg(pid, 0)
+    except ProcessLookupError:
+      return True
+    time.sleep(0.1)
+  return False
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize("point", ["before any shard is finished", "with shards finished"])
+def test_sigterm_or_sighup_to_a_data_build_stops_its_workers_and_the_rerun_completes(
+    inputs, tmp_path, point, signum):
+  """`kill` (SIGTERM) or a closed terminal (SIGHUP) reaches the command alone,
+  not its workers: the command stops them, keeps its finished shards, exits
+  128 + the signal, and leaves no process behind."""
+  corpus, vocab = inputs
+  out = str(tmp_path / "data")
+  args = [f"--input={corpus}", f"--vocab={vocab}", f"--output_dir={out}", "--num_shards=12",
+          "--num_workers=2"]
+  ready = ((lambda: os.path.exists(os.path.join(out, shards.INFO_FILE)))
+           if point.startswith("before") else (lambda: len(_finished(out)) >= 3))
+  process = _start("prepare_pretraining_data", *args)
+  deadline = time.time() + 120
+  while not ready():
+    assert process.poll() is None and time.time() < deadline, process.communicate()
+    time.sleep(0.01)
+  process.send_signal(signum)
+  _, err = process.communicate(timeout=120)
+  assert process.returncode == 128 + signum, err[-3000:]
+  assert "Traceback" not in err and "leaked" not in err, err[-3000:]
+  name = signal.Signals(signum).name
+  assert err.strip().splitlines()[-1] == (
+      f"error: interrupted ({name}): finished shards are kept: rerun the same command to "
+      "build the rest"), err[-2000:]
+  assert _group_gone(process.pid), "a worker outlived the command"
+  assert not staging_files(out)
+  finished = _finished(out)
+  again = subprocess.run([sys.executable, "-m", "bertjax.tools.prepare_pretraining_data",
+                          *args], capture_output=True, text=True, timeout=600)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert f"Building {12 - len(finished)} of this host's 12 shards" in again.stderr
