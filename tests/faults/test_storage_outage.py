@@ -24,6 +24,7 @@ calls = {{"save": 0, "probe": 0}}
 def failing_save(self, step, *args, **kwargs):
   if step >= 20 and calls["save"] < FAILED_SAVES:
     calls["save"] += 1
+    self.wait()  # as a save does before it starts: the one before has finished
     try:
       raise ConnectionRefusedError(111, "Connect call failed ('127.0.0.1', 443)")
     except OSError as e:
