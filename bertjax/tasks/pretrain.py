@@ -620,6 +620,7 @@ class _Trainer:
     if outcome == 1 and not self.stopping:  # on a stop there is no time to wait
       self._wait_for_storage(failure, step)
     elif outcome == 0:
+      self.clock.done()  # the save before this one has finished: `save` waited for it
       self.clock.started(step)
       if not self.checkpointer.saving():
         self.clock.done()  # written already (synchronous saves)

@@ -17,10 +17,12 @@ from bertjax.data import shards
 from tests.conftest import corpus_and_vocab, staging_files
 
 
-def _start(name, *args):
+def _start(name, *args, sighup=signal.SIG_DFL):
+  """The tool, in a session of its own; SIGHUP as given (SIG_IGN: under nohup)."""
   return subprocess.Popen([sys.executable, "-m", f"bertjax.tools.{name}", *args],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          start_new_session=True)
+                          start_new_session=True,
+                          preexec_fn=lambda: signal.signal(signal.SIGHUP, sighup))
 
 
 def _ctrl_c_when(process, ready, timeout=120):
@@ -50,15 +52,22 @@ def _finished(out):
   return [n for n in os.listdir(out) if n.endswith(".stats.json")] if os.path.isdir(out) else []
 
 
-@pytest.mark.parametrize("point", ["before any shard is finished", "with shards finished"])
-def test_ctrl_c_in_a_data_build_keeps_finished_shards_and_the_rerun_completes(
-    inputs, tmp_path, point):
+def _data_build(inputs, tmp_path, point):
+  """(output directory, flags, whether the build reached `point`) of a build
+  of 12 shards by 2 workers."""
   corpus, vocab = inputs
   out = str(tmp_path / "data")
   args = [f"--input={corpus}", f"--vocab={vocab}", f"--output_dir={out}", "--num_shards=12",
           "--num_workers=2"]
   ready = ((lambda: os.path.exists(os.path.join(out, shards.INFO_FILE)))
            if point.startswith("before") else (lambda: len(_finished(out)) >= 3))
+  return out, args, ready
+
+
+@pytest.mark.parametrize("point", ["before any shard is finished", "with shards finished"])
+def test_ctrl_c_in_a_data_build_keeps_finished_shards_and_the_rerun_completes(
+    inputs, tmp_path, point):
+  out, args, ready = _data_build(inputs, tmp_path, point)
   code, _, err = _ctrl_c_when(_start("prepare_pretraining_data", *args), ready)
   _interrupted(code, err, "finished shards are kept: rerun the same command to build the rest")
   assert not staging_files(out)
@@ -131,12 +140,7 @@ def test_sigterm_or_sighup_to_a_data_build_stops_its_workers_and_the_rerun_compl
   """`kill` (SIGTERM) or a closed terminal (SIGHUP) reaches the command alone,
   not its workers: the command stops them, keeps its finished shards, exits
   128 + the signal, and leaves no process behind."""
-  corpus, vocab = inputs
-  out = str(tmp_path / "data")
-  args = [f"--input={corpus}", f"--vocab={vocab}", f"--output_dir={out}", "--num_shards=12",
-          "--num_workers=2"]
-  ready = ((lambda: os.path.exists(os.path.join(out, shards.INFO_FILE)))
-           if point.startswith("before") else (lambda: len(_finished(out)) >= 3))
+  out, args, ready = _data_build(inputs, tmp_path, point)
   process = _start("prepare_pretraining_data", *args)
   deadline = time.time() + 120
   while not ready():
@@ -157,3 +161,17 @@ def test_sigterm_or_sighup_to_a_data_build_stops_its_workers_and_the_rerun_compl
                           *args], capture_output=True, text=True, timeout=600)
   assert again.returncode == 0, again.stderr[-3000:]
   assert f"Building {12 - len(finished)} of this host's 12 shards" in again.stderr
+
+
+def test_a_data_build_under_nohup_keeps_building_on_sighup(inputs, tmp_path):
+  """SIGHUP ignored by the command's starter (nohup) stays ignored."""
+  out, args, ready = _data_build(inputs, tmp_path, "before any shard is finished")
+  process = _start("prepare_pretraining_data", *args, sighup=signal.SIG_IGN)
+  deadline = time.time() + 120
+  while not ready():
+    assert process.poll() is None and time.time() < deadline, process.communicate()
+    time.sleep(0.01)
+  process.send_signal(signal.SIGHUP)
+  _, err = process.communicate(timeout=300)
+  assert process.returncode == 0, err[-3000:]
+  assert len(_finished(out)) == 12
