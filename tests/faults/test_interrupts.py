@@ -18,11 +18,15 @@ from tests.conftest import corpus_and_vocab, staging_files
 
 
 def _start(name, *args, sighup=signal.SIG_DFL):
-  """The tool, in a session of its own; SIGHUP as given (SIG_IGN: under nohup)."""
-  return subprocess.Popen([sys.executable, "-m", f"bertjax.tools.{name}", *args],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          start_new_session=True,
-                          preexec_fn=lambda: signal.signal(signal.SIGHUP, sighup))
+  """The tool, in a session of its own; SIGHUP as given (SIG_IGN: under nohup),
+  set here for the child to inherit (no preexec_fn: this process has threads)."""
+  previous = signal.signal(signal.SIGHUP, sighup)
+  try:
+    return subprocess.Popen([sys.executable, "-m", f"bertjax.tools.{name}", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+  finally:
+    signal.signal(signal.SIGHUP, previous)
 
 
 def _ctrl_c_when(process, ready, timeout=120):
