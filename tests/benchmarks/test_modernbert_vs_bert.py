@@ -1,7 +1,6 @@
 """benchmarks/modernbert_vs_bert.py: both runs are the configs users run, with
 overrides that every config takes, at the same size."""
 
-import importlib
 import os
 import sys
 
@@ -11,6 +10,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import modernbert_vs_bert  # noqa: E402  (a script, not a package)
+from tests.benchmarks.commands import config_of  # noqa: E402
 
 
 @pytest.mark.parametrize("recipe", list(modernbert_vs_bert.RECIPES))
@@ -19,15 +19,7 @@ def test_each_run_is_a_valid_config_of_the_same_size(recipe, tmp_path):
   from bertjax.tasks import pretrain
 
   args = modernbert_vs_bert.command(recipe, str(tmp_path), str(tmp_path / "data"), 500)
-  config_file = next(a for a in args if a.startswith("--config=")).split("=", 1)[1]
-  module = os.path.splitext(os.path.basename(config_file))[0]
-  config = importlib.import_module(f"bertjax.configs.{module}").get_config()
-  overrides = dict(a[len("--config."):].split("=", 1) for a in args if a.startswith("--config."))
-  for name, value in overrides.items():  # every field exists, with its own type
-    current = config
-    for key in name.split("."):
-      current = current[key]
-    config.update_from_flattened_dict({name: type(current)(value)})
+  config = config_of(args)
   pretrain.validate(config, 1)
   bert = BertConfig.from_run_config(config)
   assert (bert.num_layers, bert.hidden_size, bert.num_heads) == (4, 256, 4)

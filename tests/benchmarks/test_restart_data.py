@@ -2,7 +2,6 @@
 that config takes, and its dataset is a prepared directory of the demo's
 documents, repeated."""
 
-import importlib.util
 import os
 import sys
 
@@ -10,6 +9,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import restart_data  # noqa: E402  (a script, not a package)
+from tests.benchmarks.commands import config_of  # noqa: E402
 
 
 def test_each_restart_is_the_demo_config_with_valid_overrides(tmp_path):
@@ -17,18 +17,7 @@ def test_each_restart_is_the_demo_config_with_valid_overrides(tmp_path):
 
   for mode in ("copy", "stream"):
     args = restart_data.command(str(tmp_path), "gs://bucket/data", mode)
-    config_file = next(a for a in args if a.startswith("--config=")).split("=", 1)[1]
-    spec = importlib.util.spec_from_file_location("demo_config", config_file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = module.get_config()
-    overrides = dict(a[len("--config."):].split("=", 1) for a in args
-                     if a.startswith("--config."))
-    for name, value in overrides.items():  # every field exists, with its own type
-      current = config
-      for key in name.split("."):
-        current = current[key]
-      config.update_from_flattened_dict({name: type(current)(value)})
+    config = config_of(args)
     pretrain.validate(config, 1)
     assert config.data.read_mode == mode and config.model.num_layers == 2
 
