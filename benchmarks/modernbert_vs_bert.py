@@ -35,6 +35,8 @@ import subprocess
 import sys
 import time
 
+from bertjax.metrics import read_jsonl
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 COMMON = {"model.num_layers": 4, "model.hidden_size": 256, "model.num_heads": 4,
@@ -77,8 +79,7 @@ def train(recipe: str, workdir: str, data_dir: str | None, steps: int) -> list[f
   if result.returncode:
     sys.exit(f"error: the {recipe} run failed:\n{result.stderr[-3000:]}")
   windows = []
-  for line in open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8"):
-    record = json.loads(line)
+  for record in read_jsonl(os.path.join(workdir, "metrics.jsonl")):
     # Logged every 10 steps; the last step's line averages the whole run, so
     # its window is counted as the mean of the others.
     if "train/tokens_per_s" in record and record["step"] < steps:

@@ -32,6 +32,8 @@ import tempfile
 import time
 import zlib
 
+from bertjax.metrics import read_jsonl
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -76,7 +78,7 @@ def run(data_dir: str, model: str, packed: bool, seed: int, learning_rate: float
   if result.returncode:
     sys.exit(result.stderr[-3000:])
   results = json.loads(pathlib.Path(workdir, "results.json").read_text())
-  records = [json.loads(line) for line in pathlib.Path(workdir, "metrics.jsonl").open()]
+  records = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
   logged = [(r["step"], r["train/examples_per_s"]) for r in records
             if "train/examples_per_s" in r]
   # Seconds of the steps between log lines (after the first, which holds the compile).

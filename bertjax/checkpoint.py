@@ -16,12 +16,14 @@ first and `CheckpointMismatchError` for the second, each naming the step.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
 import os
 import shutil
 import sys
+import threading
 import time
 from typing import Any
 
@@ -201,6 +203,70 @@ class PerProcessJsonRestore(ocp.args.CheckpointArgs):
   pass
 
 
+class _CommitGate:
+  """Lets saves commit (orbax's rename of a finished step, or its commit file on
+  gs://) until the run is abandoned; from then on none does.
+
+  An abandoned run names the step a rerun resumes from by reading what is
+  committed on the storage: with the gate closed, a save still being written
+  cannot commit after that read, and one committing as it closed is waited for.
+  """
+
+  def __init__(self):
+    self._changed = threading.Condition()
+    self._open = True
+    self._committing = 0
+
+  def enter(self) -> bool:
+    """Whether a commit may start (then `leave` when it is done)."""
+    with self._changed:
+      if self._open:
+        self._committing += 1
+      return self._open
+
+  def leave(self) -> None:
+    with self._changed:
+      self._committing -= 1
+      self._changed.notify_all()
+
+  def close(self, timeout: float) -> bool:
+    """Stops commits; returns whether none is under way (one that started is
+    waited for, up to `timeout` seconds)."""
+    with self._changed:
+      self._open = False
+      return self._changed.wait_for(lambda: not self._committing, timeout)
+
+
+_ABANDONED_HOLD_S = 300.0  # an abandoning process exits long before
+
+
+class AbandonedSaveError(RuntimeError):
+  """The commit of a save the run abandoned (raised in orbax's save thread)."""
+
+
+def _gated_temporary_path(directory: str, gate: _CommitGate) -> type:
+  """orbax's temporary-path class for `directory` (rename locally, a commit
+  file on gs://), committing only through `gate`."""
+  base = ocp.path.atomicity_defaults.get_default_temporary_path_class(epath.Path(directory))
+
+  class Gated(base):
+
+    async def finalize(self, *args, **kwargs):
+      if not gate.enter():
+        # The process is ending: hold the save thread until it has, so that it
+        # neither logs a failure nor goes on to orbax's clean-up (which would
+        # delete the step older checkpoints make way for).
+        await asyncio.sleep(_ABANDONED_HOLD_S)
+        raise AbandonedSaveError(f"the save of {self.get_final()} was abandoned")
+      try:
+        return await super().finalize(*args, **kwargs)
+      finally:
+        gate.leave()
+
+  Gated.__name__ = Gated.__qualname__ = f"Gated{base.__name__}"
+  return Gated
+
+
 class Checkpointer:
   """Asynchronous, atomic checkpoints of one training run; the trainer decides
   when to save.
@@ -224,13 +290,16 @@ class Checkpointer:
     self._in_call = False
     self._failure: CheckpointSaveError | None = None  # a failed save, once raised
     self._last_step: int | None = None  # of the last save asked for
+    self._failed: set[int] = set()  # steps whose save failed (orbax still lists them)
+    self._gate = _CommitGate()
     _quiet_closed_event_loop()
     options = ocp.CheckpointManagerOptions(
         save_interval_steps=1, max_to_keep=max_to_keep,
         enable_async_checkpointing=async_save, create=create,
         # Only the run's own manager clears unfinished saves: a reader (fine-tuning
         # from a run still in progress) must leave the run's pending save alone.
-        cleanup_tmp_directories=create)
+        cleanup_tmp_directories=create,
+        temporary_path_class=_gated_temporary_path(self.directory, self._gate))
     # The handlers named up front, so that a step's metadata (the stored array
     # shapes) can be read before anything is restored.
     self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers={
@@ -283,8 +352,10 @@ class Checkpointer:
     the space a rerun needs), and the error says so and what to free.
     """
     _quiet_unretrieved_save_errors()  # this error says what they would
+    if step is not None:
+      self._failed.add(step)
     try:
-      finished = [s for s in self._manager.all_steps() if s != step]
+      finished = self.all_steps()
       resume = f"step {max(finished)}" if finished else "step 0 (no finished checkpoint)"
     except Exception:  # pylint: disable=broad-except
       resume = "its newest finished checkpoint"
@@ -311,9 +382,41 @@ class Checkpointer:
 
   def all_steps(self) -> list[int]:
     """The finished steps, oldest first: not a save still being written, which
-    orbax lists from the moment it starts."""
+    orbax lists from the moment it starts, nor one that failed."""
     writing = self._in_flight if self.saving() else None
-    return sorted(s for s in self._manager.all_steps() if s != writing)
+    return sorted(s for s in self._manager.all_steps()
+                  if s != writing and s not in self._failed)
+
+  def abandon(self, timeout: float = 10.0) -> tuple[list[int], str]:
+    """Stops every save from committing (the run ends without waiting for
+    them) and reads the steps committed on the storage: what a rerun finds.
+
+    A commit already under way is waited for, up to `timeout` seconds; so is
+    the storage's answer.
+
+    Returns:
+      (the committed steps, oldest first; a caveat: "" when they are exact,
+      else why they may not be).
+    """
+    settled = self._gate.close(timeout)
+    caveat = "" if settled else (f"or step {self._in_flight}, if the commit still under way "
+                                 "lands")
+    result: list[Any] = []
+    reader = threading.Thread(target=lambda: result.append(self._read_committed()),
+                              daemon=True)
+    reader.start()
+    reader.join(timeout)
+    if not result or isinstance(result[0], BaseException):
+      why = (f"{type(result[0]).__name__}: {_first_line(result[0], 120)}" if result
+             else f"no answer in {timeout:g} s")
+      return self.all_steps(), f"as far as this run knows: the storage did not answer ({why})"
+    return result[0], caveat
+
+  def _read_committed(self) -> list[int] | BaseException:
+    try:
+      return sorted(ocp.path.step.checkpoint_steps(self.directory))
+    except Exception as e:  # pylint: disable=broad-except  # the storage's, said by `abandon`
+      return e
 
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     """(state, this host's data state, metadata) of a step.

@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 from absl import logging
 
-from bertjax import errors
+from bertjax import errors, files
 
 _CRC_TABLE = []
 for _n in range(256):
@@ -284,6 +284,36 @@ def _whole_records(read, size: int, record_end: bytes, block: int = 1 << 16) -> 
 def _said_cut(path: str, dropped: int) -> None:
   logging.warning("%s ended in part of a line (%d bytes: a run stopped while writing it); "
                   "dropped it, so that every line reads", path, dropped)
+
+
+def read_jsonl(path: str) -> list[dict[str, Any]]:
+  """The records of a JSONL file this module appends to (`metrics.jsonl`),
+  local or a URL.
+
+  A line that does not read (a run killed while writing its last one, a line
+  edited by hand) is skipped, and the lines skipped are counted in one
+  warning that names the file and their line numbers.
+  """
+  records, skipped, number, line = [], [], 0, "\n"
+  with files.open_text(path) as f:
+    for number, line in enumerate(f, 1):  # metrics lines are short: one at a time
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+      except ValueError:
+        record = None
+      if isinstance(record, dict):
+        records.append(record)
+      else:
+        skipped.append(number)
+  if skipped:
+    cut = skipped[-1] == number and not line.endswith("\n")
+    logging.warning("%s: skipped %d line(s) that do not read as a JSON record (line %s%s)",
+                    path, len(skipped), ", ".join(map(str, skipped[:10])) +
+                    (", ..." if len(skipped) > 10 else ""),
+                    "; the last was cut off as a run stopped" if cut else "")
+  return records
 
 
 class EventFileWriter:

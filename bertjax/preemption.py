@@ -66,6 +66,13 @@ class SaveClock:
   def in_flight(self) -> bool:
     return self._in_flight is not None
 
+  def start_of(self, step: int) -> float | None:
+    """When this run started saving `step` (monotonic), if it did."""
+    for saved in (self.finished, self._in_flight):
+      if saved is not None and saved[0] == step:
+        return saved[1]
+    return None
+
   def due(self) -> bool:
     """Whether `every_s` seconds have passed since the last save started."""
     return self.every_s > 0 and time.monotonic() - self._last_start >= self.every_s

@@ -118,6 +118,12 @@ start() {
 # stop.sh did not stop, is started again at once: another host of the slice is
 # restarting, and the run waits (REJOIN_TIMEOUT_S) for it to join. A SIGTERM to
 # this shell means this host is going down: the run is left to its boot.
+# Whether the log's last line was cut (the run killed as it wrote it): the next
+# line is then started on a line of its own, the cut one kept as it is.
+cut_line() {
+  [[ -s "$1" && -n "$(tail -c 1 "$1")" ]]
+}
+
 _run() {
   local id="$1" status=0 workdir="" arg timeout=() attempt=1
   shift
@@ -144,6 +150,7 @@ _run() {
     status=0
     PYTHONUNBUFFERED=1 "$VENV/bin/python" -m bertjax.main "$@" ${timeout[@]+"${timeout[@]}"} \
       || status=$?  # lines as they come
+    ! cut_line "$LOGS/$id.log" || echo  # (this shell's output is the log)
     echo "worker.sh: run $id on $HOST ended $(date -u +%FT%TZ) with exit status $status"
     (( status == 143 && ! TERMINATED )) && [[ ! -e "$STOP_MARKER" ]] || break
     attempt=$((attempt + 1))
@@ -185,6 +192,7 @@ boot() {
   local args=()
   while IFS= read -r -d '' arg; do args+=("$arg"); done < "$LOGS/$id.args"
   rm -f "$LOGS/$id.status" "$LOGS/$id.pid"
+  ! cut_line "$LOGS/$id.log" || echo >> "$LOGS/$id.log"  # the host went down mid-line
   echo "worker.sh: $HOST started again $(date -u +%FT%TZ): resuming run $id" >> "$LOGS/$id.log"
   BERTJAX_RESUMED=1 setsid nohup bash "$CHECKOUT/launch/worker.sh" _run "$id" \
     ${args[@]+"${args[@]}"} >> "$LOGS/$id.log" 2>&1 < /dev/null &

@@ -237,3 +237,80 @@ def test_a_save_the_storage_refuses_is_one_clear_error_and_nothing_waits(gcs):
   other = logging.LogRecord("asyncio", logging.ERROR, "/x/base_events.py", 1,
                             "Task exception was never retrieved\n<Task a.py>", (), None)
   assert not notes[0].filter(task) and not notes[0].filter(write) and notes[0].filter(other)
+
+
+def _failing_commit(monkeypatch, failing_step: int, *, gcs: bool = False):
+  """orbax's commit of `failing_step` fails as storage does (the step's data
+  was written, its rename or commit file was not)."""
+  import orbax.checkpoint as ocp
+
+  base = (ocp.path.atomicity.CommitFileTemporaryPath if gcs
+          else ocp.path.atomicity.AtomicRenameTemporaryPath)
+  finalize = base.finalize
+
+  async def failing(self, *args, **kwargs):
+    if self.get_final().name == str(failing_step):
+      raise ConnectionResetError("injected: the storage dropped the commit")
+    return await finalize(self, *args, **kwargs)
+
+  monkeypatch.setattr(base, "finalize", failing)
+
+
+def test_a_save_whose_commit_failed_is_not_named_as_finished(tmp_path, monkeypatch):
+  """orbax goes on listing a step whose background commit failed: neither the
+  finished steps nor the abandoned run's answer may name it (a rerun cannot
+  resume from it)."""
+  mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
+  state, _ = _state(CONFIG, mesh)
+  _failing_commit(monkeypatch, 20)
+  manager = checkpoint.Checkpointer(str(tmp_path / "checkpoints"))
+  manager.save(10, state, {"phase": 0, "loader": None}, {})
+  manager.wait()
+  manager.save(20, state, {"phase": 0, "loader": None}, {})
+  with pytest.raises(checkpoint.CheckpointSaveError, match="resume from step 10$"):
+    manager.wait()
+  assert manager.all_steps() == [10]
+  assert manager.abandon() == ([10], "")
+  rerun = checkpoint.Checkpointer(str(tmp_path / "checkpoints"), create=False)
+  assert rerun.all_steps() == [10]
+  rerun.close()
+
+
+def test_an_abandoned_run_names_what_is_committed_and_nothing_commits_after(
+    tmp_path, monkeypatch):
+  """Once a run is abandoned, a save still being written never commits, and
+  the steps it names are those read from the storage."""
+  import threading
+  import time
+  import orbax.checkpoint as ocp
+
+  mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
+  state, _ = _state(CONFIG, mesh)
+  directory = tmp_path / "checkpoints"
+  finalize = ocp.path.atomicity.AtomicRenameTemporaryPath.finalize
+  reached, release = threading.Event(), threading.Event()
+
+  async def held(self, *args, **kwargs):
+    if self.get_final().name == "20":
+      reached.set()
+      release.wait(60)
+    return await finalize(self, *args, **kwargs)
+
+  monkeypatch.setattr(ocp.path.atomicity.AtomicRenameTemporaryPath, "finalize", held)
+  monkeypatch.setattr(checkpoint, "_ABANDONED_HOLD_S", 0.5)  # the test's process goes on
+  manager = checkpoint.Checkpointer(str(directory))
+  manager.save(10, state, {"phase": 0, "loader": None}, {})
+  manager.wait()
+  manager.save(20, state, {"phase": 0, "loader": None}, {})
+  assert reached.wait(60)  # step 20 is committing: the abandon waits for it
+  threading.Timer(0.5, release.set).start()
+  started = time.monotonic()
+  assert manager.abandon(timeout=30) == ([10, 20], "")
+  assert time.monotonic() - started >= 0.4
+  manager._in_flight = None  # (a run exits here; the test goes on to a third save)
+
+  manager.save(30, state, {"phase": 0, "loader": None}, {})  # written, never committed
+  committed, caveat = manager.abandon(timeout=5)
+  assert (committed, caveat) == ([10, 20], "")
+  time.sleep(1.0)  # had it committed, it would have by now
+  assert sorted(n for n in os.listdir(directory) if n.isdigit()) == ["10", "20"]

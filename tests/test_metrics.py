@@ -2,6 +2,7 @@
 
 import glob
 import json
+import logging
 import sys
 
 import pytest
@@ -234,3 +235,31 @@ def test_a_line_cut_by_a_kill_is_dropped_on_gcs_too(gcs, caplog):
   records = [json.loads(line) for line in files.read_text(path).splitlines()]
   assert [r["step"] for r in records] == [1, 2, 3]
   assert "ended in part of a line (15 bytes" in caplog.text
+
+
+@pytest.mark.parametrize("where", ["local", "gcs"])
+def test_a_reader_skips_and_counts_a_cut_last_line(where, tmp_path, caplog, request):
+  """A run still going (or killed) leaves its last line cut: readers take the
+  whole records, skip the rest and say which lines they skipped."""
+  from bertjax import files
+
+  if where == "gcs":
+    path = files.join(request.getfixturevalue("gcs").url_of("metrics/read"), "metrics.jsonl")
+  else:
+    path = str(tmp_path / "metrics.jsonl")
+  _cut_run(lambda data: files.write_bytes(path, data), b'{"step": 3, "tr')
+  with caplog.at_level(logging.WARNING):
+    records = metrics.read_jsonl(path)
+  assert [r["step"] for r in records] == [1, 2]
+  assert (f"{path}: skipped 1 line(s) that do not read as a JSON record (line 3; the last "
+          "was cut off as a run stopped)") in caplog.text
+
+
+def test_a_reader_skips_lines_edited_by_hand_and_takes_the_rest(tmp_path, caplog):
+  path = tmp_path / "metrics.jsonl"
+  path.write_bytes(b'\xef\xbb\xbf{"step": 1}\r\n[1, 2]\r\n\r\nnot json\n{"step": 4}\n')
+  with caplog.at_level(logging.WARNING):
+    records = metrics.read_jsonl(str(path))
+  assert [r["step"] for r in records] == [1, 4]
+  assert "skipped 2 line(s) that do not read as a JSON record (line 2, 4)" in caplog.text
+  assert "cut off" not in caplog.text

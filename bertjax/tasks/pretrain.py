@@ -242,9 +242,15 @@ class _Trainer:
             pass  # the storage answers again (else the wait has raised): save it now
       except KeyboardInterrupt:  # a second Ctrl-C: no waiting
         in_flight = self.checkpointer.saving()
-        logging.error("Aborted: %s; a rerun resumes from step %s",
-                      f"the save of step {self.saving} is abandoned" if in_flight
-                      else "no checkpoint save was in flight", self._resumable_step())
+        # What a rerun finds is what is committed on the storage once no save can
+        # commit any more (one already committing is waited for).
+        committed, caveat = self.checkpointer.abandon()
+        resume = (f"{committed[-1]}" if committed else "0 (no finished checkpoint)")
+        logging.error("Aborted: %s; a rerun resumes from step %s%s",
+                      f"the save of step {self.saving} is abandoned"
+                      if in_flight and self.saving not in committed
+                      else "no checkpoint save was left unfinished", resume,
+                      f" ({caveat})" if caveat else "")
         raise
       except preemption.ExitAtOnce:
         raise  # SIGTERM with no time to save: a save in flight is abandoned
@@ -555,19 +561,23 @@ class _Trainer:
     return save
 
   def _exit_unsaved(self, step: int) -> None:
-    """Ends the run at once, saying from where a restart resumes."""
-    finished = self.checkpointer.all_steps()
-    if self.clock.finished is not None and finished and self.clock.finished[0] == finished[-1]:
-      ago = time.monotonic() - self.clock.finished[1]
+    """Ends the run at once, saying from where a restart resumes (what is
+    committed on the storage once no save can commit any more)."""
+    in_flight = self.checkpointer.saving()
+    finished, caveat = self.checkpointer.abandon(timeout=preemption.EXIT_MARGIN_S / 2)
+    start = self.clock.start_of(finished[-1]) if finished else None
+    if start is not None:
+      ago = time.monotonic() - start
       back = (f"step {finished[-1]}, {step - finished[-1]} steps back, whose save started "
               f"{ago:.0f} s before this stop")
     elif finished:
       back = f"step {finished[-1]}, {step - finished[-1]} steps back (saved by an earlier run)"
     else:
       back = "step 0: nothing is saved yet"
-    logging.warning("Preempted at step %d without saving: a restart resumes from %s%s", step,
-                    back, "; the save still being written is abandoned"
-                    if self.checkpointer.saving() else "")
+    logging.warning("Preempted at step %d without saving: a restart resumes from %s%s%s",
+                    step, back, f" ({caveat})" if caveat else "",
+                    "; the save still being written is abandoned"
+                    if in_flight and self.saving not in finished else "")
     raise preemption.ExitAtOnce(PREEMPTED_EXIT_CODE)
 
   def _compile(self, step_fn, state, batch, step: int, length: int):

@@ -64,7 +64,10 @@ def _running(pid: int) -> bool:
 def ending(log_tail: str, status: int | None) -> dict[str, object]:
   """How a run ended, from its exit status and the end of its log: the last
   training step it logged and why it stopped."""
-  steps = _STEP.findall(log_tail)
+  # A last line with no newline was cut as it was written: its step count may
+  # be cut too ("step 12/4" of "step 12/400").
+  whole = log_tail if log_tail.endswith("\n") else log_tail.rpartition("\n")[0]
+  steps = _STEP.findall(whole)
   lines = [line.strip() for line in log_tail.splitlines() if line.strip()]
   errors = [line for line in lines if line.startswith("error: ")]
   if status is None:
@@ -80,9 +83,18 @@ def ending(log_tail: str, status: int | None) -> dict[str, object]:
           "total_steps": int(steps[-1][1]) if steps else None, "reason": reason}
 
 
+_COMPARED = 4096  # bytes of the copy's end compared with the log's
+
+
 def _shipped(target: str, log: str) -> int:
   """The bytes of `log` that `target` holds already: an earlier copier's, before
-  this host restarted (0 when `target` is not a copy of this log's start)."""
+  this host restarted (0 when `target` is not a copy of this log's start: its
+  end differs from the log's bytes there, or the log is shorter).
+
+  A copy of another log (the host came back with a new disk) that ends in part
+  of a line, as a copier stopped mid-way leaves it, gets that line ended, so
+  that this log's first line starts a line of its own.
+  """
   import fsspec
 
   fs, name = fsspec.core.url_to_fs(target)
@@ -90,7 +102,17 @@ def _shipped(target: str, log: str) -> int:
     size = fs.size(name)
   except FileNotFoundError:
     return 0
-  return size if size <= (os.path.getsize(log) if os.path.exists(log) else 0) else 0
+  if size == 0:
+    return 0
+  tail = fs.cat_file(name, start=max(0, size - _COMPARED), end=size)
+  if os.path.exists(log) and os.path.getsize(log) >= size:
+    with open(log, "rb") as f:
+      f.seek(size - len(tail))
+      if f.read(len(tail)) == tail:
+        return size
+  if not tail.endswith(b"\n"):
+    return -1
+  return 0
 
 
 def ship(log: str, to: str, until_pid: int, status_file: str | None, every_s: float,
@@ -101,8 +123,11 @@ def ship(log: str, to: str, until_pid: int, status_file: str | None, every_s: fl
   going down: what was copied is kept, and the run has not ended).
   """
   stop = stop or threading.Event()
-  target = metrics.AppendFile(f"{to}.log", flush_every_s=every_s)
   offset, tail = _shipped(f"{to}.log", log), ""
+  target = metrics.AppendFile(f"{to}.log", flush_every_s=every_s)
+  if offset < 0:  # a copy of another log, cut mid-line: this one starts a line
+    target.append(b"\n")
+    offset = 0
   try:
     while True:
       running = _running(until_pid) and not stop.is_set()

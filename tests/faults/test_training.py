@@ -29,10 +29,10 @@ def _error_lines(stderr):
   return [line for line in stderr.splitlines() if line.startswith("error: ")]
 
 
-def _start(args, log_path, **kwargs):
+def _start(args, log_path, env=None, **kwargs):
   log = open(log_path, "w")
-  return subprocess.Popen(args, cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=log,
-                          **kwargs), log
+  return subprocess.Popen(args, cwd=ROOT, env=env or _env(), stdout=subprocess.DEVNULL,
+                          stderr=log, **kwargs), log
 
 
 def _wait_for_step(process, workdir, step, timeout=300):
@@ -118,6 +118,68 @@ def test_second_ctrl_c_aborts_at_once_and_says_where_a_rerun_resumes(prepared_di
   assert _saved_steps(workdir) == []
   _run(_tiny(workdir, prepared_dir, **{"train.total_steps": 30}), _env())
   assert _saved_steps(workdir) == [10, 20, 30]
+
+
+# ... orbax's commit of the step (the rename that makes it a checkpoint) waits
+# for the test's go, and the process takes 2 s to end once it has said what a
+# rerun resumes from: whatever commits meanwhile is what a rerun finds.
+_COMMIT_ON_GO = """
+import os, sys, time
+import orbax.checkpoint as ocp
+from bertjax import main
+base = ocp.path.atomicity.AtomicRenameTemporaryPath
+finalize = base.finalize
+async def held(self, *args, **kwargs):
+  if self.get_final().name.isdigit():  # the step's commit (its items commit before it)
+    print("test: committing", file=sys.stderr, flush=True)
+    while not os.path.exists(os.environ["TEST_GO"]):
+      time.sleep(0.01)
+  return await finalize(self, *args, **kwargs)
+base.finalize = held
+exit_at_once = os._exit
+def slow_exit(code):
+  time.sleep(2)
+  exit_at_once(code)
+os._exit = slow_exit
+""" + _RUN
+
+
+@pytest.mark.parametrize("go_first", [False, True])
+def test_second_ctrl_c_as_a_save_commits_names_the_step_a_rerun_takes(
+    prepared_dir, tmp_path, go_first):
+  """The second Ctrl-C lands while orbax commits the save the first one
+  started (the commit let go just before or just after it): the step the abort
+  names is the newest step on disk once the process has ended, whatever the
+  timing."""
+  import re
+
+  workdir = str(tmp_path / "run")
+  go = str(tmp_path / "go")
+  args = _tiny(workdir, prepared_dir, **{"train.total_steps": 400,
+                                         "checkpoint.every_steps": 1000})
+  log_path = str(tmp_path / "log")
+  process, log = _start([sys.executable, "-c", _COMMIT_ON_GO, *args[3:]], log_path,
+                        env={**_env(), "TEST_GO": go})
+  _wait_for_step(process, workdir, 25)
+  process.send_signal(signal.SIGINT)
+  deadline = time.time() + 120
+  while "test: committing" not in open(log_path).read() and time.time() < deadline:
+    time.sleep(0.02)
+  if go_first:
+    open(go, "w").close()
+  process.send_signal(signal.SIGINT)
+  if not go_first:
+    open(go, "w").close()
+  process.wait(timeout=300)
+  log.close()
+  stderr = open(log_path).read()
+  assert process.returncode == 130, stderr[-3000:]
+  assert "Traceback" not in stderr, stderr[-3000:]
+  # (Let go first, the save may finish before the second Ctrl-C is taken.)
+  named = re.findall(r"(?:Aborted: .*; a rerun resumes from step|Interrupted: checkpoint "
+                     r"saved at step) (\d+)", stderr)
+  assert named and int(named[0]) == max(_saved_steps(workdir), default=0), stderr[-3000:]
+  assert int(named[0]) > 0  # the commit under way was waited for, not cut off
 
 
 def test_an_error_while_a_save_is_in_flight_waits_for_the_save(prepared_dir, tmp_path):

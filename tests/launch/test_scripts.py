@@ -736,14 +736,12 @@ def test_a_run_resumes_by_itself_when_another_host_restarts(tmp_path):
   assert log.count("step 40") == 1
 
 
-def test_a_restarted_host_resumes_its_run_from_the_startup_script(tmp_path):
-  """The host going down (SIGTERM to everything: the run saves and exits 143)
-  does not start the run again there; at the next boot the slice's startup
-  script does, as the user who started it, in the same log. A run that ended
-  is left as it is at the boot after."""
+def _host_gone_down(tmp_path, run):
+  """A detached run on a worker whose host then goes down (SIGTERM to
+  everything): (its home, boot-id file, env, logs folder, run id)."""
   home = tmp_path / "homes" / "worker"
   home.mkdir(parents=True)
-  _worker_home(home, _RESUMABLE_RUN)
+  _worker_home(home, run)
   boot_id = tmp_path / "boot_id"
   boot_id.write_text("boot-1\n")
   env = _gcloud_stub(tmp_path, 'case "$*" in *"tpu-vm ssh"*) remote "$@" ;; esac')
@@ -752,6 +750,15 @@ def test_a_restarted_host_resumes_its_run_from_the_startup_script(tmp_path):
   logs, run_id = _start_detached(tmp_path, env)
   os.killpg(int((logs / f"{run_id}.pid").read_text()), signal.SIGTERM)  # the shutdown
   _wait_for(lambda: (logs / f"{run_id}.status").exists())
+  return home, boot_id, env, logs, run_id
+
+
+def test_a_restarted_host_resumes_its_run_from_the_startup_script(tmp_path):
+  """The host going down (SIGTERM to everything: the run saves and exits 143)
+  does not start the run again there; at the next boot the slice's startup
+  script does, as the user who started it, in the same log. A run that ended
+  is left as it is at the boot after."""
+  home, boot_id, env, logs, run_id = _host_gone_down(tmp_path, _RESUMABLE_RUN)
   assert (logs / f"{run_id}.status").read_text() == "143\n"
   time.sleep(0.5)
   assert len(_attempts(home)) == 1  # not started again on a host going down
@@ -954,3 +961,38 @@ esac""")
   assert result.returncode == 0, result.stderr
   log = (tmp_path / "fetched" / f"{HOST}.log").read_text()
   assert "step 3/3" in log and "ended" in log and "with exit status 2" in log
+
+
+# ... killed as it writes a line: the log's last line is cut.
+_CUT_RUN = _RESUMABLE_RUN.replace('echo "saved at step $i"', 'printf "step $i  lo"')
+
+
+def test_a_log_cut_mid_line_by_a_stop_goes_on_in_whole_lines(tmp_path):
+  """The run is stopped while it writes a line, and worker.sh starts it again
+  on this host: the cut line is kept and worker.sh's own lines start lines of
+  their own."""
+  _worker_home(tmp_path, _CUT_RUN)
+  env = _gcloud_stub(tmp_path, 'case "$*" in *"tpu-vm ssh"*) remote "$@" ;; esac')
+  logs, run_id = _start_detached(tmp_path, env)
+  os.kill(int((tmp_path / "python.pid").read_text()), signal.SIGTERM)
+  _wait_for(lambda: (logs / f"{run_id}.status").exists(), timeout=60)
+  lines = (logs / f"{run_id}.log").read_text().splitlines()
+  cut = [i for i, line in enumerate(lines) if line.endswith("  lo")]
+  assert len(cut) == 1 and lines[cut[0] + 1].startswith("worker.sh: run "), lines
+  assert all(line.startswith(("worker.sh: ", "step ")) for line in lines), lines
+
+
+def test_a_log_cut_mid_line_as_the_host_went_down_resumes_on_a_line_of_its_own(tmp_path):
+  _, boot_id, env, logs, run_id = _host_gone_down(tmp_path, _CUT_RUN)
+  log = logs / f"{run_id}.log"
+  with open(log, "a") as f:  # the shell went down before it could end the line
+    f.write("step 9  lo")
+  boot_id.write_text("boot-2\n")
+  result = subprocess.run([os.path.join(ROOT, "launch", "startup.sh")], capture_output=True,
+                          text=True, env=env, timeout=60)
+  assert result.returncode == 0, result.stderr
+  _wait_for(lambda: (logs / f"{run_id}.status").exists(), timeout=60)
+  lines = log.read_text().splitlines()
+  assert "step 9  lo" in lines, lines
+  after = lines[lines.index("step 9  lo") + 1]
+  assert after.startswith("worker.sh: ") and "started again" in after, lines

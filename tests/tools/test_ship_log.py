@@ -66,3 +66,42 @@ def test_a_host_going_down_keeps_what_was_copied_and_a_resumed_copy_goes_on(gcs,
   record = ship_log.ship(str(log), to, runner.pid, None, every_s=0.2)
   assert files.read_bytes(f"{to}.log") == log.read_bytes()
   assert record["last_step"] == 3
+
+
+def test_a_copy_cut_mid_line_goes_on_whole(gcs, tmp_path):
+  """A copier stopped mid-line (its host went down as the run wrote): after the
+  restart the same log is copied on from there and the line is made whole,
+  with nothing twice."""
+  log = tmp_path / "run.log"
+  log.write_text("step 1/10  loss 3.0\nstep 2/10  lo")
+  to = gcs.url_of("runs/demo/logs/r3/host-0")
+  files.write_bytes(f"{to}.log", log.read_bytes())  # what the first copier sent
+  with open(log, "a") as f:
+    f.write("ss 2.9\nstep 3/10  loss 2.8\n")
+  finished = subprocess.Popen(["true"])
+  finished.wait()
+  record = ship_log.ship(str(log), to, finished.pid, None, every_s=0.2)
+  assert files.read_bytes(f"{to}.log") == log.read_bytes()
+  assert record["last_step"] == 3
+
+
+def test_a_new_log_after_a_copy_of_another_cut_mid_line_starts_a_line(gcs, tmp_path):
+  """The host came back with a new disk: its log is a new one, as long as the
+  old copy or longer, which ends in part of a line. The old copy's lines are
+  kept, and the new log's first line is a line of its own (not glued to the
+  cut one, nor taken for a continuation because it is longer)."""
+  to = gcs.url_of("runs/demo/logs/r4/host-0")
+  old = b"step 1/10  loss 3.0\nstep 2/1"
+  files.write_bytes(f"{to}.log", old)
+  log = tmp_path / "run.log"
+  log.write_bytes(b"worker.sh: host-0 started again\nstep 3/10  loss 2.8\n")
+  finished = subprocess.Popen(["true"])
+  finished.wait()
+  record = ship_log.ship(str(log), to, finished.pid, None, every_s=0.2)
+  assert files.read_bytes(f"{to}.log") == old + b"\n" + log.read_bytes()
+  assert record["last_step"] == 3
+
+
+def test_a_cut_last_line_does_not_give_a_cut_step_count():
+  assert ship_log.ending("step 7/100 loss 2\nstep 8/1", None)["total_steps"] == 100
+  assert ship_log.ending("step 7/100 loss 2\nstep 8/1", None)["last_step"] == 7
