@@ -256,14 +256,18 @@ def _failing_commit(monkeypatch, failing_step: int, *, gcs: bool = False):
   monkeypatch.setattr(base, "finalize", failing)
 
 
-def test_a_save_whose_commit_failed_is_not_named_as_finished(tmp_path, monkeypatch):
+@pytest.mark.parametrize("where", ["local", "gcs"])
+def test_a_save_whose_commit_failed_is_not_named_as_finished(where, tmp_path, monkeypatch,
+                                                             request):
   """orbax goes on listing a step whose background commit failed: neither the
   finished steps nor the abandoned run's answer may name it (a rerun cannot
-  resume from it)."""
+  resume from it). On gs:// the commit is a file, locally a rename."""
   mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
   state, _ = _state(CONFIG, mesh)
-  _failing_commit(monkeypatch, 20)
-  manager = checkpoint.Checkpointer(str(tmp_path / "checkpoints"))
+  _failing_commit(monkeypatch, 20, gcs=where == "gcs")
+  directory = (request.getfixturevalue("gcs").url_of("checkpoints/failed") if where == "gcs"
+               else str(tmp_path / "checkpoints"))
+  manager = checkpoint.Checkpointer(directory)
   manager.save(10, state, {"phase": 0, "loader": None}, {})
   manager.wait()
   manager.save(20, state, {"phase": 0, "loader": None}, {})
@@ -271,7 +275,7 @@ def test_a_save_whose_commit_failed_is_not_named_as_finished(tmp_path, monkeypat
     manager.wait()
   assert manager.all_steps() == [10]
   assert manager.abandon() == ([10], "")
-  rerun = checkpoint.Checkpointer(str(tmp_path / "checkpoints"), create=False)
+  rerun = checkpoint.Checkpointer(directory, create=False)
   assert rerun.all_steps() == [10]
   rerun.close()
 
