@@ -282,6 +282,14 @@ def finetune_config(task: str) -> ml_collections.ConfigDict:
 
 def divergence_config() -> ml_collections.ConfigDict:
   """When a finite loss counts as diverged (`bertjax.divergence`): above `factor`
-  x the median of the last `window` steps' losses; `steps` such steps in a row
-  stop the run, and no checkpoint is saved while the last one is (0: off)."""
-  return ml_collections.ConfigDict(dict(factor=3.0, steps=20, window=100))
+  x the median of the last `window` steps' losses is out of range, and no
+  checkpoint is saved while the last loss is (0: off). `steps` such steps in a
+  row either moved to a new level, which re-bases the range, or stop the run."""
+  return ml_collections.ConfigDict(dict(
+      factor=3.0, steps=20, window=100,
+      # A new level (a shift, re-based on): every loss of those steps at most
+      # `max_shift` x the median (0: never re-base), the median of their later
+      # half at most `max_rise` x that of the earlier (not still rising), and
+      # their gradient norms finite and at most `max_grad_ratio` x the median
+      # norm of the range.
+      max_shift=10.0, max_rise=1.2, max_grad_ratio=10.0))

@@ -284,8 +284,7 @@ class FineTuner:
     self._pool_last = bundle.config.causal  # a causal model's summary: its last token
     self._train_shape: example_packing.RowShape | None = None
     self.total_steps = max(total_steps, 1)
-    self.guard = divergence.DivergenceGuard(config.divergence.factor, config.divergence.steps,
-                                            config.divergence.window)
+    self.guard = divergence.DivergenceGuard.from_config(config.divergence)
     self.mesh = sharding.make_mesh([config.mesh.data, config.mesh.fsdp, config.mesh.tensor])
     shards = sharding.batch_shards(self.mesh)
     self._row_multiple = math.lcm(shards, jax.process_count())  # packed rows divide over both
@@ -377,6 +376,10 @@ class FineTuner:
       pending = (step, step_metrics)
     if pending is not None:
       self._report(*pending, window, 1)
+    if step >= self.total_steps:
+      # The model is saved after the last step, by the rule of any step: with
+      # no step after it, losses out of range are judged now.
+      self.guard.conclude(self._advice, "the run ended there: its model is not saved")
 
   def _packed_train_shape(self, features: Features) -> example_packing.RowShape:
     """The rows every training batch of the run packs into (one compiled shape)."""
@@ -394,12 +397,15 @@ class FineTuner:
                    100 * (1 - tokens / (len(batches) * self.recipe.batch_size * length)))
     return self._train_shape
 
+  def _advice(self) -> str:
+    """What to do when the loss diverged."""
+    return ("nothing was saved: lower train.learning_rate (now "
+            f"{self.recipe.learning_rate:g}) and rerun (the bound: --config.divergence.factor)")
+
   def _report(self, step: int, device_metrics, window, log_every: int):
     values = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
     # The loss of the weights before the step, whether its update was skipped or not.
-    self.guard.update(step, values["loss"], lambda: (
-        "nothing was saved: lower train.learning_rate (now "
-        f"{self.recipe.learning_rate:g}) and rerun (the bound: --config.divergence.factor)"))
+    self.guard.update(step, values["loss"], self._advice, values["grad_norm"])
     if values["consecutive_skipped"] >= self.config.max_consecutive_skips:
       raise errors.TrainingStoppedError(
           f"{int(values['consecutive_skipped'])} consecutive steps had a non-finite loss or "

@@ -23,8 +23,9 @@ from bertjax import (checkpoint, divergence, errors, files, flops, hosts, metric
                      outage, preemption, runs, sharding, signals, throughput, train)
 from bertjax.data import loader
 from bertjax.models import BertConfig
-from bertjax.tasks.pretrain_data import (Phase, check_stream, check_vocabulary, loader_config,
-                                         masking_config, phases, prepare_data, stream_settings)
+from bertjax.tasks.pretrain_data import (Phase, check_stream, check_vocabulary, data_identity,
+                                         loader_config, masking_config, phases, prepare_data,
+                                         stream_settings)
 
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: "stopped, resume me"
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT: stopped by Ctrl-C, after saving
@@ -220,9 +221,12 @@ class _Trainer:
       shardings = train.state_shardings(abstract, self.mesh, self.rules)
       state, restored_data = self._restore_or_init(abstract, shardings)
       self._check_resumed_stream(state, restored_data)
-      self.guard = divergence.DivergenceGuard(
-          config.divergence.factor, config.divergence.steps, config.divergence.window,
-          (restored_data or {}).get("recent_losses"))
+      # The range of losses goes on from the checkpoint's when they are of the
+      # same phase and data (those saved before they said so: of its phase).
+      data = data_identity(config, self.data_dir)
+      self.guard = divergence.DivergenceGuard.from_config(
+          config.divergence, restored_data,
+          of=None if restored_data is None else {"phase": restored_data["phase"], "data": data})
       # Checked and restored: now the workdir's config.json may say what it holds.
       runs.save_config(config, self.workdir)
       self.shardings = shardings
@@ -230,13 +234,15 @@ class _Trainer:
         for phase in self.phases:
           if int(state.step) >= phase.end:
             continue
+          # Another phase's losses (its length, its data) are not this one's range.
+          self.guard.begin({"phase": phase.index, "data": data}, self._advice,
+                           f"phase {phase.index - 1} ended there, with no checkpoint saved since")
           state, result = self._train_phase(phase, state, restored_data, result)
         step = int(state.step)
         if self.checkpointer.latest_step() != step:  # the last step is always kept
-          if self.guard.out_of_range:
-            raise errors.TrainingStoppedError(
-                f"the run ended with its {self.guard.describe()}: the last step is not saved; "
-                f"{self._advice()}")
+          # Saved by the rule of every save; with no step after it to wait for,
+          # losses out of range are judged now: re-based on, or the run stops.
+          self.guard.conclude(self._advice, "the run ended there: its last step is not saved")
           while not self._save(step, state, {"phase": self.phases[-1].index, "loader": None,
                                              **self.guard.state()}):
             pass  # the storage answers again (else the wait has raised): save it now
@@ -668,7 +674,7 @@ class _Trainer:
     values = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
     # The loss of the weights before the step: those a checkpoint would hold,
     # whether or not the step's update was skipped.
-    self.guard.update(step, values["loss"], self._advice)
+    self.guard.update(step, values["loss"], self._advice, values["grad_norm"])
     if values["consecutive_skipped"] >= config.max_consecutive_skips:
       raise errors.TrainingStoppedError(
           f"{int(values['consecutive_skipped'])} consecutive steps had a non-finite loss or "

@@ -14,6 +14,8 @@ model's vocabulary, and given each phase's statically masked instances when
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
 from typing import Any
 
@@ -130,6 +132,22 @@ def check_stream(saved: dict[str, Any] | None, current: dict[str, Any]) -> None:
     raise errors.UsageError(
         f"the checkpoint's data position is in the stream of {was}, not of this "
         f"run's {now}: resume with {was}, or start a new --workdir")
+
+
+def data_identity(config: ml_collections.ConfigDict, data_dir: str) -> str:
+  """What a run's losses are measured on, as a short digest: the prepared
+  documents (their `dataset_info.json`: the input and its files, the tokenizer,
+  the shards), the instances made of them and how they are masked. The
+  divergence guard's range is of one (`bertjax.divergence`): a run resumed on
+  other data starts it anew. It is process 0's, so that every host's guard
+  decides alike."""
+  data = config.data
+  described = {"documents": shards.read_info(data_dir), "objective": config.objective,
+               **{name: data[name] for name in (
+                   "short_seq_prob", "static", "max_sequences_per_row", "masked_lm_prob",
+                   "mask_rate", "random_rate", "whole_word_masking", "masking_specials")}}
+  digest = hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode())
+  return f"{hosts.from_process_0(int(digest.hexdigest()[:7], 16)):07x}"
 
 
 def masking_config(config: ml_collections.ConfigDict, max_predictions: int) -> MaskingConfig:

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from tests.tasks.finetuning import set_fields
+from tests.tasks.finetuning import set_fields, tiny_pretrain_config
 from tests.tasks.test_pretrain import ROOT, _args, _env, _losses, _run, _saved_steps
 
 
@@ -194,21 +194,6 @@ def test_an_error_while_a_save_is_in_flight_waits_for_the_save(prepared_dir, tmp
   assert not [n for n in os.listdir(os.path.join(workdir, "checkpoints")) if "tmp" in n]
 
 
-def _demo_config(prepared_dir, **changes):
-  from bertjax.configs import demo
-
-  config = demo.get_config()
-  settings = {"data.dir": prepared_dir, "data.eval_percent": 10.0, "model.vocab_size": 210,
-              "model.hidden_size": 32, "model.num_heads": 2, "model.num_layers": 2,
-              "model.intermediate_size": 64, "model.max_position_embeddings": 64,
-              "train.batch_size": 8, "eval.batch_size": 8, "train.max_seq_length": 32,
-              "train.max_predictions": 5, "train.total_steps": 30,
-              "train.long_from_step": -1, "optimizer.warmup_steps": 2,
-              "checkpoint.every_steps": 10, "checkpoint.async_save": False,
-              "eval.every_steps": 0, "log_every_steps": 10, **changes}
-  return set_fields(config, settings)
-
-
 @pytest.mark.parametrize("changes,message", [
     ({"checkpoint.max_to_keep": 0}, "checkpoint.max_to_keep must be >= 1, got 0"),
     ({"eval.every_steps": 10, "eval.batches": 0}, "eval.batches must be >= 1"),
@@ -221,13 +206,13 @@ def test_settings_that_lose_work_or_fail_later_are_refused_first(prepared_dir, c
   from bertjax.tasks import pretrain
 
   with pytest.raises(ValueError, match=message):
-    pretrain.validate(_demo_config(prepared_dir, **changes), 8)
+    pretrain.validate(tiny_pretrain_config(prepared_dir, **changes), 8)
 
 
 def test_an_empty_evaluation_split_is_refused_before_training(prepared_dir, tmp_path):
   from bertjax.tasks import pretrain
 
-  config = _demo_config(prepared_dir, **{"eval.every_steps": 10, "data.eval_percent": 0.01})
+  config = tiny_pretrain_config(prepared_dir, **{"eval.every_steps": 10, "data.eval_percent": 0.01})
   with pytest.raises(ValueError, match="leaves 0 in the eval split.*raise data.eval_percent"):
     pretrain.run(config, str(tmp_path))
   assert not os.path.exists(tmp_path / "checkpoints")
@@ -239,7 +224,7 @@ def finished_run(prepared_dir, tmp_path_factory):
   from bertjax.tasks import pretrain
 
   workdir = str(tmp_path_factory.mktemp("finished"))
-  pretrain.run(_demo_config(prepared_dir), workdir)
+  pretrain.run(tiny_pretrain_config(prepared_dir), workdir)
   return workdir
 
 
@@ -258,7 +243,7 @@ def test_a_refused_rerun_leaves_the_config_and_the_run_as_they_were(finished_run
 
   workdir = _copy(finished_run, tmp_path)
   before = open(os.path.join(workdir, "config.json")).read()
-  bigger = _demo_config(prepared_dir, **{"model.hidden_size": 64, "train.total_steps": 40})
+  bigger = tiny_pretrain_config(prepared_dir, **{"model.hidden_size": 64, "train.total_steps": 40})
   with pytest.raises(ValueError, match=r"does not fit this run's model and optimizer \(\d+ "
                                        r"arrays differ, e\.g\. "):
     pretrain.run(bigger, workdir)
@@ -286,10 +271,10 @@ def test_a_rerun_refuses_a_data_position_of_other_stream_settings(finished_run,
     with pytest.raises(ValueError, match=f"the checkpoint's data position is in the stream of "
                                          f"{flag}, not of this run's .*: resume with {flag}, "
                                          "or start a new --workdir"):
-      pretrain.run(_demo_config(prepared_dir, **{"train.total_steps": 30, **changes}), workdir)
+      pretrain.run(tiny_pretrain_config(prepared_dir, **{"train.total_steps": 30, **changes}), workdir)
     assert open(os.path.join(workdir, "config.json")).read() == before  # left as it was
   # Unpacked rows never read the packing window: changing it changes nothing.
-  pretrain.run(_demo_config(prepared_dir, **{"train.total_steps": 30,
+  pretrain.run(tiny_pretrain_config(prepared_dir, **{"train.total_steps": 30,
                                              "data.packing_window": 17}), workdir)
 
 
@@ -336,7 +321,7 @@ def test_a_damaged_latest_step_is_set_aside_and_the_run_resumes_before_it(
 
   workdir = _copy(finished_run, tmp_path)
   _damage(workdir, 30, how)
-  pretrain.run(_demo_config(prepared_dir, **{"train.total_steps": 40}), workdir)
+  pretrain.run(tiny_pretrain_config(prepared_dir, **{"train.total_steps": 40}), workdir)
   assert "DAMAGED CHECKPOINT: step 30 cannot be restored" in absl_caplog.text
   assert "Resuming from step 20" in absl_caplog.text
   assert "does not fit" not in absl_caplog.text  # damage is not called a model mismatch
@@ -353,7 +338,7 @@ def test_a_run_with_every_step_damaged_stops_naming_them(finished_run, prepared_
     _damage(workdir, step, "lost metadata")
   with pytest.raises(ValueError, match=r"no step of .*checkpoints reads back .*/30 is damaged"
                                        r".*/20 is damaged.*/10 is damaged"):
-    pretrain.run(_demo_config(prepared_dir, **{"train.total_steps": 40}), workdir)
+    pretrain.run(tiny_pretrain_config(prepared_dir, **{"train.total_steps": 40}), workdir)
   assert _saved_steps(workdir) == [10, 20, 30]  # nothing moved or deleted
 
 
@@ -374,7 +359,7 @@ def test_a_workdir_built_from_other_text_is_not_reused(tmp_path, monkeypatch):
 
   first, second = write_corpus(tmp_path / "a.txt"), write_corpus(tmp_path / "b.txt", seed=1)
   workdir = str(tmp_path / "run")
-  config = _demo_config("", **{"data.dir": "", "data.build_from": str(first),
+  config = tiny_pretrain_config("", **{"data.dir": "", "data.build_from": str(first),
                                "data.vocab_size": 300})
   pretrain_data.prepare_data(config, workdir)
   for change in ({"data.build_from": str(second)}, {"data.vocab_size": 400}):
@@ -400,7 +385,7 @@ def test_a_data_build_cut_short_is_completed_by_the_rerun(tmp_path, monkeypatch)
   monkeypatch.chdir(tmp_path)
   corpus = write_corpus(tmp_path / "a.txt")
   workdir = str(tmp_path / "run")
-  config = _demo_config("", **{"data.dir": "", "data.build_from": str(corpus),
+  config = tiny_pretrain_config("", **{"data.dir": "", "data.build_from": str(corpus),
                                "data.vocab_size": 300})
   data_dir = pretrain_data.prepare_data(config, workdir)
   # As if killed before the last shard was marked finished.
@@ -526,9 +511,9 @@ def test_a_damaged_step_on_cloud_storage_is_set_aside_too(gcs, prepared_dir, abs
   from bertjax.tasks import pretrain
 
   workdir = gcs.url_of("faults/damaged")
-  pretrain.run(_demo_config(prepared_dir), workdir)
+  pretrain.run(tiny_pretrain_config(prepared_dir), workdir)
   epath.Path(files.join(workdir, "checkpoints", "30", "state", "_METADATA")).unlink()
-  pretrain.run(_demo_config(prepared_dir, **{"train.total_steps": 40}), workdir)
+  pretrain.run(tiny_pretrain_config(prepared_dir, **{"train.total_steps": 40}), workdir)
   assert "DAMAGED CHECKPOINT: step 30 cannot be restored" in absl_caplog.text
   assert files.isfile(files.join(workdir, "checkpoints_damaged", "30", "state", "manifest.ocdbt"))
   # Steps 30 (again) and 40 saved anew; the oldest dropped (max_to_keep=3).
@@ -545,7 +530,7 @@ def test_a_checkpoint_with_arrays_this_run_lacks_is_a_mismatch_not_damage(finish
   workdir = _copy(finished_run, tmp_path)
   with pytest.raises(ValueError, match="does not fit .*nsp/.*this run has no "
                                        "such array"):
-    pretrain.run(_demo_config(prepared_dir, **{"objective": "mlm_pairs",
+    pretrain.run(tiny_pretrain_config(prepared_dir, **{"objective": "mlm_pairs",
                                                "train.total_steps": 40}), workdir)
   assert _saved_steps(workdir) == [10, 20, 30]
 
