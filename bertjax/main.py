@@ -82,8 +82,7 @@ def main(argv):
 
 def run() -> None:
   """The command line (as every bertjax command: `bertjax.usage`)."""
-  usage.run_main(main, interrupted="finished checkpoints and data are kept: rerun the same "
-                 "command to resume")
+  usage.run_main(main, interrupted=lambda: tasks.interrupted(_CONFIG.value.task))
 
 
 if __name__ == "__main__":

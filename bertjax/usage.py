@@ -51,7 +51,8 @@ def is_usage_error(error: BaseException) -> bool:
   return errors.one_line(error) is not None
 
 
-def run(fn: Callable[[], T], interrupted: str = "nothing was left half-written") -> T:
+def run(fn: Callable[[], T],
+        interrupted: str | Callable[[], str] = "nothing was left half-written") -> T:
   """`fn()`, with a worded error turned into one line and exit status 2 (42
   for a failure a restart can cure).
 
@@ -79,7 +80,8 @@ def run(fn: Callable[[], T], interrupted: str = "nothing was left half-written")
     # line that says what happened.
     logging.set_verbosity(logging.FATAL)
     std_logging.disable(std_logging.CRITICAL)
-    print(f"error: interrupted ({_signal_name(stop)}): {interrupted}", file=sys.stderr,
+    kept = interrupted() if callable(interrupted) else interrupted
+    print(f"error: interrupted ({_signal_name(stop)}): {kept}", file=sys.stderr,
           flush=True)
     sys.stdout.flush()
     os._exit(_signal_exit_code(stop))  # pylint: disable=protected-access
@@ -96,16 +98,16 @@ _running = False  # whether `run` is running a command (a Ctrl-C is its to end)
 
 
 def run_main(main: Callable[[list[str]], Any], *,
-             interrupted: str = "nothing was left half-written") -> None:
+             interrupted: str | Callable[[], str] = "nothing was left half-written") -> None:
   """Runs a command's `main(argv)` as every bertjax command runs (see above).
 
   Args:
     main: Takes the arguments left after the flags; `argv[1:]` must be empty.
-    interrupted: What a Ctrl-C leaves, said after "interrupted (Ctrl-C): ".
+    interrupted: What a Ctrl-C leaves, said after "interrupted (Ctrl-C): " (or
+      a function that says it then).
   """
 
-  _redeliver_swallowed_interrupts()
-  _stop_on_termination_signals()
+  stop_as_ctrl_c()
 
   def checked(argv: list[str]) -> Any:
     from bertjax import metrics
@@ -152,6 +154,14 @@ def _signal_name(stop: KeyboardInterrupt) -> str:
 
 def _signal_exit_code(stop: KeyboardInterrupt) -> int:
   return 128 + stop.signum if isinstance(stop, Terminated) else INTERRUPTED_EXIT_CODE
+
+
+def stop_as_ctrl_c() -> None:
+  """Makes SIGTERM and SIGHUP end this process's command as Ctrl-C does (see
+  `Terminated`); `run_main` does it for every absl command, a command with a
+  parser of its own calls it first."""
+  _redeliver_swallowed_interrupts()
+  _stop_on_termination_signals()
 
 
 def _stop_on_termination_signals() -> None:

@@ -5,6 +5,7 @@ mesh of 8 devices on any machine.
 """
 
 import os
+import time
 
 # (The runs tests start compile faster: tests/envs.py. In here XLA optimises
 # as it does for users: the numerics tests see what users get.)
@@ -61,6 +62,19 @@ def staging_files(directory):
   """Staging files and directories under `directory`: what a writer left half-done."""
   return [name for root, dirs, names in os.walk(directory) for name in dirs + names
           if ".tmp-" in name or "orbax-checkpoint-tmp" in name]
+
+
+def process_group_gone(pid, timeout=30):
+  """Whether every process of the session `pid` leads has ended (waiting up
+  to `timeout` seconds): a command left no worker behind."""
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    try:
+      os.killpg(pid, 0)
+    except ProcessLookupError:
+      return True
+    time.sleep(0.1)
+  return False
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,14 @@ TASKS = {"pretrain": "pretrain", "glue": "glue", "squad": "squad", "swag": "swag
          "ner": "ner", "ner_features": "features"}
 
 
+def interrupted(name: str) -> str:
+  """What a run of `config.task == name` stopped by Ctrl-C, SIGTERM or SIGHUP
+  leaves, said after "interrupted (Ctrl-C): "."""
+  if name == "pretrain":
+    return "finished checkpoints and data are kept: rerun the same command to resume"
+  return "the fine-tuning keeps no checkpoint: rerun the same command to run it again"
+
+
 def task_module(name: str):
   """The module that runs `config.task == name`."""
   import importlib

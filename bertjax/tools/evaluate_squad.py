@@ -78,12 +78,11 @@ def _evaluate(args: argparse.Namespace) -> None:
         print(f"Evaluation expects v-1.1, but got dataset with v-{data.get('version')}",
               file=sys.stderr)
       result = squad.evaluate_v1(data["data"], predictions)
-      print(json.dumps(result))
-      return
-    no_answer_probs = (_load_json(args.na_prob_file, "No-answer probability file")
-                       if args.na_prob_file else None)
-    result = squad.evaluate_v2(data["data"], predictions, no_answer_probs,
-                               args.na_prob_thresh)
+    else:
+      no_answer_probs = (_load_json(args.na_prob_file, "No-answer probability file")
+                         if args.na_prob_file else None)
+      result = squad.evaluate_v2(data["data"], predictions, no_answer_probs,
+                                 args.na_prob_thresh)
   except (KeyError, TypeError) as e:
     raise errors.CorruptFileError(f"{args.data_file}: malformed SQuAD data "
                                   f"({type(e).__name__}: {e})") from None
@@ -91,9 +90,12 @@ def _evaluate(args: argparse.Namespace) -> None:
     raise errors.UsageError(f"{args.data_file} with {args.pred_file}: {e}") from None
   if args.out_file:
     files.write_text(args.out_file, json.dumps(result))
+  elif rules == "v1.1":
+    print(json.dumps(result))  # as the official v1.1 script prints it
   else:
     print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":
+  usage.stop_as_ctrl_c()
   main()

@@ -105,6 +105,9 @@ def test_command_line_prints_the_official_json(tmp_path, capsys):
   v1 = _write(tmp_path, "dev1.json", _data([("q1", ["Paris"])], "1.1"))
   evaluate_squad.main([v1, _write(tmp_path, "p1.json", {"q1": "paris"})])
   assert capsys.readouterr().out.strip() == '{"exact_match": 100.0, "f1": 100.0}'
+  evaluate_squad.main([v1, str(tmp_path / "p1.json"), "-o", out_file])  # v1.1's too
+  assert json.load(open(out_file)) == {"exact_match": 100.0, "f1": 100.0}
+  assert capsys.readouterr().out == ""
 
 
 @pytest.mark.parametrize("content,message", [

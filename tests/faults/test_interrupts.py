@@ -14,7 +14,7 @@ import time
 import pytest
 
 from bertjax.data import shards
-from tests.conftest import corpus_and_vocab, staging_files
+from tests.conftest import corpus_and_vocab, process_group_gone, staging_files
 
 
 def _start(name, *args, sighup=signal.SIG_DFL):
@@ -125,18 +125,6 @@ def test_ctrl_c_in_a_conversion_leaves_no_output_and_the_rerun_converts(tmp_path
   assert os.path.isfile(output / "bertjax.json")
 
 
-def _group_gone(pid, timeout=30):
-  """Whether every process of the command's session has ended."""
-  deadline = time.time() + timeout
-  while time.time() < deadline:
-    try:
-      os.killpg(pid, 0)
-    except ProcessLookupError:
-      return True
-    time.sleep(0.1)
-  return False
-
-
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 @pytest.mark.parametrize("point", ["before any shard is finished", "with shards finished"])
 def test_sigterm_or_sighup_to_a_data_build_stops_its_workers_and_the_rerun_completes(
@@ -158,7 +146,7 @@ def test_sigterm_or_sighup_to_a_data_build_stops_its_workers_and_the_rerun_compl
   assert err.strip().splitlines()[-1] == (
       f"error: interrupted ({name}): finished shards are kept: rerun the same command to "
       "build the rest"), err[-2000:]
-  assert _group_gone(process.pid), "a worker outlived the command"
+  assert process_group_gone(process.pid), "a worker outlived the command"
   assert not staging_files(out)
   finished = _finished(out)
   again = subprocess.run([sys.executable, "-m", "bertjax.tools.prepare_pretraining_data",
