@@ -86,22 +86,43 @@ def minilm():
   return str(module.get_model_path())
 
 
+@pytest.fixture(scope="module")
+def minilm_bertjax(minilm, tmp_path_factory):
+  """all-MiniLM-L6-v2 in bertjax's format: the input of an export."""
+  output = str(tmp_path_factory.mktemp("signal_export") / "minilm")
+  _rerun([sys.executable, "-m", "bertjax.tools.convert", f"--input={minilm}",
+          f"--output={output}"])
+  return output
+
+
+def _staged(directory, name=None):
+  """Whether a staging directory under `directory` exists (holding `name`)."""
+  return any(name is None or name in files for root, _, files in os.walk(directory)
+             if ".tmp-" in root)
+
+
 @pytest.mark.parametrize("signum", SIGNALS)
-@pytest.mark.parametrize("point", ["weights read", "output being written"])
-def test_a_conversion_stopped_leaves_no_output(minilm, tmp_path, point, signum):
-  """A real pretrained model (all-MiniLM-L6-v2), stopped once its weights are
-  read, and while its output is written (its staging directory exists)."""
+@pytest.mark.parametrize("direction,point", [
+    ("import", "weights read"), ("import", "output being written"),
+    ("export", "output begun"), ("export", "weights being written")])
+def test_a_conversion_stopped_leaves_no_output(minilm, minilm_bertjax, tmp_path, direction,
+                                               point, signum):
+  """A real pretrained model (all-MiniLM-L6-v2), from Hugging Face's format
+  and back, stopped at two points of each."""
   output = tmp_path / "out" / "minilm"
   output.parent.mkdir()
-  command = [sys.executable, "-m", "bertjax.tools.convert", f"--input={minilm}",
+  source = minilm if direction == "import" else minilm_bertjax
+  command = [sys.executable, "-m", "bertjax.tools.convert", f"--input={source}",
              f"--output={output}"]
-  ready = ((lambda err: "loaded 103 tensors" in err) if point == "weights read"
-           else (lambda err: bool(staging_files(output.parent))))
-  stderr = _stopped_at(command, tmp_path / "log", ready, signum)
+  ready = {"weights read": lambda err: "loaded 103 tensors" in err,
+           "output being written": lambda err: bool(staging_files(output.parent)),
+           "output begun": lambda err: _staged(output.parent),
+           "weights being written": lambda err: _staged(output.parent, "model.safetensors")}
+  stderr = _stopped_at(command, tmp_path / "log", ready[point], signum)
   assert stderr.strip().endswith("nothing was written")
   assert os.listdir(output.parent) == []  # no output, no staging
   _rerun(command)
-  assert os.path.isfile(output / "bertjax.json")
+  assert os.path.isfile(output / ("bertjax.json" if direction == "import" else "config.json"))
 
 
 @pytest.fixture(scope="module")
