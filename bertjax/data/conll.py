@@ -19,17 +19,21 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
 from bertjax import errors, files
-from bertjax.data import tfds_io
+from bertjax.data import textfiles, tfds_io
 from bertjax.data.skips import SkipReport
 
 logger = logging.getLogger(__name__)
 
 DOCSTART = "-DOCSTART-"
+# A line is a word and its tags: a longer one is no word. It is skipped, read
+# past a chunk at a time, so a line of any length costs bounded memory.
+MAX_LINE_CHARS = 10_000
+_SCAN_CHARS = 1 << 20
 
 
 @dataclasses.dataclass
@@ -58,7 +62,10 @@ def read_conll(path: str, report: SkipReport | None = None) -> list[Sentence]:
 
   try:
     with files.open_text(path) as f:  # a byte-order mark is not a word
-      for number, line in enumerate(f, start=1):
+      for number, line in enumerate(_lines(f), start=1):
+        if line is None:
+          report.skip(f"{path}:{number}", f"a line over {MAX_LINE_CHARS} characters")
+          continue
         columns = line.split()
         if not columns:
           flush()
@@ -82,12 +89,23 @@ def read_conll(path: str, report: SkipReport | None = None) -> list[Sentence]:
   except FileNotFoundError:
     raise errors.MissingFileError(f"{path} not found") from None
   except UnicodeDecodeError as e:
-    raise errors.UsageError(f"{path}: not UTF-8 text ({e})") from None
+    raise errors.UsageError(textfiles.not_utf8(path, e)) from None
   if own_report:
     report.log(path, sum(len(s.words) for s in sentences), "words")
   if not sentences:
     raise errors.UsageError(f"{path}: no sentences")
   return sentences
+
+
+def _lines(f) -> Iterator[str | None]:
+  """The lines of text file `f`, None for each over `MAX_LINE_CHARS`."""
+  while line := f.readline(MAX_LINE_CHARS + 1):
+    if len(line) <= MAX_LINE_CHARS or line.endswith("\n"):
+      yield line
+      continue
+    while line and not line.endswith("\n"):
+      line = f.readline(_SCAN_CHARS)
+    yield None
 
 
 def read_tfds(name: str, split: str, data_dir: str | None = None) -> list[Sentence]:

@@ -22,6 +22,7 @@ tokenise to nothing are counted, not placed).
 from __future__ import annotations
 
 import ast
+import codecs
 import collections
 import dataclasses
 import functools
@@ -39,6 +40,9 @@ from bertjax.data.sentences import split_sentences
 FILE_FORMATS = ("sentences", "documents")
 _NAMED_FILES = 5  # skipped files named in the summary, per reason
 _BACKSCAN_CHUNK = 4096
+# Bytes read at a time past a line too long to keep (or the rest of a line
+# before a range's first line start): what a line of any length costs.
+_SCAN_CHUNK = 1 << 20
 # ASCII whitespace and every non-ASCII byte: what remains is visible ASCII.
 _NOT_VISIBLE_ASCII = b" \t\r\n\x0b\x0c" + bytes(range(0x80, 0x100))
 
@@ -335,14 +339,29 @@ def plan_ranges(files: Sequence[tuple], num_parts: int) -> list[list[FileRange]]
   return parts
 
 
-def _read_line(f, limit: int) -> tuple[bytes | None, bool]:
-  """(line, too_long): the next line (b"" at the end), or None if over `limit`."""
+def _read_line(f, limit: int, first: bool = False) -> tuple[bytes | None, bool]:
+  """(line, too_long): the next line (b"" at the end), or None if its text
+  (without the newline) is over `limit` bytes; such a line is read past, never
+  held whole.
+
+  Args:
+    first: Whether the line starts the file: a UTF-8 byte-order mark there
+      (as Windows editors write) is not text.
+  """
   line = f.readline(limit + 1)
   if len(line) <= limit or line.endswith(b"\n"):
-    return line, False
-  while line and not line.endswith(b"\n"):  # Skip the rest without keeping it.
-    line = f.readline(1 << 20)
+    return line.removeprefix(codecs.BOM_UTF8) if first else line, False
+  _skip_rest_of_line(f)
   return None, True
+
+
+def _skip_rest_of_line(f) -> None:
+  """Reads `f` past the next newline (or to its end), a chunk at a time: a
+  line of any length costs at most one chunk of memory."""
+  while True:
+    chunk = f.readline(_SCAN_CHUNK)
+    if not chunk or chunk.endswith(b"\n"):
+      return
 
 
 def _is_blank(line: bytes) -> bool:
@@ -355,27 +374,37 @@ def _is_blank(line: bytes) -> bool:
     return False
 
 
-def _previous_line_is_blank(f, position: int) -> bool:
-  """Whether the line ending just before `position` (a line start) is blank."""
+def _previous_line_is_blank(f, position: int, limit: int) -> bool:
+  """Whether the line ending just before `position` (a line start) is blank.
+
+  A line over `limit` bytes is not (`_lines` skips it as too long, never as
+  blank); the scan back stops there, so it holds at most `limit` bytes.
+  """
   if position == 0:
     return True
-  end = position - 1  # the newline ending the previous line
-  collected = b""
-  cursor = end
+  chunks: list[bytes] = []  # the previous line's bytes, last first
+  collected, first = 0, False
+  cursor = position - 1  # the newline ending the previous line
   while cursor > 0:
     begin = max(0, cursor - _BACKSCAN_CHUNK)
     f.seek(begin)
     chunk = f.read(cursor - begin)
     newline = chunk.rfind(b"\n")
     if newline >= 0:
-      collected = chunk[newline + 1:] + collected
-      break
-    collected = chunk + collected
-    if collected.translate(None, _NOT_VISIBLE_ASCII):  # a visible ASCII character
+      chunk = chunk[newline + 1:]
+    collected += len(chunk)
+    if collected > limit:
+      f.seek(position)
+      return False
+    chunks.append(chunk)
+    first = newline < 0 and begin == 0
+    if newline >= 0 or chunk.translate(None, _NOT_VISIBLE_ASCII):  # a visible ASCII character
       break  # Not blank, whatever comes before.
     cursor = begin
   f.seek(position)
-  return _is_blank(collected)
+  line = b"".join(reversed(chunks))
+  # The file's first line, as `_read_line` reads it (a byte-order mark is no text).
+  return _is_blank(line.removeprefix(codecs.BOM_UTF8) if first else line)
 
 
 def _first_line_start(f, start: int) -> int:
@@ -383,7 +412,7 @@ def _first_line_start(f, start: int) -> int:
   if start == 0:
     return 0
   f.seek(start - 1)
-  f.readline()  # The rest of the line holding byte start-1 (just "\n" if it ends there).
+  _skip_rest_of_line(f)  # the line holding byte start-1 (just "\n" if it ends there)
   return f.tell()
 
 
@@ -459,7 +488,7 @@ def _lines(f, position: int, end: float, file_format: str, invalid: str, stats: 
 
   if file_format == "documents":
     while position < end:
-      line, too_long = _read_line(f, limit)
+      line, too_long = _read_line(f, limit, position == 0)
       position = f.tell()
       if too_long:
         stats.documents_read += 1
@@ -479,7 +508,7 @@ def _lines(f, position: int, end: float, file_format: str, invalid: str, stats: 
 
   # One sentence per line. Skip the tail of a document owned by the range
   # before; a document belongs to the range holding its first line.
-  if not _previous_line_is_blank(f, position):
+  if not _previous_line_is_blank(f, position, limit):
     while True:
       line, too_long = _read_line(f, limit)
       if not too_long and _is_blank(line):
@@ -487,7 +516,7 @@ def _lines(f, position: int, end: float, file_format: str, invalid: str, stats: 
   in_document, document = False, []
   while True:
     line_start = f.tell()
-    line, too_long = _read_line(f, limit)
+    line, too_long = _read_line(f, limit, line_start == 0)
     if not too_long and _is_blank(line):  # a blank line or the end of the file
       if in_document:
         stats.documents_read += 1

@@ -20,7 +20,7 @@ import sys
 from typing import Any, Sequence
 
 from bertjax import errors, files
-from bertjax.data import tfds_io
+from bertjax.data import textfiles, tfds_io
 from bertjax.data.skips import SkipReport
 
 
@@ -155,7 +155,7 @@ def _read_tsv(path: str) -> list[list[str]]:
     raise errors.MissingFileError(f"{path} not found (a GLUE task directory as written by "
                                   "download_glue_data.py?)") from None
   except UnicodeDecodeError as e:
-    raise errors.UsageError(f"{path}: not UTF-8 text ({e})") from None
+    raise errors.UsageError(textfiles.not_utf8(path, e)) from None
 
 
 def _row_index(row: Sequence[str], line: int, has_index_column: bool) -> int:

@@ -16,6 +16,7 @@ import sys
 import numpy as np
 
 from bertjax import errors, files
+from bertjax.data import textfiles
 from bertjax.data.skips import SkipReport
 
 NUM_CHOICES = 4
@@ -61,7 +62,7 @@ def read_csv(path: str, report: SkipReport | None = None) -> list[Example]:
   except FileNotFoundError:
     raise errors.MissingFileError(f"{path} not found") from None
   except UnicodeDecodeError as e:
-    raise errors.UsageError(f"{path}: not UTF-8 text ({e})") from None
+    raise errors.UsageError(textfiles.not_utf8(path, e)) from None
   if own_report:
     report.log(path, len(examples))
   if not examples:

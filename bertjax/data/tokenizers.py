@@ -26,6 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from bertjax import errors, files
+from bertjax.data import textfiles
 
 SPECIAL_TOKEN_ROLES = ("unk", "cls", "sep", "pad", "mask")
 
@@ -221,7 +222,10 @@ def read_vocab(path: str) -> list[str]:
     raise errors.MissingFileError(f"Vocabulary file not found: {path}") from None
   except UnicodeDecodeError as e:
     with open(path, "rb") as f:
-      line = f.read()[:e.start].count(b"\n") + 1
+      data = f.read()
+    if textfiles.marked_encoding(data):
+      raise errors.UsageError(textfiles.not_utf8(path, e)) from None
+    line = data[:e.start].count(b"\n") + 1
     raise errors.UsageError(f"{path}, line {line}: not valid UTF-8 ({e.reason})") from None
   if tokens and tokens[-1] == "":
     tokens.pop()  # The newline that ends the last line.
@@ -438,7 +442,9 @@ class JsonTokenizer(Tokenizer):
 
     self.path = path
     try:
-      self._backend = tokenizers.Tokenizer.from_file(path)
+      # Read here, not by the library: a byte-order mark (a Windows editor's
+      # save) is no JSON to it.
+      self._backend = tokenizers.Tokenizer.from_str(files.read_text(path))
     except Exception as e:  # the Rust library raises its own exception type
       raise errors.UsageError(f"{path}: not a tokenizer file the tokenizers library reads "
                               f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"

@@ -65,7 +65,7 @@ def find_checkpoint(directory: str) -> str:
     return preferred
   state = os.path.join(directory, "checkpoint")
   if os.path.isfile(state):
-    with open(state, encoding="utf-8") as f:
+    with open(state, encoding="utf-8-sig") as f:  # a byte-order mark would hide line 1
       match = re.search(r'^model_checkpoint_path:\s*"([^"]+)"', f.read(), re.M)
     if match:
       named = os.path.join(directory, os.path.basename(match.group(1)))

@@ -3,11 +3,17 @@ place in it, or skipped and counted in the reader's summary; none is read as
 data.
 
 SQuAD JSON, GLUE STS-B scores, safetensors headers and the shard names of a
-`model.safetensors.index.json`.
+`model.safetensors.index.json`; text files as people save them (a UTF-8
+byte-order mark, CRLF line ends) in every text input; lines of any length read
+in bounded memory.
 """
 
+import codecs
+import gzip
 import json
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -215,3 +221,341 @@ def test_json_and_text_files_saved_with_a_byte_order_mark_read_as_without(tmp_pa
   path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"hidden_size": 32}).encode())
   assert files.read_json(str(path)) == {"hidden_size": 32}
   assert files.read_text(str(path)) == json.dumps({"hidden_size": 32})
+
+
+def _saved_as(text: str, saved_as: str) -> bytes:
+  """`text` as an editor on another system saves it: "bom", "crlf" or "bom+crlf"."""
+  if "crlf" in saved_as:
+    text = text.replace("\n", "\r\n")
+  return ("\ufeff" if "bom" in saved_as else "").encode() + text.encode("utf-8")
+
+
+SAVED_AS = ["bom", "crlf", "bom+crlf"]
+
+
+@pytest.mark.parametrize("saved_as", SAVED_AS)
+@pytest.mark.parametrize("file_format", ["sentences", "documents"])
+@pytest.mark.parametrize("compressed", [False, True])
+def test_a_corpus_saved_with_a_byte_order_mark_reads_as_without(tmp_path, saved_as, file_format,
+                                                                 compressed):
+  """The mark is not the first sentence's first character, whether the file is
+  read in byte ranges or whole (compressed)."""
+  from bertjax.data import corpus
+
+  text = "First sentence here.\nSecond one.\n\nThird, in a new document.\n"
+  data = _saved_as(text, saved_as)
+  path = tmp_path / ("corpus.txt.gz" if compressed else "corpus.txt")
+  path.write_bytes(gzip.compress(data) if compressed else data)
+  expected = ([["First sentence here.", "Second one."], ["Third, in a new document."]]
+              if file_format == "sentences" else
+              [["First sentence here."], ["Second one."], ["Third, in a new document."]])
+  stats = corpus.CorpusStats()
+  files = corpus.scan_files([str(path)], stats)
+  for parts in (1, 2, 5, len(data)):
+    documents = [document for part in corpus.plan_ranges(files, parts) for file_range in part
+                 for document in corpus.read_range(file_range, file_format, stats)]
+    assert documents == expected, parts
+  assert not stats.lines_skipped and not stats.documents_skipped
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3, 4, 9])
+def test_a_corpus_whose_first_line_is_only_a_byte_order_mark_loses_no_document(tmp_path, parts):
+  """The mark's line is blank to every byte range: the document after it is
+  read once, by the range it starts in, not dropped as the tail of another."""
+  from bertjax.data import corpus
+
+  path = tmp_path / "corpus.txt"
+  path.write_bytes(b"\xef\xbb\xbf\nOne.\nTwo.\n\nThree.\n")
+  stats = corpus.CorpusStats()
+  documents = [document for part in corpus.plan_ranges(corpus.scan_files([str(path)], stats),
+                                                       parts)
+               for file_range in part
+               for document in corpus.read_range(file_range, "sentences", stats)]
+  assert documents == [["One.", "Two."], ["Three."]]
+
+
+def test_a_vocabulary_is_trained_without_the_byte_order_mark(tmp_path):
+  from bertjax.data import vocabulary
+
+  path = tmp_path / "corpus.txt"
+  path.write_bytes(_saved_as("Hello world.\nAnother line.\n", "bom+crlf"))
+  assert list(vocabulary.sentences(str(path))) == ["Hello world.", "Another line."]
+
+
+@pytest.mark.parametrize("saved_as", SAVED_AS)
+def test_squad_json_saved_on_another_system_reads_as_the_original(tmp_path, saved_as):
+  original = _squad(tmp_path)
+  saved = tmp_path / "saved.json"
+  saved.write_bytes(_saved_as(json.dumps(json.loads(open(original).read()), indent=1), saved_as))
+  examples = squad.read_examples(str(saved), is_training=True)
+  assert examples == squad.read_examples(original, is_training=True)
+  assert [e.qas_id for e in examples] == ["good"]
+
+
+def test_evaluate_squad_reads_files_saved_with_a_byte_order_mark(tmp_path, capsys):
+  data = tmp_path / "dev.json"
+  data.write_bytes(_saved_as(open(_squad(tmp_path)).read(), "bom+crlf"))
+  predictions = tmp_path / "predictions.json"
+  predictions.write_bytes(_saved_as(json.dumps({"good": "Normandy"}), "bom"))
+  evaluate_squad.main([str(data), str(predictions)])
+  assert json.loads(capsys.readouterr().out)["exact_match"] == 100.0
+
+
+GLUE_FILES = {
+    # CoLA's train file has no header: the mark would stick to its first row.
+    ("cola", "train"): "gj04\t1\t\tOur friends won't buy this analysis.\n"
+                       "gj04\t0\t*\tThey drank the pub.\n",
+    ("sst2", "dev"): "sentence\tlabel\nit 's a charming journey . \t1\nunfunny . \t0\n",
+    ("stsb", "train"): STSB_HEADER + "\n0\tmain\tMSRvid\t2012\t0001\tnone\tnone\tA plane.\t"
+                       "An air plane.\t5.000\n",
+    # Test rows are identified by their index column, the first.
+    ("mrpc", "test"): "index\t#1 ID\t#2 ID\t#1 String\t#2 String\n0\t1\t2\tA b.\tC d.\n"
+                      "1\t3\t4\tE f.\tG h.\n",
+}
+
+
+@pytest.mark.parametrize("saved_as", SAVED_AS)
+@pytest.mark.parametrize("task,split", list(GLUE_FILES))
+def test_glue_tsv_saved_on_another_system_reads_as_the_original(tmp_path, saved_as, task, split):
+  """No byte-order mark before the first column, no CR after the last (a label
+  or score)."""
+  spec = glue.task_spec(task)
+  name = spec.files[split]
+  (tmp_path / "original").mkdir()
+  (tmp_path / "saved").mkdir()
+  (tmp_path / "original" / name).write_text(GLUE_FILES[task, split])
+  (tmp_path / "saved" / name).write_bytes(_saved_as(GLUE_FILES[task, split], saved_as))
+  saved = glue.read_tsv(spec, str(tmp_path / "saved"), split)
+  assert saved == glue.read_tsv(spec, str(tmp_path / "original"), split)
+  assert not any("\ufeff" in e.text_a or "\r" in str(e.text_b) + str(e.label) for e in saved)
+
+
+SWAG_FILE = ("sent1,sent2,ending0,ending1,ending2,ending3,label\n"
+             "The dog,runs,far.,away.,home.,back.,2\n")
+
+
+@pytest.mark.parametrize("saved_as", SAVED_AS)
+def test_swag_csv_saved_on_another_system_reads_as_the_original(tmp_path, saved_as):
+  """The header's first name (sent1 here) is found: the mark is not part of it."""
+  from bertjax.data import swag
+
+  path = tmp_path / "val.csv"
+  path.write_bytes(_saved_as(SWAG_FILE, saved_as))
+  (example,) = swag.read_csv(str(path))
+  assert (example.context, example.endings[3], example.label) == ("The dog", "back.", 2)
+
+
+CONLL_FILE = ("-DOCSTART- -X- -X- O\n\nEU NNP I-NP I-ORG\nrejects VBZ I-VP O\n\n"
+              "-DOCSTART- -X- -X- O\n\nPeter NNP I-NP I-PER\n")
+
+
+@pytest.mark.parametrize("saved_as", SAVED_AS)
+def test_conll_file_saved_on_another_system_reads_as_the_original(tmp_path, saved_as):
+  """'-DOCSTART-' after a mark still starts a document (it is not a word),
+  and a CRLF line's tag has no CR."""
+  from bertjax.data import conll
+
+  path = tmp_path / "eng.train"
+  path.write_bytes(_saved_as(CONLL_FILE, saved_as))
+  sentences = conll.read_conll(str(path))
+  assert [(s.words, s.tags, s.document) for s in sentences] == [
+      (["EU", "rejects"], ["I-ORG", "O"], 0), (["Peter"], ["I-PER"], 1)]
+
+
+@pytest.mark.parametrize("saved_as", SAVED_AS)
+def test_a_tokenizer_json_saved_with_a_byte_order_mark_reads_as_the_original(tmp_path, saved_as):
+  """ModernBERT's tokenizer.json (read by the tokenizers library, to which the
+  mark is no JSON) and its tokenizer_config.json."""
+  from tests import reference
+
+  reference.write_bpe_tokenizer(tmp_path / "original")
+  (tmp_path / "saved").mkdir()
+  for name in ("tokenizer.json", "tokenizer_config.json"):
+    text = (tmp_path / "original" / name).read_text(encoding="utf-8")
+    (tmp_path / "saved" / name).write_bytes(_saved_as(text, saved_as))
+  sentence = "the cat sat on the mat"
+  saved = hf.load_tokenizer(str(tmp_path / "saved"))
+  assert saved.encode(sentence) == hf.load_tokenizer(str(tmp_path / "original")).encode(sentence)
+
+
+@pytest.mark.parametrize("saved_as", SAVED_AS)
+def test_a_tensorflow_checkpoint_file_saved_with_a_byte_order_mark_names_the_latest(tmp_path,
+                                                                                   saved_as):
+  """Its first line names the checkpoint to load among several."""
+  from bertjax.interop import google_tf
+
+  for step in (1000, 2000):
+    (tmp_path / f"model.ckpt-{step}.index").write_bytes(b"")
+  (tmp_path / "checkpoint").write_bytes(_saved_as(
+      'model_checkpoint_path: "model.ckpt-1000"\n'
+      'all_model_checkpoint_paths: "model.ckpt-1000"\n'
+      'all_model_checkpoint_paths: "model.ckpt-2000"\n', saved_as))
+  assert google_tf.find_checkpoint(str(tmp_path)) == str(tmp_path / "model.ckpt-1000")
+
+
+def _read_glue(path):
+  return glue.read_tsv(glue.task_spec("sst2"), str(path.parent), "dev")
+
+
+def _read_swag(path):
+  from bertjax.data import swag
+  return swag.read_csv(str(path))
+
+
+def _read_conll(path):
+  from bertjax.data import conll
+  return conll.read_conll(str(path))
+
+
+def _read_vocab(path):
+  from bertjax.data import tokenizers
+  return tokenizers.read_vocab(str(path))
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be", "utf-32"])
+@pytest.mark.parametrize("name,text,read", [
+    ("dev.tsv", GLUE_FILES["sst2", "dev"], _read_glue),
+    ("val.csv", SWAG_FILE, _read_swag),
+    ("eng.train", CONLL_FILE, _read_conll),
+    ("vocab.txt", "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\n", _read_vocab),
+], ids=["glue", "swag", "conll", "vocab"])
+def test_a_file_saved_as_utf16_or_utf32_is_named_as_such(tmp_path, encoding, name, text, read):
+  """Excel's "Unicode Text" and Notepad's "Unicode" save UTF-16 after its
+  byte-order mark: the one-line error names the encoding and the fix."""
+  path = tmp_path / name
+  path.write_bytes({"utf-16": codecs.BOM_UTF16_LE + text.encode("utf-16-le"),
+                    "utf-16-be": codecs.BOM_UTF16_BE + text.encode("utf-16-be"),
+                    "utf-32": codecs.BOM_UTF32_LE + text.encode("utf-32-le")}[encoding])
+  with pytest.raises(ValueError) as error:
+    read(path)
+  message = str(error.value)
+  expected = "UTF-32" if encoding == "utf-32" else "UTF-16"
+  assert "\n" not in message and str(path) in message, message
+  assert f"{expected} text (it starts with a {expected} byte-order mark)" in message, message
+  assert "save it as UTF-8" in message, message
+
+
+# Runs a reader in a fresh process (one that imports only the reader's module)
+# and prints its result with the growth of the process's peak memory over a
+# warm-up read of a small file. The peak is the kernel's VmHWM: getrusage's
+# ru_maxrss survives exec, so it starts at the peak of the test process that
+# forked it (pytest's, far above a reader's).
+_PEAK_MEMORY = """
+import json, sys
+{reader}
+def peak_mib():
+  with open("/proc/self/status") as f:
+    kib = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+  return kib / 1024
+small, big, args = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+read(small, **args)
+before = peak_mib()
+result = read(big, **args)
+print(json.dumps({{"growth_mib": peak_mib() - before, "result": result}}))
+"""
+_READ_CORPUS = """
+from bertjax.data import corpus
+def read(path, file_format, cuts):
+  stats = corpus.CorpusStats()
+  (file,) = corpus.scan_files([path], stats)
+  bounds = [0] + [cut for cut in cuts if cut < file.size] + [file.size]
+  documents = [document for start, end in zip(bounds, bounds[1:])
+               for document in corpus.read_range(corpus.FileRange(path, start, end, file.size),
+                                                 file_format, stats)]
+  return {"documents": documents, "lines_skipped": stats.lines_skipped,
+          "documents_skipped": stats.documents_skipped}
+"""
+_READ_CONLL = """
+from bertjax.data import conll
+from bertjax.data.skips import SkipReport
+def read(path):
+  report = SkipReport()
+  sentences = conll.read_conll(path, report)
+  return {"words": [s.words for s in sentences], "skipped": report.counts}
+"""
+LONG_LINE_BYTES = 100 << 20
+# Far less than the line: reading it whole would grow the peak by its size
+# (and more, to decode or split it).
+MEMORY_GROWTH_LIMIT_MIB = 30
+
+
+def _peak_memory(reader: str, small, big, **args) -> dict:
+  script = _PEAK_MEMORY.format(reader=reader)
+  try:
+    done = subprocess.run([sys.executable, "-c", script, str(small), str(big), json.dumps(args)],
+                          capture_output=True, text=True, timeout=60)
+  except subprocess.TimeoutExpired:
+    pytest.fail("reading the long line took over a minute")
+  assert done.returncode == 0, done.stderr
+  return json.loads(done.stdout)
+
+
+def _write_long_line(f, character: str) -> None:
+  """A line of `LONG_LINE_BYTES` bytes of `character`, without its newline,
+  written a MiB at a time."""
+  piece = character.encode("utf-8")
+  chunk = piece * ((1 << 20) // len(piece))
+  written = 0
+  while written + len(chunk) <= LONG_LINE_BYTES:
+    f.write(chunk)
+    written += len(chunk)
+  f.write(piece * ((LONG_LINE_BYTES - written) // len(piece)))
+
+
+HEAD = b"One.\nTwo.\n\n"  # before the long line
+TAIL = b"\nThree.\n\nFour.\n"  # the long line's newline, then after it
+
+
+@pytest.fixture(scope="module", params=["x", "\u6771"], ids=["ascii", "cjk"])
+def long_line_corpus(request, tmp_path_factory):
+  """(corpus, small corpus, where its long line starts and ends): a 100 MB line
+  between documents, of ASCII or of CJK characters (three bytes each, none of
+  which the search for a line's start recognises as text)."""
+  directory = tmp_path_factory.mktemp("long_line")
+  path = directory / "corpus.txt"
+  with open(path, "wb") as f:
+    f.write(HEAD)
+    _write_long_line(f, request.param)
+    end = f.tell()
+    f.write(TAIL)
+  small = directory / "small.txt"
+  small.write_bytes(HEAD + b"short\n\nThree.\n")
+  return path, small, len(HEAD), end
+
+
+EXPECTED = {"sentences": [["One.", "Two."], ["Three."], ["Four."]],
+            "documents": [["One."], ["Two."], ["Three."], ["Four."]]}
+
+
+@pytest.mark.parametrize("file_format", ["sentences", "documents"])
+@pytest.mark.parametrize("cut", ["none", "inside", "after", "both"])
+def test_a_100_mb_corpus_line_is_skipped_in_bounded_memory(long_line_corpus, file_format, cut):
+  """The data build's byte ranges may start inside the line (the search for the
+  range's first line start reads past it) or just after it (the check that the
+  line before is blank scans back over it); either way it is read a chunk at a
+  time, counted once as skipped, and the other lines are read once."""
+  path, small, start, end = long_line_corpus
+  cuts = {"none": [], "inside": [(start + end) // 2], "after": [end + 1],
+          "both": [start + 1, (start + end) // 2, end, end + 1, end + 3]}[cut]
+  read = _peak_memory(_READ_CORPUS, small, path, file_format=file_format, cuts=cuts)
+  result = read["result"]
+  assert result["documents"] == EXPECTED[file_format]
+  skipped = result["lines_skipped" if file_format == "sentences" else "documents_skipped"]
+  assert skipped == {"over 100000 characters": 1}
+  assert read["growth_mib"] < MEMORY_GROWTH_LIMIT_MIB, read["growth_mib"]
+
+
+def test_a_100_mb_conll_line_is_skipped_in_bounded_memory(tmp_path):
+  from bertjax.data import conll
+
+  path = tmp_path / "eng.train"
+  with open(path, "wb") as f:
+    f.write(b"EU NNP I-NP I-ORG\n")
+    _write_long_line(f, "x")
+    f.write(b" NN I-NP O\nrejects VBZ I-VP O\n\nPeter NNP I-NP I-PER\n")
+  small = tmp_path / "small.txt"
+  small.write_text("EU NNP I-NP I-ORG\n\n")
+  read = _peak_memory(_READ_CONLL, small, path)
+  assert read["growth_mib"] < MEMORY_GROWTH_LIMIT_MIB, read["growth_mib"]
+  assert read["result"] == {"words": [["EU", "rejects"], ["Peter"]],
+                            "skipped": {f"a line over {conll.MAX_LINE_CHARS} characters": 1}}
