@@ -13,6 +13,7 @@ written last.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import json
 import os
@@ -53,6 +54,34 @@ def isfile(path: str) -> bool:
   return os.path.isfile(path)
 
 
+def check_directory(path: str, flag: str | None = None) -> None:
+  """Refuses an output directory `path` (given as `flag`, "--output_dir") that
+  is an existing file, before anything is written: the file is left as it was.
+
+  Raises:
+    UsageError: naming the path and what to give instead.
+  """
+  if isfile(path):
+    raise errors.UsageError(f"{_given(path, flag)} is a file, not a directory: give a "
+                            "directory (a new one is created)")
+
+
+def check_file(path: str, flag: str | None = None) -> None:
+  """Refuses an output file `path` (given as `flag`, "--output") that is an
+  existing directory, before anything is written.
+
+  Raises:
+    UsageError: naming the path and what to give instead.
+  """
+  if isdir(path):
+    raise errors.UsageError(f"{_given(path, flag)} is a directory, not a file: give the path "
+                            "of a file")
+
+
+def _given(path: str, flag: str | None) -> str:
+  return f"{flag}={path}" if flag else path
+
+
 def isdir(path: str) -> bool:
   """Whether `path` is a directory (on `gs://`: whether any object lies under it)."""
   if is_remote(path):
@@ -89,8 +118,44 @@ def read_bytes(path: str) -> bytes:
 
 def read_text(path: str) -> str:
   """The text of a UTF-8 file (a byte-order mark, as Windows editors write,
-  is not part of it)."""
-  return read_bytes(path).decode("utf-8-sig")
+  is not part of it).
+
+  Raises:
+    UsageError: the file is UTF-16 or UTF-32 (its byte-order mark says so).
+    UnicodeDecodeError: it is not UTF-8 otherwise.
+  """
+  return _decoded(path, read_bytes(path))
+
+
+def _decoded(path: str, data: bytes) -> str:
+  try:
+    return data.decode("utf-8-sig")
+  except UnicodeDecodeError as e:
+    if marked_encoding(data[:4]):
+      raise errors.UsageError(not_utf8(path, data[:4], e)) from None
+    raise
+
+
+# UTF-32's little-endian mark starts with UTF-16's, so it comes first.
+_UNICODE_MARKS = ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"),
+                  (codecs.BOM_UTF16_LE, "UTF-16"), (codecs.BOM_UTF16_BE, "UTF-16"))
+
+
+def marked_encoding(head: bytes) -> str | None:
+  """"UTF-16" or "UTF-32" if bytes start with its byte-order mark, else None."""
+  return next((name for mark, name in _UNICODE_MARKS if head.startswith(mark)), None)
+
+
+def not_utf8(path: str, head: bytes, error: UnicodeDecodeError) -> str:
+  """Why a file that must be UTF-8 text could not be read, in one line: a
+  UTF-16 or UTF-32 byte-order mark at its start (`head`) is named (Excel's
+  "Unicode Text" and Notepad's "Unicode" save UTF-16 with one), else the
+  decoder's error."""
+  encoding = marked_encoding(head)
+  if encoding:
+    return (f"{path}: {encoding} text (it starts with a {encoding} byte-order mark), not "
+            f"UTF-8; save it as UTF-8 (e.g. iconv -f {encoding} -t UTF-8)")
+  return f"{path}: not UTF-8 text ({error})"
 
 
 @contextlib.contextmanager
@@ -304,6 +369,7 @@ def write_bytes(path: str, data: bytes) -> None:
     with _writing(path):
       _epath(path).write_bytes(data)
     return
+  check_file(path)  # (a rename over a directory would fail after the write)
   staging = staging_name(path)
   try:
     with errors.writing(path, f"{path} is as it was"):
@@ -323,14 +389,9 @@ def write_text(path: str, text: str) -> None:
 def read_json(path: str) -> dict[str, Any]:
   """A JSON object from `path` (local or a URL); errors name the file."""
   try:
-    if is_remote(path):
-      from etils import epath
-      if not epath.Path(path).exists():
-        raise errors.MissingFileError(path)
-      data = json.loads(epath.Path(path).read_bytes().decode("utf-8-sig"))
-    else:
-      with open(path, encoding="utf-8-sig") as f:  # a byte-order mark is no JSON
-        data = json.load(f)
+    if is_remote(path) and not exists(path):
+      raise errors.MissingFileError(path)
+    data = json.loads(read_text(path))  # (a byte-order mark is no JSON)
   except FileNotFoundError:
     raise errors.MissingFileError(f"{path} not found") from None
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -359,6 +420,7 @@ def atomic_directory(out_dir: str, overwrite: bool = False,
   the old marker goes first, so a reader never takes a half-written directory
   for a complete one.
   """
+  check_directory(out_dir)  # `overwrite` replaces a directory, never a file
   kept = (f"{out_dir} is as it was" if exists(out_dir) else f"nothing was written to {out_dir}")
   with errors.writing(out_dir, kept):
     if is_remote(out_dir):

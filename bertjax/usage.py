@@ -21,6 +21,7 @@ Each command's module ends with `usage.run_main(main)`, which
 
 from __future__ import annotations
 
+import difflib
 import logging as std_logging
 import os
 import re
@@ -28,6 +29,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from typing import Any, Callable, NoReturn, TypeVar
 
 from absl import app, flags, logging
@@ -231,9 +233,37 @@ def parse_flags(argv: list[str]) -> list[str]:
   except SyntaxError as e:  # the config file's Python (IndentationError, TabError too)
     where = f"{e.filename}, line {e.lineno}" + (f", column {e.offset}" if e.offset else "")
     fail(f"--config: {where}: {e.msg} ({type(e).__name__}); correct the config file")
-  except (flags.Error, AttributeError, KeyError, TypeError, ValueError, OSError,
-          ImportError) as e:
-    fail(_flag_error(e, argv))
+  except Exception as e:  # pylint: disable=broad-except
+    frame = _config_file_frame(e, argv)
+    if frame is not None:  # the config file's own code failed (a typo, an import)
+      where = f"{frame.filename}, line {frame.lineno}" + (
+          f", column {frame.colno + 1}" if getattr(frame, "colno", None) is not None else "")
+      hint = ("; the shipped configs import from bertjax.configs (docs/configs.md)"
+              if isinstance(e, ImportError) else "")
+      inner = traceback.extract_tb(e.__traceback__)[-1].filename
+      if isinstance(e, (AttributeError, KeyError)) and "ml_collections" in inner:
+        detail = _flag_error(e, []).split(": ", 1)[1]  # "the config has no field 'x' ..."
+      else:
+        detail = f"{type(e).__name__}: {' '.join(str(e).split())}"
+      fail(f"--config: {where}: {detail}; correct the config file{hint}")
+    if isinstance(e, (flags.Error, AttributeError, KeyError, TypeError, ValueError, OSError,
+                      ImportError)):
+      fail(_flag_error(e, argv))
+    raise
+
+
+def _config_file_frame(error: BaseException, argv: list[str]):
+  """The innermost traceback entry of `error` in the --config file (None when
+  it was not raised by the file's own code)."""
+  given = [arg.split("=", 1)[1] for arg in argv[1:] if arg.startswith("--config=")]
+  if not given:
+    return None
+  path = os.path.realpath(given[-1].split(":", 1)[0])
+  found = None
+  for frame in traceback.extract_tb(error.__traceback__):
+    if os.path.realpath(frame.filename) == path:
+      found = frame
+  return found
 
 
 def _flag_error(e: BaseException, argv: list[str]) -> str:
@@ -249,8 +279,13 @@ def _flag_error(e: BaseException, argv: list[str]) -> str:
     return (f"--config: the config file's import failed ({type(e).__name__}: {e}); the "
             "shipped configs import from bertjax.configs (docs/configs.md)")
   if isinstance(e, (AttributeError, KeyError)):
-    name = (re.findall(r"'([^'\\]+)", message) or ["?"])[0]
+    locked = re.search(r'Key "([^"]+)" does not exist and cannot be added', message)
+    name = locked.group(1) if locked else (re.findall(r"'([^'\\]+)", message) or ["?"])[0]
     suggestion = re.search(r'Did you mean "([^"]+)"', message)
+    if locked and not suggestion:  # a locked config lists its fields instead
+      fields = re.findall(r"'(\w+)'\s*:", message.replace("\\'", "'"))
+      close = difflib.get_close_matches(name, fields, 1)
+      suggestion = re.search(r"(.+)", close[0]) if close else None
     given = [arg.split("=")[0] for arg in argv[1:] if arg.startswith("--config.")
              and name in arg.split("=")[0].split(".")]
     return (f"{given[0] if given else '--config'}: the config has no field {name!r}"

@@ -177,7 +177,7 @@ def pretrain_config(size: str = "bert_base") -> ml_collections.ConfigDict:
   config.divergence = divergence_config()
   # Capture a profiler trace (<workdir>/profile) for num_steps from start_step.
   config.profile = ml_collections.ConfigDict(dict(start_step=-1, num_steps=5))
-  return config
+  return locked(config)
 
 
 def apply_options(config: ml_collections.ConfigDict, options: dict[str, str]) -> None:
@@ -208,7 +208,8 @@ def apply_options(config: ml_collections.ConfigDict, options: dict[str, str]) ->
     if options["size"] not in PRESETS:
       raise errors.UsageError(f"Unknown model size {options['size']!r}; known: "
                               f"{', '.join(sorted(PRESETS))}")
-    config.model.update(PRESETS[options["size"]])  # layers and widths only
+    with config.unlocked():  # another family's preset brings its own fields
+      config.model.update(PRESETS[options["size"]])  # layers and widths only
   if "no_nsp" in options:
     config.objective = "mlm_pairs"
   if "no_nsp_packed" in options:
@@ -277,6 +278,17 @@ def finetune_config(task: str) -> ml_collections.ConfigDict:
   config.log_every_steps = 50
   config.max_consecutive_skips = 10
   config.divergence = divergence_config()
+  return config  # each task's config file adds its fields, then returns it `locked`
+
+
+def locked(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """`config` with its set of fields fixed: a misspelt field set in a config
+  file (`config.train.learning_rte = ...`) is an error naming the line and the
+  field meant, not a new field nothing reads. (`train.long_model` takes any
+  model field; `with config.unlocked():` adds fields of your own.)"""
+  config.lock()
+  if "long_model" in config.train:
+    config.train.long_model.unlock()
   return config
 
 

@@ -22,4 +22,4 @@ def get_config(arg: str | None = None):
   # Several examples a row (the batch stays 32 examples): the same function of
   # each example, with less padding computed (bertjax.data.example_packing).
   config.data.pack_examples = True
-  return config
+  return common.locked(config)

@@ -26,4 +26,4 @@ def get_config(arg: str | None = None):
   # the same function of each, with less padding (bertjax.data.example_packing).
   config.data.pack_examples = True
   config.train.learning_rate = 5e-5
-  return config
+  return common.locked(config)

@@ -36,4 +36,4 @@ def get_config(arg: str | None = None):
                "eval_batch_size"):
     del config.train[name]
   del config.model.hidden_dropout_prob, config.model.attention_dropout_prob
-  return config
+  return common.locked(config)

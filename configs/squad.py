@@ -46,4 +46,4 @@ def get_config(arg: str | None = None):
   if arg == "v2.0":
     config.train.batch_size = 48
     config.train.epochs = 2.0
-  return config
+  return common.locked(config)

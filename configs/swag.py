@@ -18,4 +18,4 @@ def get_config(arg: str | None = None):
   # Each ending's sequence packed with others, a row holding several (the batch
   # stays 16 examples): the same scores (bertjax.data.example_packing).
   config.data.pack_examples = True
-  return config
+  return common.locked(config)

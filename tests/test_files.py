@@ -133,3 +133,18 @@ def test_a_cache_copy_knows_the_url_it_copies(tmp_path, monkeypatch):
   assert files.cached_url(local) == "gs://bucket/data/wiki"
   assert files.cached_url(os.path.join(local, "vocab.txt")) == "gs://bucket/data/wiki/vocab.txt"
   assert files.cached_url(str(tmp_path / "elsewhere")) is None
+
+
+@pytest.mark.parametrize("encoding,name", [("utf-16", "UTF-16"), ("utf-32", "UTF-32")])
+def test_a_json_file_saved_as_utf16_or_32_is_named_so(tmp_path, encoding, name):
+  """Notepad's "Unicode" saves UTF-16 with its byte-order mark: the error says
+  what the file is and how to save it, not a decoder's complaint."""
+  from bertjax import errors
+
+  path = tmp_path / "config.json"
+  path.write_bytes('{"hidden_size": 32}'.encode(encoding))  # the codec writes the mark
+  with pytest.raises(errors.UsageError, match=f"{path}: {name} text \\(it starts with a "
+                     f"{name} byte-order mark\\), not UTF-8; save it as UTF-8"):
+    files.read_json(str(path))
+  path.write_bytes(b"\xef\xbb\xbf" + b'{"hidden_size": 32}')  # UTF-8 with a mark: read
+  assert files.read_json(str(path)) == {"hidden_size": 32}

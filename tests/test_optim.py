@@ -177,7 +177,8 @@ def test_a_pretraining_run_builds_the_optimizer_its_config_names():
   corrected = optim.create_optimizer(opt.name, schedule, bias_correction=True, **same)
   np.testing.assert_array_equal(_updates(optimizer), _updates(original))
   assert not np.allclose(_updates(optimizer), _updates(corrected))
-  del config.optimizer.bias_correction
+  with config.unlocked():  # a config of its own, built without the key
+    del config.optimizer.bias_correction
   with pytest.raises(errors.UsageError, match="config.optimizer.bias_correction is missing"):
     optim.make_optimizer(config)
 
@@ -191,7 +192,8 @@ def test_a_fine_tuning_recipe_takes_every_setting_from_its_config():
   assert finetune.Recipe.from_config(config).bias_correction is False
   config.train.bias_correction = True
   assert finetune.Recipe.from_config(config).bias_correction is True
-  del config.train.bias_correction
+  with config.unlocked():
+    del config.train.bias_correction
   with pytest.raises(errors.UsageError, match="config.train is missing bias_correction"):
     finetune.Recipe.from_config(config)
 

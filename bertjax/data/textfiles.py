@@ -18,6 +18,8 @@ import re
 import zlib
 from typing import Callable, NamedTuple
 
+from bertjax import files
+
 # A file is judged by three 8 KB samples (decompressed and decoded): its start,
 # middle and end (of a compressed file: of its first MiB). Text has almost no
 # control characters; machine code, images and archives have many. A file is
@@ -71,25 +73,15 @@ def open_binary(path: str):
   return open(path, "rb")
 
 
-def marked_encoding(head: bytes) -> str | None:
-  """"UTF-16" or "UTF-32" if bytes start with its byte-order mark, else None."""
-  return next((name.upper() for mark, name, _, _ in _BYTE_ORDER_MARKS
-               if head.startswith(mark)), None)
-
-
 def not_utf8(path: str, error: UnicodeDecodeError) -> str:
-  """Why a file that must be UTF-8 text could not be read, in one line: a
-  UTF-16 or UTF-32 byte-order mark is named (Excel's "Unicode Text" and
-  Notepad's "Unicode" save UTF-16 with one), else the decoder's error."""
+  """Why a file that must be UTF-8 text could not be read, in one line
+  (`bertjax.files.not_utf8` with the file's first bytes)."""
   try:
     with open_binary(path) as raw:
-      encoding = marked_encoding(raw.read(4))
+      head = raw.read(4)
   except OSError:
-    encoding = None
-  if encoding:
-    return (f"{path}: {encoding} text (it starts with a {encoding} byte-order mark), not "
-            f"UTF-8; save it as UTF-8 (e.g. iconv -f {encoding} -t UTF-8)")
-  return f"{path}: not UTF-8 text ({error})"
+    head = b""
+  return files.not_utf8(path, head, error)
 
 
 class _Sample(NamedTuple):

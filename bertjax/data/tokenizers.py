@@ -223,7 +223,7 @@ def read_vocab(path: str) -> list[str]:
   except UnicodeDecodeError as e:
     with open(path, "rb") as f:
       data = f.read()
-    if textfiles.marked_encoding(data):
+    if files.marked_encoding(data):
       raise errors.UsageError(textfiles.not_utf8(path, e)) from None
     line = data[:e.start].count(b"\n") + 1
     raise errors.UsageError(f"{path}, line {line}: not valid UTF-8 ({e.reason})") from None

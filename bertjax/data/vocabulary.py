@@ -105,6 +105,7 @@ def train(spec: str, output: str, *, model: str = "wordpiece", vocab_size: int =
 
 
 def _check_output(output: str, overwrite: bool) -> None:
+  files.check_file(output, "--output")
   if not overwrite and files.exists(output):
     raise errors.OutputExistsError(f"{output} already exists; pass --overwrite to replace it, or "
                                    "choose another --output")

@@ -52,9 +52,7 @@ def run(config: Any, workdir: str) -> Any:
   module = task_module(config.task)
   paths.resolve_config(config)
   workdir = paths.resolve(workdir)
-  if not files.is_remote(workdir) and os.path.exists(workdir) and not os.path.isdir(workdir):
-    raise errors.UsageError(f"--workdir={workdir} is a file, not a directory: give a directory "
-                            "(a new one is created)")
+  _waiting_out_outages(lambda: files.check_directory(workdir, "--workdir"), workdir)
   _waiting_out_outages(lambda: runs.check_workdir(config, workdir), workdir)
   with contextlib.ExitStack() as stack:
     error = None

@@ -33,6 +33,7 @@ def main(argv):
   del argv
   from bertjax import pretrained  # JAX and Flax: not for --help or a flag mistake
 
+  files.check_directory(_OUTPUT.value, "--output")
   source_is_bertjax = files.isfile(files.join(_INPUT.value, pretrained.BERTJAX_FILE))
   target = _TO.value or ("hf" if source_is_bertjax else "bertjax")
   bundle = pretrained.load_pretrained(_INPUT.value, task=_TASK.value,

@@ -55,6 +55,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _evaluate(args: argparse.Namespace) -> None:
+  if args.out_file:
+    files.check_file(args.out_file, "--out-file")
   data = _load_json(args.data_file, "Data file")
   try:
     for _ in squad_data.iter_paragraphs(data, args.data_file):

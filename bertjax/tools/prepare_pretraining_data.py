@@ -34,7 +34,7 @@ import time
 
 from absl import flags
 
-from bertjax import paths, usage
+from bertjax import files, paths, usage
 from bertjax.data import builder, corpus
 from bertjax.data.masking import MaskingConfig
 from bertjax.data.tokenizers import tokenizer_from_vocab_file
@@ -91,6 +91,7 @@ _EVAL_PERCENT = flags.DEFINE_float(
 def main(argv):
   del argv
   start = time.perf_counter()
+  files.check_directory(_OUTPUT_DIR.value, "--output_dir")
   tokenizer = tokenizer_from_vocab_file(_VOCAB.value, _DO_LOWER_CASE.value)
   try:
     stats = builder.prepare(

@@ -120,6 +120,7 @@ def main(argv):
     seeds = [int(v) for v in _SEEDS.value]
   except ValueError as e:
     raise errors.UsageError(f"--learning_rates takes numbers and --seeds integers: {e}")
+  files.check_directory(_WORKDIR.value, "--workdir")
   summary = sweep(_CONFIG.value, _WORKDIR.value, learning_rates, seeds)
   print(markdown_table(summary))
 

@@ -541,6 +541,14 @@ _BROKEN_CONFIGS = {
                  "  config = demo.get_config(arg)\n  config.seed = 1,,\n  return config\n"),
     "tabs.py": ("from bertjax.configs import demo\n\ndef get_config(arg=None):\n"
                 "  config = demo.get_config(arg)\n\treturn config\n"),
+    # The file's own code fails as it runs: an import, a typo, a field that is not.
+    "imports.py": "from bertjax.configs import demo\nimport bertjax_extras\n",
+    "typo.py": ("from bertjax.configs import demo\n\ndef get_config(arg=None):\n"
+                "  config = demo.get_config(arg)\n  config.seed = seeed + 1\n"
+                "  return config\n"),
+    "field.py": ("from bertjax.configs import demo\n\ndef get_config(arg=None):\n"
+                 "  config = demo.get_config(arg)\n  config.optimizer.learning_rte = 1e-4\n"
+                 "  return config\n"),
 }
 
 
@@ -550,6 +558,12 @@ _BROKEN_CONFIGS = {
     ("comma.py", "comma.py, line 5, column 19: invalid syntax (SyntaxError); correct the "
      "config file"),
     ("tabs.py", "tabs.py, line 5"),
+    ("imports.py", "imports.py, line 2, column 1: ModuleNotFoundError: No module named "
+     "'bertjax_extras'; correct the config file"),
+    ("typo.py", "typo.py, line 5, column 17: NameError: name 'seeed' is not defined; correct "
+     "the config file"),
+    ("field.py", "field.py, line 5, column 3: the config has no field 'learning_rte' (did you "
+     "mean 'learning_rate'?)"),
 ])
 def test_a_config_file_that_does_not_load_is_one_line(tmp_path, config, says):
   if config in _BROKEN_CONFIGS:
