@@ -95,7 +95,7 @@ def evaluate(workdir: str, data_dir: str, batches: int = 40) -> dict[str, float]
   import jax
   import numpy as np
 
-  from bertjax import checkpoint, train as train_lib
+  from bertjax import checkpoint, phases, train as train_lib
   from bertjax.data import loader
   from bertjax.models import BertConfig
   from bertjax.tasks import pretrain_data
@@ -108,7 +108,7 @@ def evaluate(workdir: str, data_dir: str, batches: int = 40) -> dict[str, float]
   config.unlock()
   config.objective, config.data.masked_lm_prob = "mlm", 0.15
   config.data.max_sequences_per_row = 1
-  phase = pretrain_data.phases(config)[0]
+  phase = phases.phases(config)[0]
   settings = dataclasses.replace(
       pretrain_data.loader_config(config, data_dir, phase, "eval", 64, seed_offset=1),
       shuffle_window=1, worker_count=0, seed=12345)

@@ -178,12 +178,13 @@ def first_batch(data_dir: str, shuffle_window: int, read_ahead: int) -> dict[str
   32 at 128 tokens, restored after two): seconds, ranged reads and bytes."""
   import dataclasses
 
+  from bertjax import phases
   from bertjax.configs import demo
   from bertjax.data import loader, streaming
   from bertjax.tasks import pretrain_data
 
   config = demo.get_config()
-  phase = pretrain_data.phases(config)[0]
+  phase = phases.phases(config)[0]
   settings = dataclasses.replace(
       pretrain_data.loader_config(config, data_dir, phase, "train", phase.batch_size),
       shuffle_window=shuffle_window, read_ahead=read_ahead)

@@ -23,11 +23,12 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from bertjax import checkpoint, errors, files, paths
+from bertjax import checkpoint, errors, files, paths, phases
 from bertjax.data.tokenizers import Tokenizer, tokenizer_from_settings
 from bertjax.files import atomic_directory, read_json, write_json
 from bertjax.interop import google_tf, hf, mapping
 from bertjax.models import BertConfig, build_model, init_params, to_layout
+from bertjax.models.config import COMPUTATION_FIELDS
 from bertjax.models.bert import (LABELLED_TASKS, OPTIONAL_POOLER_TASKS, TASK_MODELS, pooler_name,
                                  abstract_params)
 
@@ -37,11 +38,6 @@ TRAINING_CHECKPOINTS = "checkpoints"  # in a `python -m bertjax.main` workdir
 OBJECTIVE_TASKS = {"mlm_nsp": "pretraining", "mlm_pairs": "masked_lm", "mlm": "masked_lm",
                    "ltr": "masked_lm"}
 FORMAT_VERSION = 1
-# `BertConfig` fields that change how the weights are computed, not which
-# weights there are: the ones `load_pretrained` lets you override.
-COMPUTATION_FIELDS = ("dtype", "scan_layers", "remat_policy", "attention_impl",
-                      "return_hidden_states", "hidden_dropout_prob",
-                      "attention_dropout_prob", "classifier_dropout")
 
 Params = dict[str, Any]
 logger = logging.getLogger(__name__)
@@ -356,12 +352,7 @@ def _load_training_run(path: str, do_lower_case: bool | None) -> Pretrained:
   config = BertConfig.from_run_config(run_config)
   # The model as the checkpoint's phase computes it (ModernBERT after its
   # context extension: the raised rotary base); dropout stays the run's own.
-  from bertjax.tasks.pretrain_data import phases
-
-  reached = [phase for phase in phases(run_config) if phase.start < max(step, 1)][-1]
-  changes = {name: value for name, value in reached.model_changes
-             if "dropout" not in name and name not in COMPUTATION_FIELDS}
-  config = config.replace(**changes)
+  config = phases.phase_at(run_config, step).trained_model(config)
   if run_config.objective == "ltr":
     config = config.replace(causal=True)
   logger.info("%s: parameters of step %d", path, step)

@@ -39,6 +39,14 @@ REMAT_POLICIES = (
 DTYPES = ("float32", "bfloat16", "float16")
 
 
+# `BertConfig` fields that change how the weights are computed, not which
+# weights there are: the ones a model loaded for use takes from its user
+# (`bertjax.load_pretrained`'s overrides), not from the run that trained it.
+COMPUTATION_FIELDS = ("dtype", "scan_layers", "remat_policy", "attention_impl",
+                      "return_hidden_states", "hidden_dropout_prob",
+                      "attention_dropout_prob", "classifier_dropout")
+
+
 @dataclasses.dataclass(frozen=True)
 class BertConfig:
   """Architecture and computation options of a BERT encoder.

@@ -23,8 +23,9 @@ from bertjax import (checkpoint, divergence, errors, files, flops, hosts, metric
                      outage, preemption, runs, sharding, signals, throughput, train)
 from bertjax.data import loader
 from bertjax.models import BertConfig
-from bertjax.tasks.pretrain_data import (Phase, check_stream, check_vocabulary, data_identity,
-                                         loader_config, masking_config, phases, prepare_data,
+from bertjax.phases import Phase, phases
+from bertjax.tasks.pretrain_data import (check_stream, check_vocabulary, data_identity,
+                                         loader_config, masking_config, prepare_data,
                                          stream_settings)
 
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: "stopped, resume me"

@@ -1,19 +1,15 @@
-"""The data of a pre-training run: its phases, each phase's loader settings,
-and the prepared data checked (or built) before the first step.
+"""The data of a pre-training run: each phase's loader settings (the phases:
+`bertjax.phases`), and the prepared data checked (or built) before the first
+step.
 
-A run is one or two phases: `train.max_seq_length` (128 in the paper) until
-`train.long_from_step`, then `train.long_seq_length` (512) to the end (with
-`train.long_batch_size` sequences a step, if set, and the model fields
-`train.long_model` changes). The
-prepared documents are built first when the config says how (`data.build_from`,
-the demo), checked for documents in every process's splits and against the
-model's vocabulary, and given each phase's statically masked instances when
-`data.static` asks for them.
+The prepared documents are built first when the config says how
+(`data.build_from`, the demo), checked for documents in every process's splits
+and against the model's vocabulary, and given each phase's statically masked
+instances when `data.static` asks for them.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -24,83 +20,9 @@ import jax
 import ml_collections
 
 from bertjax import errors, files, hosts, paths
+from bertjax.phases import Phase, phases
 from bertjax.data import loader, shards
 from bertjax.data.masking import MaskingConfig
-from bertjax.models.config import BertConfig
-
-
-# Model fields a phase may change (`train.long_model`): none changes a
-# parameter's shape, so one state runs through both phases.
-PHASE_MODEL_FIELDS = ("global_rope_theta", "local_rope_theta", "local_attention",
-                      "hidden_dropout_prob", "attention_dropout_prob", "mlp_dropout_prob",
-                      "attention_output_dropout_prob",
-                      "attention_impl", "remat_policy")
-
-
-@dataclasses.dataclass(frozen=True)
-class Phase:
-  """Steps [start, end) at one sequence length and batch size (sequences a
-  step), with the model fields the phase changes (ModernBERT's context
-  extension raises the global rotary base)."""
-
-  index: int
-  start: int
-  end: int
-  max_seq_length: int
-  max_predictions: int
-  batch_size: int
-  model_changes: tuple[tuple[str, Any], ...] = ()
-  ramp_start: int = 0  # batch-size warmup: the first steps' batch, in its multiples ...
-  ramp_steps: int = 0  # ... up to `batch_size` over these steps (0: none)
-
-  def model(self, base: BertConfig) -> BertConfig:
-    """The run's model (`base`) as this phase computes it."""
-    return base.replace(**dict(self.model_changes)) if self.model_changes else base
-
-  @property
-  def loader_batch(self) -> int:
-    """Sequences (rows) of one loader batch: a step takes `parts(step)` of them."""
-    return self.ramp_start if self.ramp_steps else self.batch_size
-
-  def parts(self, step: int) -> int:
-    """Loader batches of the step after `step` steps: during the batch-size
-    warmup, 1, 2, ... in equal runs of steps, then all of the batch."""
-    full = self.batch_size // self.loader_batch
-    if not self.ramp_steps or step >= self.start + self.ramp_steps:
-      return full
-    return 1 + (step - self.start) * full // self.ramp_steps
-
-
-def phases(config: ml_collections.ConfigDict) -> list[Phase]:
-  """The run's phases from `config.train`.
-
-  Raises:
-    errors.UsageError: `train.long_model` names a field a phase cannot change.
-  """
-  train_config = config.train
-  total = train_config.total_steps
-  long_from = train_config.long_from_step
-  batch = train_config.batch_size
-  ramp = {"ramp_start": train_config.get("batch_ramp_start", 0),
-          "ramp_steps": train_config.get("batch_ramp_steps", 0)}
-  if ramp["ramp_steps"] <= 0:
-    ramp = {}
-  if long_from is None or long_from < 0 or long_from >= total:
-    return [Phase(0, 0, total, train_config.max_seq_length, train_config.max_predictions, batch,
-                  **ramp)]
-  changes = train_config.get("long_model") or {}
-  changes = changes.to_dict() if hasattr(changes, "to_dict") else dict(changes)
-  fixed = sorted(set(changes) - set(PHASE_MODEL_FIELDS))
-  if fixed:
-    raise errors.UsageError(f"train.long_model changes {fixed}, which a phase cannot change "
-                            f"(the parameters would not carry over); it may change "
-                            f"{', '.join(PHASE_MODEL_FIELDS)}")
-  long_batch = train_config.get("long_batch_size", -1)
-  return [Phase(0, 0, long_from, train_config.max_seq_length, train_config.max_predictions,
-                batch, **ramp),
-          Phase(1, long_from, total, train_config.long_seq_length,
-                train_config.long_max_predictions, long_batch if long_batch > 0 else batch,
-                tuple(sorted(changes.items())))]
 
 
 def stream_settings(config: ml_collections.ConfigDict) -> dict[str, Any]:

@@ -44,13 +44,13 @@ from absl import flags
 from ml_collections import config_flags
 
 from bertjax import errors, paths, throughput, usage
+from bertjax.phases import Phase, phases
 from bertjax.data import builder, corpus, shards, vocabulary
 from bertjax.data.masking import MaskingConfig
 from bertjax.data.tokenizers import tokenizer_from_vocab_file
 
 if TYPE_CHECKING:  # JAX and grain come in with the loader: imported where measured
   from bertjax.data import loader
-  from bertjax.tasks.pretrain_data import Phase
 
 _INPUT = paths.DEFINE_path("input", None, "Raw text (files/globs); default: the demo corpus "
                            "written out.", kind="inputs")
@@ -109,9 +109,7 @@ def _loaders(config: ml_collections.ConfigDict | None) -> list[tuple[Phase | Non
   length) for mlm_nsp at each of --lengths without a config."""
   if config is None:
     return [(None, int(n)) for n in _LENGTHS.value]
-  from bertjax.tasks import pretrain_data
-
-  return [(phase, phase.max_seq_length) for phase in pretrain_data.phases(config)]
+  return [(phase, phase.max_seq_length) for phase in phases(config)]
 
 
 def main(argv):

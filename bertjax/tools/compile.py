@@ -46,6 +46,7 @@ from absl import flags, logging
 from ml_collections import config_flags
 
 from bertjax import errors, paths, usage
+from bertjax import phases as phase_lib
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Pre-training config file.",
                                           lock_config=True)
@@ -102,7 +103,7 @@ def make_target(config, accelerator_type: str, num_slices: int) -> Target:
     errors.UsageError: an unknown slice, or a config that does not fit its shape.
   """
   from bertjax import sharding, topology
-  from bertjax.tasks import pretrain, pretrain_data
+  from bertjax.tasks import pretrain
 
   if config.get("task") != "pretrain":
     raise errors.UsageError(
@@ -121,9 +122,9 @@ def make_target(config, accelerator_type: str, num_slices: int) -> Target:
   batches = [("train.batch_size", config.train.batch_size),
              ("eval.batch_size", config.eval.batch_size)]
   batches += [("train.long_batch_size", phase.batch_size)
-              for phase in pretrain_data.phases(config)[1:]]
+              for phase in phase_lib.phases(config)[1:]]
   batches += [("train.batch_ramp_start", phase.ramp_start)
-              for phase in pretrain_data.phases(config) if phase.ramp_steps]
+              for phase in phase_lib.phases(config) if phase.ramp_steps]
   for name, batch in batches:
     if batch % hosts:  # each host loads its share (pretrain.validate checks one host here)
       raise errors.UsageError(f"{name}={batch} does not divide over the {hosts} hosts of "
@@ -519,9 +520,7 @@ def compile_step(jitted, *args, kernel_block_share: float = 1.0) -> dict[str, An
 def _phase_programs(config) -> list[tuple[str, Any]]:
   """(name, phase) of each distinct program: `128`, `512` (`512_80` where two
   phases share a length)."""
-  from bertjax.tasks import pretrain_data
-
-  phases = pretrain_data.phases(config)
+  phases = phase_lib.phases(config)
   lengths = [phase.max_seq_length for phase in phases]
   programs = {(f"{phase.max_seq_length}" if lengths.count(phase.max_seq_length) == 1 else
                f"{phase.max_seq_length}_{phase.max_predictions}"): phase for phase in phases}
@@ -549,14 +548,13 @@ class RealWork:
   def given(cls, config, padding: float) -> RealWork:
     """Rows of one sequence each, `padding` of their slots empty."""
     from bertjax import flops
-    from bertjax.tasks import pretrain_data
 
     if config.data.max_sequences_per_row > 1:
       raise errors.UsageError(
           f"--padding takes rows of one sequence each; data.max_sequences_per_row="
           f"{config.data.max_sequences_per_row} packs several: measure them with --data_dir")
     per_row = {}
-    for phase in pretrain_data.phases(config):
+    for phase in phase_lib.phases(config):
       row = flops.row_work(config.objective, (1 - padding) * phase.max_seq_length,
                            phase.max_predictions, config.data.masked_lm_prob,
                            _window(config, phase))
@@ -585,7 +583,7 @@ class RealWork:
     local = shards.reading_directory(data_dir, config.data.read_mode)  # streamed on gs://
     pretrain_data.check_vocabulary(config, local)
     per_row = {}
-    for phase in pretrain_data.phases(config):
+    for phase in phase_lib.phases(config):
       settings = dataclasses.replace(
           pretrain_data.loader_config(config, local, phase, "train", rows), static=False,
           shuffle_window=min(config.data.shuffle_window, 4 * rows))

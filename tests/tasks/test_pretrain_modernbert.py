@@ -123,7 +123,7 @@ def test_the_run_exports_its_long_phase_model_to_transformers(uninterrupted, tmp
 
 
 def test_the_warmup_grows_the_batch_in_equal_runs_of_steps():
-  from bertjax.tasks.pretrain_data import Phase
+  from bertjax.phases import Phase
 
   phase = Phase(0, 0, 100, 128, 20, 48, ramp_start=8, ramp_steps=30)
   assert phase.loader_batch == 8

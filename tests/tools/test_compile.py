@@ -275,6 +275,7 @@ def test_the_real_tokens_measured_on_a_prepared_dataset(prepared_dir):
   them, against the same rows counted here with numpy."""
   import dataclasses
 
+  from bertjax import phases
   from bertjax.configs import demo
   from bertjax.data import loader
   from bertjax.tasks import pretrain_data
@@ -286,7 +287,7 @@ def test_the_real_tokens_measured_on_a_prepared_dataset(prepared_dir):
       "train.long_from_step": -1})
   work = compile_tool.RealWork.measured(config, prepared_dir, batches=3, rows=16)
   assert work.source == f"measured: 3 batches of 16 rows of {prepared_dir}"
-  (phase,) = pretrain_data.phases(config)
+  (phase,) = phases.phases(config)
   settings = dataclasses.replace(
       pretrain_data.loader_config(config, prepared_dir, phase, "train", 16), static=False,
       shuffle_window=min(config.data.shuffle_window, 64))
@@ -341,8 +342,9 @@ def test_one_accumulation_for_every_phase_and_the_warmup(ramp_start, limits):
   own check of the config is the reference. (6, 36): the first phase alone
   would take 8 steps, whose micro-batches of the second phase (36 rows) do not
   divide over the 8 shards."""
+  from bertjax import phases as phase_lib
   from bertjax.configs import modernbert_pretrain
-  from bertjax.tasks import pretrain, pretrain_data
+  from bertjax.tasks import pretrain
   from bertjax.tools import compile as compile_tool
 
   config = modernbert_pretrain.get_config()
@@ -361,7 +363,7 @@ def test_one_accumulation_for_every_phase_and_the_warmup(ramp_start, limits):
     return all((batch // steps) // 8 <= limit for batch, limit in zip((384, 288), limits))
 
   expected = next((steps for steps in range(1, 385) if accepted(steps)), None)
-  phases = pretrain_data.phases(config)
+  phases = phase_lib.phases(config)
   assert compile_tool.run_accumulation_for(phases, 8, limits, 1) == expected
   if expected is not None:
     later = next((steps for steps in range(expected + 1, 385) if accepted(steps)), None)
