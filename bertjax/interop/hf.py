@@ -1,6 +1,8 @@
 """Hugging Face BERT directories: `config.json`, `model.safetensors`, `vocab.txt`.
 
-Reading needs neither torch nor transformers: safetensors files are parsed here
+BERT's classes and config are translated here; another family's (by the
+config's `model_type`) in its own module, `_FAMILIES` naming it
+(`bertjax.interop.modernbert`). Reading needs neither torch nor transformers: safetensors files are parsed here
 (float32, float16 and bfloat16, sharded or not), and the weights map onto
 bertjax through `bertjax.interop.mapping`. `.bin` pickles are read only through
 `torch.load(weights_only=True)`, when torch is installed.
@@ -20,6 +22,8 @@ import numpy as np
 
 from bertjax import errors
 from bertjax.files import read_json
+from bertjax.interop import modernbert
+from bertjax.interop.config_fields import ACTIVATION_NAMES, ACTIVATIONS, read_fields
 from bertjax.models import BertConfig
 
 logger = logging.getLogger(__name__)
@@ -41,34 +45,21 @@ TASK_TO_CLASS = {
     "multiple_choice": "BertForMultipleChoice",
     "token_classification": "BertForTokenClassification",
 }
-# transformers' ModernBERT classes (it has no next-sentence head).
-MODERN_TASK_TO_CLASS = {
-    "encoder": "ModernBertModel",
-    "masked_lm": "ModernBertForMaskedLM",
-    "sequence_classification": "ModernBertForSequenceClassification",
-    "question_answering": "ModernBertForQuestionAnswering",
-    "multiple_choice": "ModernBertForMultipleChoice",
-    "token_classification": "ModernBertForTokenClassification",
-}
 CLASS_TO_TASK = {v: k for k, v in TASK_TO_CLASS.items()}
+# The other families' translations (`model_type` -> its interop module), each
+# with class_name(task), config_from_dict(values, source) and
+# config_to_dict(config, task).
+_FAMILIES = {"modernbert": modernbert}
 # The reference's masked-LM class for decoders shares our weights; its causal
 # mask is `BertConfig.causal`.
 CLASS_TO_TASK["BertLMHeadModel"] = "masked_lm"
-MODERN_CLASS_TO_TASK = {v: k for k, v in MODERN_TASK_TO_CLASS.items()}
 
 
 def class_name(config: BertConfig, task: str) -> str:
   """transformers' class of a bertjax task model."""
-  if config.modern:
-    if task not in MODERN_TASK_TO_CLASS:
-      raise errors.UsageError(f"transformers has no ModernBERT class for the {task} task")
-    return MODERN_TASK_TO_CLASS[task]
+  if config.family != "bert":
+    return _FAMILIES[config.family].class_name(task)
   return TASK_TO_CLASS[task]
-
-# Reference activation names -> `BertConfig.hidden_act`.
-_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
-                "relu": "relu", "silu": "silu", "swish": "silu"}
-_ACTIVATION_NAMES = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
 
 # Reference config key -> (BertConfig field, type, required).
 _CONFIG_KEYS = {
@@ -99,8 +90,8 @@ def config_from_dict(values: dict[str, Any], source: str) -> BertConfig:
   """A `BertConfig` from a reference `config.json` (Google's `bert_config.json`:
   `bertjax.interop.google_tf.config_from_dict`)."""
   model_type = values.get("model_type", "bert")
-  if model_type == "modernbert":
-    return _modern_config_from_dict(values, source)
+  if model_type in _FAMILIES:
+    return _FAMILIES[model_type].config_from_dict(values, source)
   architectures = values.get("architectures") or []
   if model_type != "bert" or any(a not in CLASS_TO_TASK for a in architectures):
     raise errors.UsageError(
@@ -114,12 +105,12 @@ def config_from_dict(values: dict[str, Any], source: str) -> BertConfig:
   if values.get("add_cross_attention"):
     raise errors.UsageError(f"{source}: add_cross_attention=true (an encoder-decoder BERT) is "
                             "not supported")
-  fields = _read_fields(values, _CONFIG_KEYS, source)
+  fields = read_fields(values, _CONFIG_KEYS, source)
   if "hidden_act" in fields:
-    if fields["hidden_act"] not in _ACTIVATIONS:
+    if fields["hidden_act"] not in ACTIVATIONS:
       raise errors.UsageError(f"{source}: hidden_act={fields['hidden_act']!r} is not supported; "
-                              f"supported: {sorted(_ACTIVATIONS)}")
-    fields["hidden_act"] = _ACTIVATIONS[fields["hidden_act"]]
+                              f"supported: {sorted(ACTIVATIONS)}")
+    fields["hidden_act"] = ACTIVATIONS[fields["hidden_act"]]
   if values.get("is_decoder"):
     fields["causal"] = True
   try:
@@ -128,131 +119,9 @@ def config_from_dict(values: dict[str, Any], source: str) -> BertConfig:
     raise errors.UsageError(f"{source}: {e}") from None
 
 
-def _read_fields(values: dict[str, Any], keys: dict[str, tuple[str, type, bool]],
-                 source: str) -> dict[str, Any]:
-  """The `BertConfig` fields `keys` (reference key -> (field, type, required))
-  name, each checked for its type."""
-  fields = {}
-  for key, (field, kind, required) in keys.items():
-    if key not in values or (values[key] is None and not required):
-      if required:
-        raise errors.UsageError(f"{source}: required key {key!r} is missing")
-      continue
-    value = values[key]
-    if kind is int and (not isinstance(value, int) or isinstance(value, bool)):
-      raise errors.UsageError(f"{source}: key {key!r} must be an integer, got {value!r}")
-    if kind is float and (not isinstance(value, (int, float)) or isinstance(value, bool)):
-      raise errors.UsageError(f"{source}: key {key!r} must be a number, got {value!r}")
-    if kind is str and not isinstance(value, str):
-      raise errors.UsageError(f"{source}: key {key!r} must be a string, got {value!r}")
-    fields[field] = float(value) if kind is float else value
-  return fields
-
-
-# transformers' ModernBertConfig key -> (BertConfig field, type, required).
-_MODERN_CONFIG_KEYS = {
-    "vocab_size": ("vocab_size", int, True),
-    "hidden_size": ("hidden_size", int, True),
-    "num_hidden_layers": ("num_layers", int, True),
-    "num_attention_heads": ("num_heads", int, True),
-    "intermediate_size": ("intermediate_size", int, True),
-    "max_position_embeddings": ("max_position_embeddings", int, False),
-    "hidden_activation": ("hidden_act", str, False),
-    "embedding_dropout": ("hidden_dropout_prob", float, False),
-    "attention_dropout": ("attention_dropout_prob", float, False),
-    "mlp_dropout": ("mlp_dropout_prob", float, False),
-    "classifier_dropout": ("classifier_dropout", float, False),
-    "classifier_pooling": ("classifier_pooling", str, False),
-    "norm_eps": ("layer_norm_eps", float, False),
-    "initializer_range": ("initializer_range", float, False),
-    "pad_token_id": ("pad_token_id", int, False),
-    "local_attention": ("local_attention", int, False),
-}
-# ModernBertConfig options bertjax builds one way only: key -> the value it must have.
-_MODERN_FIXED = {"norm_bias": False, "attention_bias": False, "mlp_bias": False,
-                 "decoder_bias": True, "classifier_bias": False, "tie_word_embeddings": True}
-
-
-def _modern_config_from_dict(values: dict[str, Any], source: str) -> BertConfig:
-  """A ModernBERT `BertConfig` from transformers' `ModernBertConfig` (the
-  layer_types and rope_parameters of transformers 5, or the
-  global_attn_every_n_layers and *_rope_theta of the original release)."""
-  architectures = values.get("architectures") or []
-  unknown = [a for a in architectures if a not in MODERN_CLASS_TO_TASK]
-  if unknown:
-    raise errors.UsageError(f"{source}: unsupported architecture {unknown}; bertjax reads "
-                            f"{', '.join(sorted(MODERN_CLASS_TO_TASK))}")
-  for key, needed in _MODERN_FIXED.items():
-    if key in values and values[key] != needed:
-      raise errors.UsageError(f"{source}: {key}={values[key]!r} is not supported (bertjax "
-                              f"builds ModernBERT with {key}={needed}, as released)")
-  fields = {"family": "modernbert", "layer_norm_eps": 1e-5, "max_position_embeddings": 8192,
-            "hidden_dropout_prob": 0.0, "attention_dropout_prob": 0.0, "classifier_dropout": 0.0,
-            **_read_fields(values, _MODERN_CONFIG_KEYS, source)}
-  activation = fields.get("hidden_act", "gelu")
-  if activation not in _ACTIVATIONS:
-    raise errors.UsageError(f"{source}: hidden_activation={activation!r} is not supported; "
-                            f"supported: {sorted(_ACTIVATIONS)}")
-  fields["hidden_act"] = _ACTIVATIONS[activation]
-  head_activation = values.get("classifier_activation", activation)
-  if _ACTIVATIONS.get(head_activation) != fields["hidden_act"]:
-    raise errors.UsageError(f"{source}: classifier_activation={head_activation!r} differs from "
-                            f"hidden_activation={activation!r}; bertjax uses one activation")
-  fields["global_attention_every"] = _global_every(values, fields["num_layers"], source)
-  fields.update(_rope_thetas(values, source))
-  try:
-    return BertConfig(**fields)
-  except ValueError as e:
-    raise errors.UsageError(f"{source}: {e}") from None
-
-
-def _global_every(values: dict[str, Any], num_layers: int, source: str) -> int:
-  """Every how many layers one attends globally, from `layer_types` (which must
-  be that pattern from layer 0) or `global_attn_every_n_layers`."""
-  layer_types = values.get("layer_types")
-  if not layer_types:
-    every = values.get("global_attn_every_n_layers", 3)
-    if not isinstance(every, int) or isinstance(every, bool) or every < 1:
-      raise errors.UsageError(f"{source}: global_attn_every_n_layers must be a positive "
-                              f"integer, got {every!r}")
-    return every
-  if len(layer_types) != num_layers:
-    raise errors.UsageError(f"{source}: layer_types has {len(layer_types)} entries for "
-                            f"num_hidden_layers={num_layers}")
-  global_layers = [i for i, kind in enumerate(layer_types) if kind == "full_attention"]
-  every = global_layers[1] if len(global_layers) > 1 else num_layers
-  expected = ["sliding_attention" if i % every else "full_attention" for i in range(num_layers)]
-  if layer_types != expected:
-    raise errors.UsageError(f"{source}: layer_types {layer_types} is not global attention every "
-                            "n-th layer from layer 0 (the one pattern bertjax builds)")
-  return every
-
-
-def _rope_thetas(values: dict[str, Any], source: str) -> dict[str, float]:
-  """global_rope_theta and local_rope_theta, from `rope_parameters` or the
-  original keys."""
-  thetas = {"global_rope_theta": values.get("global_rope_theta", 160_000.0),
-            "local_rope_theta": values.get("local_rope_theta", 10_000.0)}
-  parameters = values.get("rope_parameters") or {}
-  for kind, field in (("full_attention", "global_rope_theta"),
-                      ("sliding_attention", "local_rope_theta")):
-    entry = parameters.get(kind) or {}
-    if entry.get("rope_type", "default") != "default":
-      raise errors.UsageError(f"{source}: rope_parameters.{kind}.rope_type="
-                              f"{entry['rope_type']!r} is not supported (only 'default')")
-    if "rope_theta" in entry:
-      thetas[field] = entry["rope_theta"]
-  if values.get("rope_scaling"):
-    raise errors.UsageError(f"{source}: rope_scaling is not supported")
-  for field, value in thetas.items():
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-      raise errors.UsageError(f"{source}: {field} must be a positive number, got {value!r}")
-  return {field: float(value) for field, value in thetas.items()}
-
-
 def config_to_dict(config: BertConfig, task: str, labels: list[str] | None) -> dict[str, Any]:
   """The reference `config.json` for `config` and a task model."""
-  values = _modern_config_to_dict(config, task) if config.modern else {
+  values = (_FAMILIES[config.family].config_to_dict(config, task) if config.family != "bert" else {
       # A causal masked LM is the reference's decoder class.
       "architectures": ["BertLMHeadModel" if task == "masked_lm" and config.causal
                         else TASK_TO_CLASS[task]],
@@ -262,7 +131,7 @@ def config_to_dict(config: BertConfig, task: str, labels: list[str] | None) -> d
       "num_hidden_layers": config.num_layers,
       "num_attention_heads": config.num_heads,
       "intermediate_size": config.intermediate_size,
-      "hidden_act": _ACTIVATION_NAMES[config.hidden_act],
+      "hidden_act": ACTIVATION_NAMES[config.hidden_act],
       "hidden_dropout_prob": config.hidden_dropout_prob,
       "attention_probs_dropout_prob": config.attention_dropout_prob,
       "classifier_dropout": config.classifier_dropout,
@@ -275,49 +144,11 @@ def config_to_dict(config: BertConfig, task: str, labels: list[str] | None) -> d
       "is_decoder": config.causal,
       "tie_word_embeddings": True,
       "dtype": "float32",
-  }
+  })
   if labels is not None:
     values["id2label"] = {str(i): label for i, label in enumerate(labels)}
     values["label2id"] = {label: i for i, label in enumerate(labels)}
   return values
-
-
-def _modern_config_to_dict(config: BertConfig, task: str) -> dict[str, Any]:
-  """transformers' `ModernBertConfig` for a ModernBERT `config`: transformers 5's
-  keys, and the original release's (which transformers 4 reads)."""
-  every = config.global_attention_every
-  return {
-      "architectures": [class_name(config, task)],
-      "model_type": "modernbert",
-      "vocab_size": config.vocab_size,
-      "hidden_size": config.hidden_size,
-      "num_hidden_layers": config.num_layers,
-      "num_attention_heads": config.num_heads,
-      "intermediate_size": config.intermediate_size,
-      "hidden_activation": _ACTIVATION_NAMES[config.hidden_act],
-      "classifier_activation": _ACTIVATION_NAMES[config.hidden_act],
-      "max_position_embeddings": config.max_position_embeddings,
-      "initializer_range": config.initializer_range,
-      "norm_eps": config.layer_norm_eps,
-      "pad_token_id": config.pad_token_id,
-      "embedding_dropout": config.hidden_dropout_prob,
-      "attention_dropout": config.attention_dropout_prob,
-      "mlp_dropout": config.mlp_dropout_prob,
-      "classifier_dropout": config.head_dropout,
-      "classifier_pooling": config.classifier_pooling,
-      "local_attention": config.local_attention,
-      "layer_types": ["full_attention" if config.is_global_layer(i) else "sliding_attention"
-                      for i in range(config.num_layers)],
-      "rope_parameters": {
-          "full_attention": {"rope_type": "default", "rope_theta": config.global_rope_theta},
-          "sliding_attention": {"rope_type": "default", "rope_theta": config.local_rope_theta},
-      },
-      "global_attn_every_n_layers": every,
-      "global_rope_theta": config.global_rope_theta,
-      "local_rope_theta": config.local_rope_theta,
-      **_MODERN_FIXED,
-      "dtype": "float32",
-  }
 
 
 def read_safetensors(path: str) -> dict[str, np.ndarray]:
@@ -467,10 +298,8 @@ def canonical_names(tensors: dict[str, np.ndarray],
                     family: str = "bert") -> dict[str, np.ndarray]:
   """Reference names with the `bert.` prefix (ModernBERT: `model.`) and
   weight/bias leaf names."""
-  if family == "modernbert":
-    # The bare encoder class saves its weights without the `model.` prefix.
-    return {("model." + name if name.split(".")[0] in ("embeddings", "layers", "final_norm")
-             else name): value for name, value in tensors.items()}
+  if family != "bert":
+    return _FAMILIES[family].canonical_names(tensors)
   renamed = {}
   for name, value in tensors.items():
     name = name.replace("LayerNorm.gamma", "LayerNorm.weight").replace(
@@ -491,12 +320,8 @@ def detect_task(tensors: dict[str, Any], config_values: dict[str, Any]) -> str:
   """
   names = set(tensors)
   architectures = config_values.get("architectures") or []
-  if config_values.get("model_type") == "modernbert":
-    if architectures:
-      return MODERN_CLASS_TO_TASK[architectures[0]]
-    if "decoder.bias" in names:
-      return "masked_lm"
-    return "sequence_classification" if "classifier.weight" in names else "encoder"
+  if config_values.get("model_type") in _FAMILIES:
+    return _FAMILIES[config_values["model_type"]].detect_task(names, architectures)
   if {"cls.predictions.bias", "cls.seq_relationship.weight"} <= names:
     return "pretraining"
   if architectures:
@@ -518,12 +343,8 @@ def resolve_tied_decoder(tensors: dict[str, np.ndarray], source: str) -> None:
   Takes the output bias from `cls.predictions.decoder.bias` when only that is
   stored.
   """
-  modern_decoder = tensors.get("decoder.weight")
-  modern_embeddings = tensors.get("model.embeddings.tok_embeddings.weight")
-  if (modern_decoder is not None and modern_embeddings is not None
-      and not np.array_equal(modern_decoder, modern_embeddings)):
-    raise errors.UsageError(f"{source}: decoder.weight differs from the word embeddings; "
-                            "bertjax ties them, as ModernBERT does")
+  for family in _FAMILIES.values():
+    family.check_tied_decoder(tensors, source)
   embeddings = tensors.get("bert.embeddings.word_embeddings.weight")
   decoder = tensors.get("cls.predictions.decoder.weight")
   if decoder is not None and embeddings is not None and not np.array_equal(decoder,
@@ -674,22 +495,18 @@ def write_directory(directory: str, config: BertConfig, reference_tensors: dict[
   tensors = dict(reference_tensors)
   if task == "encoder":
     # The bare encoder class saves its weights without the `bert.` (`model.`) prefix.
-    prefix = "model." if config.modern else "bert."
+    prefix = _FAMILIES[config.family].PREFIX if config.family != "bert" else "bert."
     tensors = {name.removeprefix(prefix): value for name, value in tensors.items()}
   values = config_to_dict(config, task, labels)
-  if tokenizer is not None and config.modern:
-    # The ids of the vocabulary the model was trained with (the preset's are
-    # ModernBERT's own tokenizer's; transformers checks them against the table).
-    values.update(pad_token_id=tokenizer.pad_id, cls_token_id=tokenizer.cls_id,
-                  bos_token_id=tokenizer.cls_id, sep_token_id=tokenizer.sep_id,
-                  eos_token_id=tokenizer.sep_id)
+  if tokenizer is not None and config.family != "bert":
+    values.update(_FAMILIES[config.family].token_ids(tokenizer))
   write_json(os.path.join(directory, CONFIG_FILE), values)
   save_file(tensors, os.path.join(directory, SAFETENSORS_FILE), metadata={"format": "pt"})
   if tokenizer is None:
     return
   special = {f"{role}_token": token for role, token in tokenizer.special_tokens.items()}
-  # As ModernBERT's own: its models take no token types.
-  inputs = {"model_input_names": ["input_ids", "attention_mask"]} if config.modern else {}
+  inputs = ({"model_input_names": _FAMILIES[config.family].MODEL_INPUT_NAMES}
+            if config.family != "bert" else {})
   if isinstance(tokenizer, JsonTokenizer):
     tokenizer.save(directory)
     write_json(os.path.join(directory, TOKENIZER_CONFIG_FILE), {

@@ -17,7 +17,7 @@ import transformers
 
 import bertjax
 from bertjax import errors
-from bertjax.interop import hf
+from bertjax.interop import hf, modernbert
 from tests import reference
 
 TOLERANCE = 1e-5
@@ -112,7 +112,7 @@ def test_every_class_imports_equal_to_transformers(tmp_path, shape, class_name):
   model = reference_model(class_name, config)
   model.save_pretrained(tmp_path)
   bundle = bertjax.load_pretrained(str(tmp_path))
-  assert bundle.task == hf.MODERN_CLASS_TO_TASK[class_name]
+  assert bundle.task == modernbert.CLASS_TO_TASK[class_name]
   ids, mask = batch(config.vocab_size, class_name.endswith("MultipleChoice"))
   assert_close(our_outputs(bundle, ids, mask), reference_outputs(model, ids, mask),
                mask if ids.ndim == 2 else None, class_name)
