@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax.models import BertConfig
+from bertjax.models import BertConfig, family
 
 # Dense peak TFLOP/s per JAX device: (bfloat16, float32). On TPU, float32
 # matmuls run as bfloat16 passes, so both use the bfloat16 peak; on NVIDIA GPUs
@@ -91,7 +91,8 @@ def model_flops(config: BertConfig, tokens: Count, token_pairs: Count, predictio
   hidden, inner, vocab = config.hidden_size, config.intermediate_size, config.vocab_size
   # Query, key, value and output projections; the feed-forward (ModernBERT's
   # gated one has two input matrices).
-  per_token = 2 * 4 * hidden * hidden + 2 * (3 if config.modern else 2) * hidden * inner
+  gated = family.of(config).gated_mlp
+  per_token = 2 * 4 * hidden * hidden + 2 * (3 if gated else 2) * hidden * inner
   per_pair = 2 * 2 * hidden                # scores and weighted values, all heads
   global_layers = sum(config.is_global_layer(i) for i in range(config.num_layers))
   local_layers = config.num_layers - global_layers
@@ -117,8 +118,10 @@ def flops_per_token(config: BertConfig, seq_len: int, max_predictions: int,
     max_predictions: Masked positions per sequence scored by the MLM head.
     training: Count the backward pass too (2x the forward).
   """
-  local = local_pairs(seq_len, config.local_attention // 2) if config.modern else None
-  nsp = 0 if config.modern else 1
+  spec = family.of(config)
+  window = spec.local_window(config)
+  local = local_pairs(seq_len, window) if window is not None else None
+  nsp = 1 if spec.next_sentence else 0
   return model_flops(config, seq_len, seq_len ** 2, max_predictions, nsp, training,
                      local) / seq_len
 

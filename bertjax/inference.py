@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from bertjax import errors
-from bertjax.models import BertConfig
+from bertjax.models import BertConfig, family
 from bertjax.models.bert import encoder, pooler_name
 from bertjax.pretrained import Pretrained
 
@@ -56,7 +56,8 @@ def encode(bundle: Pretrained, texts: str | Sequence[str],
   texts = [texts] if isinstance(texts, str) else list(texts)
   if isinstance(text_pairs, str):
     text_pairs = [text_pairs]
-  if text_pairs is not None and not bundle.config.modern and bundle.config.type_vocab_size < 2:
+  if (text_pairs is not None and family.of(bundle.config).token_types
+      and bundle.config.type_vocab_size < 2):
     raise errors.UsageError(f"This model has type_vocab_size={bundle.config.type_vocab_size}: "
                             "it has no token type for a second segment")
   config = bundle.config.replace(return_hidden_states=output_hidden_states)

@@ -27,7 +27,7 @@ from bertjax import checkpoint, errors, files, paths, phases
 from bertjax.data.tokenizers import Tokenizer, tokenizer_from_settings
 from bertjax.files import atomic_directory, read_json, write_json
 from bertjax.interop import google_tf, hf, mapping
-from bertjax.models import BertConfig, build_model, init_params, to_layout
+from bertjax.models import BertConfig, build_model, family, init_params, to_layout
 from bertjax.models.config import COMPUTATION_FIELDS
 from bertjax.models.bert import (LABELLED_TASKS, OPTIONAL_POOLER_TASKS, TASK_MODELS, pooler_name,
                                  abstract_params)
@@ -238,9 +238,11 @@ def _retarget(bundle: Pretrained, task: str, labels: list[str] | None, seed: int
   if not same_head:
     reference = {name: value for name, value in reference.items()
                  if not name.startswith(("classifier.", "qa_outputs."))}
-  # ModernBERT's task models all read its prediction head (new if the encoder lacks it).
-  add_pooler = (bundle.has_pooler if task in OPTIONAL_POOLER_TASKS
-                and not (bundle.config.modern and task != "encoder") else True)
+  # A prediction head as summary (ModernBERT's) is read by every task model
+  # (new if the encoder lacks it); a pooler only by those that take one.
+  reads_summary = family.of(bundle.config).summary == "head" and task != "encoder"
+  add_pooler = (bundle.has_pooler if task in OPTIONAL_POOLER_TASKS and not reads_summary
+                else True)
   params, report = mapping.params_from_reference(
       reference, bundle.config, task, len(labels) if labels else 2, path,
       rng=jax.random.key(seed), add_pooler=add_pooler)

@@ -23,6 +23,7 @@ import numpy as np
 
 from bertjax import errors
 from bertjax.models import BertConfig, build_model, init_params
+from bertjax.models import family as model_family
 from bertjax.models.bert import abstract_params
 
 Params = dict[str, Any]
@@ -162,7 +163,7 @@ def params_from_reference(tensors: Mapping[str, np.ndarray], config: BertConfig,
   config = config.replace(scan_layers=False)
   family = config.family
   if add_pooler is None:
-    add_pooler = ("head.dense.weight" if config.modern else "bert.pooler.dense.weight") in tensors
+    add_pooler = model_family.of(config).summary_weight in tensors
   model = build_model(config, task, num_labels, add_pooler)
   expected = nn.meta.unbox(abstract_params(model))
   report = LoadReport()

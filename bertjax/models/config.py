@@ -16,6 +16,7 @@ import dataclasses
 from typing import Any
 
 from bertjax import errors
+from bertjax.models.family import FAMILIES
 
 # The attention kernels by name (`bertjax.models.attention` runs them): "auto"
 # picks the fastest the call allows, "xla" is XLA's attention, the fused ones
@@ -24,7 +25,6 @@ ATTENTION_FUSED = ("dot_product", "cudnn", "splash")
 ATTENTION_IMPLEMENTATIONS = ("auto", "xla", *ATTENTION_FUSED)
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
-FAMILIES = ("bert", "modernbert")
 POOLINGS = ("cls", "mean")
 # Names of `jax.checkpoint_policies` members, plus "none" (no remat) and "full"
 # (save nothing).
@@ -184,7 +184,7 @@ class BertConfig:
 
   def validate(self) -> None:
     """Raises ValueError naming the offending field and what to change."""
-    _check_choice("family", self.family, FAMILIES)
+    _check_choice("family", self.family, tuple(FAMILIES))
     for name in ("vocab_size", "vocab_pad_multiple", "hidden_size", "num_layers", "num_heads",
                  "intermediate_size", "max_position_embeddings", "type_vocab_size",
                  "global_attention_every", "local_attention"):

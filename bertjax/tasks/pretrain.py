@@ -22,7 +22,7 @@ import ml_collections
 from bertjax import (checkpoint, divergence, errors, files, flops, hosts, metrics, optim,
                      outage, preemption, runs, sharding, signals, throughput, train)
 from bertjax.data import loader
-from bertjax.models import BertConfig
+from bertjax.models import BertConfig, family
 from bertjax.phases import Phase, phases
 from bertjax.tasks.pretrain_data import (check_stream, check_vocabulary, data_identity,
                                          loader_config, masking_config, prepare_data,
@@ -39,10 +39,7 @@ def validate(config: ml_collections.ConfigDict, mesh_devices: int) -> tuple[int,
     ValueError: saying what to change.
   """
   bert = BertConfig.from_run_config(config)  # hidden size vs heads and the like
-  if bert.modern and config.objective not in ("mlm", "mlm_pairs"):
-    raise errors.UsageError(f"objective={config.objective!r} is BERT's: ModernBERT pre-trains "
-                            "with masked LM only; set --config.objective=mlm (or use "
-                            "configs/modernbert_pretrain.py)")
+  family.of(bert).check_objective(config.objective)
   shape = sharding.mesh_shape([config.mesh.data, config.mesh.fsdp, config.mesh.tensor],
                               mesh_devices)
   accumulation = config.train.accumulation_steps
