@@ -393,12 +393,13 @@ def export_hf(bundle: Pretrained, out_dir: str, overwrite: bool = False) -> None
         "something else. Export the encoder (task='encoder') or keep the bertjax format")
   reference = mapping.params_to_reference(_checked_looped_params(bundle),
                                           bundle.config.vocab_size, bundle.config.family)
-  if bundle.config.modern:
-    hf.class_name(bundle.config, bundle.task)  # a task transformers has a class for
+  hf.class_name(bundle.config, bundle.task)  # a task transformers has a class for
+  if family.of(bundle.config).summary == "head" and bundle.task == "encoder":
+    # The bare encoder class of such a family has no prediction head.
     head = [name for name in reference if name.startswith("head.")]
-    if bundle.task == "encoder" and head:
-      logger.info("export_hf: ModernBertModel has no prediction head; leaving out %s",
-                  ", ".join(head))
+    if head:
+      logger.info("export_hf: %s has no prediction head; leaving out %s",
+                  hf.class_name(bundle.config, "encoder"), ", ".join(head))
       reference = {k: v for k, v in reference.items() if k not in head}
   elif bundle.task in OPTIONAL_POOLER_TASKS:
     pooler = [name for name in reference if name.startswith("bert.pooler.")]
