@@ -59,7 +59,7 @@ def test_the_workload_runs_bertjax_on_every_host_of_every_slice(xpk, tmp_path, t
                                                                slices):
   from bertjax import topology
   from bertjax.configs import large_pretrain
-  from bertjax.tools import compile as compile_tool
+  from bertjax.tools.compiling import compiler as step_compiler
 
   jobset, printed = _submit(xpk, tmp_path, f"--tpu-type={tpu_type}", f"--num-slices={slices}",
                             "--workload=bert-large", "--max-restarts=7", "--spot", "--",
@@ -90,7 +90,7 @@ def test_the_workload_runs_bertjax_on_every_host_of_every_slice(xpk, tmp_path, t
   assert pod["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == "x".join(
       map(str, tpu_slice.shape))
   config = large_pretrain.get_config("lamb")
-  target = compile_tool.make_target(config, tpu_type, slices)
+  target = step_compiler.make_target(config, tpu_type, slices)
   assert target.hosts == slices * hosts and target.chips == slices * hosts * chips_per_host
   assert dict(target.mesh.shape)["data"] * dict(target.mesh.shape)["fsdp"] == target.chips
   assert "kubectl apply" in printed  # what xpk would do, not done

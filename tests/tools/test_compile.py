@@ -115,9 +115,9 @@ is_host_transfer=true, frontend_attributes={_xla_megascale_transfer_type="ALL_RE
 
 
 def test_collectives_count_loop_iterations_and_bytes():
-  from bertjax.tools import compile as compile_tool
+  from bertjax.tools.compiling import program as compiled_program
 
-  found = compile_tool.collectives(HLO)
+  found = compiled_program.collectives(HLO)
   assert found["all-reduce"] == {"count": 12 + 1, "bytes": 12 * 1024 * 4 + 4 + 2 * 64 * 2}
   assert found["all-gather"] == {"count": 1, "bytes": 32 * 256 * 2}
   assert found["reduce-scatter"] == {"count": 1, "bytes": 8 * 64 * 2}
@@ -159,21 +159,21 @@ def test_the_attention_kernels_count_every_block_they_compute(causal):
   products of a [length, length] block per head: the forward's two, then the
   scores and the probabilities' gradient again in both backward kernels. A
   causal mask skips the blocks above the diagonal."""
-  from bertjax.tools import compile as compile_tool
+  from bertjax.tools.compiling import jaxpr_flops
 
   batch, length, heads, head_dim = 4, 256, 2, 64
-  share = compile_tool.causal_block_share(length, 128) if causal else 1.0
+  share = jaxpr_flops.causal_block_share(length, 128) if causal else 1.0
   assert share == (0.75 if causal else 1.0)  # 3 of the 4 blocks of 128 x 128
   closed = _attention_gradient_jaxpr(causal)
-  counted = compile_tool.traced_flops(closed)  # the share read from the kernels' masks
+  counted = jaxpr_flops.traced_flops(closed)  # the share read from the kernels' masks
   dense = 2 * batch * heads * length * length * head_dim  # one product, all blocks
   assert counted.kernel_calls == 3
   assert counted.kernel_flops == 9 * dense * share
   # Outside them only the backward's row sums of the output times its gradient.
   assert counted.matmuls - counted.kernel_flops == 2 * batch * heads * length * head_dim
   # Without the masks (a bare Jaxpr), the share given.
-  assert compile_tool.traced_flops(closed.jaxpr, share).kernel_flops == 9 * dense * share
-  assert compile_tool.traced_flops(closed.jaxpr).kernel_flops == 9 * dense
+  assert jaxpr_flops.traced_flops(closed.jaxpr, share).kernel_flops == 9 * dense * share
+  assert jaxpr_flops.traced_flops(closed.jaxpr).kernel_flops == 9 * dense
 
 
 def band_blocks(length: int, window: int, causal: bool = False, block: int = 128) -> int:
@@ -194,14 +194,14 @@ def test_local_attention_kernels_count_the_blocks_of_the_band(length, window, ca
   """A local layer's kernels compute the blocks that hold a query and a key at
   most `window` apart (before the query only, if causal): counted here from
   the positions, by brute force, against what the traced kernels' masks say."""
-  from bertjax.tools import compile as compile_tool
+  from bertjax.tools.compiling import jaxpr_flops
 
   batch, heads, head_dim, block = 4, 2, 64, 128
   blocks = band_blocks(length, window, causal)
   assert blocks < (length // block) ** 2  # the band leaves blocks out
   dense_block = 2 * batch * heads * block * block * head_dim  # one product of a block
-  counted = compile_tool.traced_flops(_attention_gradient_jaxpr(causal, length=length,
-                                                                window=window))
+  counted = jaxpr_flops.traced_flops(_attention_gradient_jaxpr(causal, length=length,
+                                                               window=window))
   assert counted.kernel_calls == 3
   assert counted.kernel_flops == 9 * dense_block * blocks
 
@@ -213,7 +213,7 @@ def test_constants_reach_only_the_sub_jaxprs_that_hold_them_throughout():
   import numpy as np
   from jax import lax
 
-  from bertjax.tools import compile as compile_tool
+  from bertjax.tools.compiling import jaxpr_flops
 
   limit, step = np.array([7], np.int32), np.array([2], np.int32)
   start = np.zeros(1, np.int32)
@@ -227,8 +227,8 @@ def test_constants_reach_only_the_sub_jaxprs_that_hold_them_throughout():
   known[closed.jaxpr.invars[0]] = start  # a carry's first value
   found = {}
   for eqn in closed.jaxpr.eqns:
-    for sub in compile_tool._sub_jaxprs(eqn):
-      inside = compile_tool._known_inside(eqn, sub, known)
+    for sub in jaxpr_flops._sub_jaxprs(eqn):
+      inside = jaxpr_flops._known_inside(eqn, sub, known)
       kind = ("cond" if sub is eqn.params.get("cond_jaxpr") else eqn.primitive.name)
       found[kind] = sorted(int(v[0]) for v in inside.values())
   assert found == {"cond": [7], "while": [2], "scan": [2]}
@@ -238,36 +238,36 @@ def test_a_shard_map_body_counts_once_a_device():
   import jax
 
   from bertjax import sharding
-  from bertjax.tools import compile as compile_tool
+  from bertjax.tools.compiling import jaxpr_flops
 
-  alone = compile_tool.traced_flops(_attention_gradient_jaxpr(False))
+  alone = jaxpr_flops.traced_flops(_attention_gradient_jaxpr(False))
   mesh = sharding.make_mesh((4, 1, 1), jax.devices()[:4])
   sharded_causal = _attention_gradient_jaxpr(True, mesh)
-  sharded = compile_tool.traced_flops(_attention_gradient_jaxpr(False, mesh))
+  sharded = jaxpr_flops.traced_flops(_attention_gradient_jaxpr(False, mesh))
   assert sharded.kernel_flops == alone.kernel_flops  # 4 devices, a quarter of the rows each
   assert sharded.kernel_calls == 4 * alone.kernel_calls
   # The masks are found inside the shard_map too: a causal mask's share.
-  assert compile_tool.traced_flops(sharded_causal).kernel_flops == 0.75 * alone.kernel_flops
+  assert jaxpr_flops.traced_flops(sharded_causal).kernel_flops == 0.75 * alone.kernel_flops
 
 
 def test_the_real_tokens_of_a_given_padding_share():
   from bertjax import errors
   from bertjax.configs import base_pretrain
-  from bertjax.tools import compile as compile_tool
+  from bertjax.tools.compiling import real_work
 
   config = base_pretrain.get_config()
-  work = compile_tool.RealWork.given(config, 0.25)
+  work = real_work.RealWork.given(config, 0.25)
   short, long = work.per_row[0], work.per_row[1]
   assert short == {"real_tokens": 96.0, "sequences": 1.0, "token_pairs": 96.0 ** 2,
                    "local_token_pairs": 96.0 ** 2,  # BERT: every layer global
                    "predictions": 14.0, "nsp_pairs": 1.0, "padding": 0.25}
   assert long["real_tokens"] == 384 and long["predictions"] == 58  # round(0.15 * 384)
-  full = compile_tool.RealWork.given(config, 0.0).per_row[0]
+  full = real_work.RealWork.given(config, 0.0).per_row[0]
   assert full["predictions"] == 19  # of 20 slots: round(0.15 * 128)
   config.data.max_sequences_per_row = 4  # how a row divides is not given: measure it
   with pytest.raises(errors.UsageError, match="--padding takes rows of one sequence each; "
                      "data.max_sequences_per_row=4 packs several: measure them with --data_dir"):
-    compile_tool.RealWork.given(config, 0.25)
+    real_work.RealWork.given(config, 0.25)
 
 
 def test_the_real_tokens_measured_on_a_prepared_dataset(prepared_dir):
@@ -279,13 +279,13 @@ def test_the_real_tokens_measured_on_a_prepared_dataset(prepared_dir):
   from bertjax.configs import demo
   from bertjax.data import loader
   from bertjax.tasks import pretrain_data
-  from bertjax.tools import compile as compile_tool
+  from bertjax.tools.compiling import real_work
   from tests.tasks.finetuning import set_fields
 
   config = set_fields(demo.get_config(), {
       "model.vocab_size": 210, "train.max_seq_length": 64, "train.max_predictions": 10,
       "train.long_from_step": -1})
-  work = compile_tool.RealWork.measured(config, prepared_dir, batches=3, rows=16)
+  work = real_work.RealWork.measured(config, prepared_dir, batches=3, rows=16)
   assert work.source == f"measured: 3 batches of 16 rows of {prepared_dir}"
   (phase,) = phases.phases(config)
   settings = dataclasses.replace(
@@ -306,31 +306,31 @@ def test_the_real_tokens_measured_on_a_prepared_dataset(prepared_dir):
 def test_a_dataset_that_is_not_there_is_a_usage_error(tmp_path):
   from bertjax import errors
   from bertjax.configs import demo
-  from bertjax.tools import compile as compile_tool
+  from bertjax.tools.compiling import real_work
 
   with pytest.raises(errors.MissingFileError, match=f"{tmp_path}: no dataset_info.json"):
-    compile_tool.RealWork.measured(demo.get_config(), str(tmp_path), batches=1)
+    real_work.RealWork.measured(demo.get_config(), str(tmp_path), batches=1)
 
 
 def test_out_of_memory_messages_give_the_bytes():
-  from bertjax.tools import compile as compile_tool
+  from bertjax.tools.compiling import program as compiled_program
 
-  needed, available = compile_tool.out_of_memory_bytes(
+  needed, available = compiled_program.out_of_memory_bytes(
       "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
       "temporaries (19.30G) exceeds available HBM (15.75G).")
   assert (needed, available) == (int(19.30 * 2**30), int(15.75 * 2**30))
-  assert compile_tool.out_of_memory_bytes(
+  assert compiled_program.out_of_memory_bytes(
       "Ran out of memory in memory space hbm. Used 20.50G of 15.48G hbm.")[0] == int(20.5 * 2**30)
-  assert compile_tool.out_of_memory_bytes("RESOURCE_EXHAUSTED: something") == (None, None)
+  assert compiled_program.out_of_memory_bytes("RESOURCE_EXHAUSTED: something") == (None, None)
 
 
 def test_accumulation_for_the_largest_batch_that_fits():
-  from bertjax.tools import compile as compile_tool
+  from bertjax.tools.compiling import report as compile_report
 
-  assert compile_tool.accumulation_for(256, 16, 16) == 1
-  assert compile_tool.accumulation_for(256, 16, 12) == 2   # 8 a chip
-  assert compile_tool.accumulation_for(256, 16, 3) == 8    # 2 a chip
-  assert compile_tool.accumulation_for(256, 16, 0) is None
+  assert compile_report.accumulation_for(256, 16, 16) == 1
+  assert compile_report.accumulation_for(256, 16, 12) == 2   # 8 a chip
+  assert compile_report.accumulation_for(256, 16, 3) == 8    # 2 a chip
+  assert compile_report.accumulation_for(256, 16, 0) is None
 
 
 @pytest.mark.parametrize("ramp_start", [0, 48, 96])
@@ -345,7 +345,7 @@ def test_one_accumulation_for_every_phase_and_the_warmup(ramp_start, limits):
   from bertjax import phases as phase_lib
   from bertjax.configs import modernbert_pretrain
   from bertjax.tasks import pretrain
-  from bertjax.tools import compile as compile_tool
+  from bertjax.tools.compiling import report as compile_report
 
   config = modernbert_pretrain.get_config()
   config.train.update(batch_size=384, long_batch_size=288, batch_ramp_start=ramp_start,
@@ -364,10 +364,10 @@ def test_one_accumulation_for_every_phase_and_the_warmup(ramp_start, limits):
 
   expected = next((steps for steps in range(1, 385) if accepted(steps)), None)
   phases = phase_lib.phases(config)
-  assert compile_tool.run_accumulation_for(phases, 8, limits, 1) == expected
+  assert compile_report.run_accumulation_for(phases, 8, limits, 1) == expected
   if expected is not None:
     later = next((steps for steps in range(expected + 1, 385) if accepted(steps)), None)
-    assert compile_tool.run_accumulation_for(phases, 8, limits, 1, more_than=expected) == later
+    assert compile_report.run_accumulation_for(phases, 8, limits, 1, more_than=expected) == later
 
 
 @pytest.mark.parametrize("fixed_gib, per_sequence_gib, start", [
@@ -377,13 +377,13 @@ def test_max_batch_search_brackets_then_closes_in(fixed_gib, per_sequence_gib, s
   XLA's tiling makes it): the largest fitting batch (a multiple of 8 from 8
   on), in few compiles."""
   from bertjax.tasks.pretrain import Phase
-  from bertjax.tools import compile as compile_tool
+  from bertjax.tools.compiling import compiler as step_compiler
 
   hbm = 32 * 2**30
   total = lambda per_chip: int(
       (fixed_gib + per_sequence_gib * per_chip + 0.3 * (per_chip % 8 != 0)) * 2**30)
-  compiler = object.__new__(compile_tool.Compiler)
-  compiler.target = compile_tool.Target(topology.parse("v4-8"), 1, [None] * 4, None)
+  compiler = object.__new__(step_compiler.Compiler)
+  compiler.target = step_compiler.Target(topology.parse("v4-8"), 1, [None] * 4, None)
   compiler.data_shards = 4
   compiled = []
 
@@ -410,12 +410,12 @@ def pretrain_phase(length):
 def test_the_accumulation_that_fits_is_checked_by_compiling():
   """Accumulating needs memory of its own (the summed gradients): the steps the
   largest batches suggest are compiled, and raised while they do not fit."""
-  from bertjax.tools import compile as compile_tool
+  from bertjax.tools.compiling import compiler as step_compiler, report as compile_report
   from bertjax.configs import large_pretrain
 
   config = large_pretrain.get_config()  # 256 sequences, lengths 128 and 512
-  compiler = object.__new__(compile_tool.Compiler)
-  compiler.target = compile_tool.Target(topology.parse("v6e-8"), 1, [None] * 8, None)
+  compiler = object.__new__(step_compiler.Compiler)
+  compiler.target = step_compiler.Target(topology.parse("v6e-8"), 1, [None] * 8, None)
   compiler.data_shards = 8
   compiled = []
 
@@ -429,7 +429,7 @@ def test_the_accumulation_that_fits_is_checked_by_compiling():
   compiler.train = train
   configured = {str(n): train(pretrain_phase(n), 256, 1) for n in (128, 512)}
   report = {"max_per_chip_batch": {"train_128": 64, "train_512": 16}}
-  steps, tried = compile_tool._accumulation_that_fits(compiler, config, report, configured)
+  steps, tried = compile_report._accumulation_that_fits(compiler, config, report, configured)
   # 16 a chip suggests 2 steps; with the accumulator 2 does not fit, 4 does.
   assert steps == 4
   assert [(t["accumulation_steps"], t["fits"]) for t in tried] == [(2, False), (4, True)]
@@ -442,14 +442,14 @@ def test_batch_spec_matches_the_loader(prepared_dir, objective, sequences_per_ro
   """The abstract batch compiled for is the loader's batch: names, shapes, dtypes."""
   from bertjax.data import loader
   from bertjax.data.masking import MaskingConfig
-  from bertjax.tools import compile as compile_tool
+  from bertjax.tools.compiling import compiler as step_compiler
 
   config = loader.LoaderConfig(prepared_dir, objective=objective, max_seq_length=32,
                                batch_size=4, masking=MaskingConfig(max_predictions=5),
                                max_sequences_per_row=sequences_per_row)
   batch = next(iter(loader.make_dataset(config)))
-  spec = compile_tool.batch_spec(objective, 4, 32, 5, sharding=None,
-                                 max_sequences_per_row=sequences_per_row)
+  spec = step_compiler.batch_spec(objective, 4, 32, 5, sharding=None,
+                                  max_sequences_per_row=sequences_per_row)
   assert sorted(spec) == sorted(batch)
   for name, value in batch.items():
     assert (spec[name].shape, np.dtype(spec[name].dtype)) == (value.shape, value.dtype), name
