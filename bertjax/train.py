@@ -3,7 +3,10 @@
 `train_step(state, batch)` and `eval_step(params, batch)` are module-level pure
 functions; the trainer binds their static settings with `functools.partial`
 and jits them once, with shardings and the state donated. The state is built
-abstract-first and initialised directly sharded (`init_train_state`).
+abstract-first and initialised directly sharded, from a fresh model
+(`init_train_state`) or from given parameters (`train_state_from`, the
+fine-tuner's); both through `initial_train_state`, and every step of
+pre-training and fine-tuning updates it through `apply_gradients`.
 
 Losses follow the paper: masked LM, the mean cross-entropy over the real masked
 positions of the whole batch, plus next-sentence prediction. Gradient
@@ -22,6 +25,7 @@ import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from bertjax import errors, flops
@@ -108,15 +112,27 @@ def batch_work(batch: Batch, objective: str, window: int | None = None) -> dict[
   }
 
 
+def _seed_keys(seed: int) -> tuple[Array, Array]:
+  """(initialisation key, dropout key) of a run's seed."""
+  init_rng, dropout_rng = jax.random.split(jax.random.key(seed))
+  return init_rng, dropout_rng
+
+
+def initial_train_state(params: Any, optimizer: optax.GradientTransformation,
+                        seed: int) -> TrainState:
+  """The state before step 1 over `params`: a fresh optimizer state, no step
+  skipped, and the dropout key of `seed` (the one state constructor of
+  pre-training and fine-tuning)."""
+  zero = jnp.zeros((), jnp.int32)
+  return TrainState(step=zero, params=params, opt_state=optimizer.init(params),
+                    rng=jax.random.key_data(_seed_keys(seed)[1]), skipped=zero,
+                    consecutive_skipped=zero)
+
+
 def create_train_state(model: nn.Module, optimizer: optax.GradientTransformation,
                        seed: int) -> TrainState:
   """A fresh state (parameters boxed with their logical axes)."""
-  init_rng, dropout_rng = jax.random.split(jax.random.key(seed))
-  params = init_params(model, init_rng)
-  zero = jnp.zeros((), jnp.int32)
-  return TrainState(step=zero, params=params, opt_state=optimizer.init(params),
-                    rng=jax.random.key_data(dropout_rng), skipped=zero,
-                    consecutive_skipped=zero)
+  return initial_train_state(init_params(model, _seed_keys(seed)[0]), optimizer, seed)
 
 
 def abstract_train_state(model: nn.Module, optimizer: optax.GradientTransformation,
@@ -138,6 +154,18 @@ def init_train_state(model: nn.Module, optimizer: optax.GradientTransformation, 
   """The fresh state, initialised directly in its shardings (never on one device)."""
   create = lambda: nn.meta.unbox(create_train_state(model, optimizer, seed))
   return jax.jit(create, out_shardings=shardings)()
+
+
+def train_state_from(params: Any, optimizer: optax.GradientTransformation, seed: int,
+                     shardings: TrainState) -> TrainState:
+  """A state over given host parameters (a pretrained model's, unboxed), placed
+  directly in its shardings: each device reads only its shard of each array."""
+  placed = jax.tree.map(
+      lambda value, target: jax.make_array_from_callback(
+          np.shape(value), target, lambda index, value=value: np.asarray(value)[index]),
+      params, shardings.params)
+  create = functools.partial(initial_train_state, optimizer=optimizer, seed=seed)
+  return jax.jit(create, in_shardings=(shardings.params,), out_shardings=shardings)(placed)
 
 
 def _losses(model: nn.Module, params: Any, batch: Batch, objective: str, deterministic: bool,
@@ -204,6 +232,43 @@ def _micro_batches(batch: Batch, steps: int) -> Batch:
   return jax.tree.map(split, batch)
 
 
+def apply_gradients(state: TrainState, loss: Array, grads: Any, *,
+                    optimizer: optax.GradientTransformation, learning_rate_fn: Callable
+                    ) -> tuple[TrainState, dict[str, Array]]:
+  """The next state: the optimizer's update of `grads`, or none at all when
+  the loss or the gradients are not finite (the update rule of pre-training
+  and fine-tuning).
+
+  A skipped step leaves the parameters and the optimizer state (so the
+  schedule's count) as they were; it still advances `step`, and counts in
+  `skipped` and `consecutive_skipped`. (`optax.apply_if_finite` checks the
+  gradients only, and keeps its counters inside the optimizer state.)
+
+  Returns:
+    The next state and the update's metrics (device scalars): `learning_rate`
+    (the schedule's value at the optimizer's count, the one this update
+    uses), `grad_norm` (global, before clipping), `skipped` (1 if this step's
+    update was not applied), `skipped_total` and `consecutive_skipped`.
+  """
+  grad_norm = optax.global_norm(grads)
+  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+  skipped = (~finite).astype(jnp.int32)
+  new_state = state.replace(
+      step=state.step + 1, params=keep(params, state.params),
+      opt_state=keep(opt_state, state.opt_state), skipped=state.skipped + skipped,
+      consecutive_skipped=jnp.where(finite, 0, state.consecutive_skipped + 1))
+  return new_state, {
+      "learning_rate": learning_rate_fn(optimizer_step(state.opt_state)),
+      "grad_norm": grad_norm,
+      "skipped": skipped,
+      "skipped_total": new_state.skipped,
+      "consecutive_skipped": new_state.consecutive_skipped,
+  }
+
+
 def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
                optimizer: optax.GradientTransformation, learning_rate_fn: Callable,
                objective: str, accumulation_steps: int = 1
@@ -240,26 +305,13 @@ def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
     (loss, sums, grads), _ = jax.lax.scan(
         accumulate, zero, (jnp.arange(accumulation_steps), micro))
 
-  grad_norm = optax.global_norm(grads)
-  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
-  skipped = (~finite).astype(jnp.int32)
-  new_state = state.replace(
-      step=state.step + 1, params=keep(params, state.params),
-      opt_state=keep(opt_state, state.opt_state), skipped=state.skipped + skipped,
-      consecutive_skipped=jnp.where(finite, 0, state.consecutive_skipped + 1))
-  metrics = {
+  new_state, metrics = apply_gradients(state, loss, grads, optimizer=optimizer,
+                                       learning_rate_fn=learning_rate_fn)
+  metrics.update({
       "loss": loss,
       "mlm_loss": sums["mlm_loss"] / jnp.maximum(sums["mlm_count"], 1.0),
       "mlm_accuracy": sums["mlm_correct"] / jnp.maximum(sums["mlm_count"], 1.0),
-      "learning_rate": learning_rate_fn(optimizer_step(state.opt_state)),
-      "grad_norm": grad_norm,
-      "skipped": skipped,
-      "skipped_total": new_state.skipped,
-      "consecutive_skipped": new_state.consecutive_skipped,
-  }
+  })
   if objective == "mlm_nsp":
     metrics["nsp_loss"] = sums["nsp_loss"] / jnp.maximum(sums["nsp_count"], 1.0)
     metrics["nsp_accuracy"] = sums["nsp_correct"] / jnp.maximum(sums["nsp_count"], 1.0)

@@ -91,6 +91,11 @@ def loss_sums(kind: str, outputs: Mapping[str, Array], batch: Mapping[str, Array
           "correct": (correct * weights).sum()}
 
 
+# What the fine-tuner logs of `train.apply_gradients`'s metrics (the totals of
+# skipped steps, not each step's flag).
+_UPDATE_METRICS = ("learning_rate", "grad_norm", "skipped_total", "consecutive_skipped")
+
+
 def finetune_step(state: train.TrainState, batch: dict[str, Array], *, model: nn.Module,
                   optimizer: optax.GradientTransformation, learning_rate_fn: Callable,
                   kind: str) -> tuple[train.TrainState, dict[str, Array]]:
@@ -104,19 +109,9 @@ def finetune_step(state: train.TrainState, batch: dict[str, Array], *, model: nn
     return sums["loss"] / jnp.maximum(sums["count"], 1.0), sums
 
   (loss, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-  grad_norm = optax.global_norm(grads)
-  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
-  new_state = state.replace(
-      step=state.step + 1, params=keep(params, state.params),
-      opt_state=keep(opt_state, state.opt_state),
-      skipped=state.skipped + (~finite).astype(jnp.int32),
-      consecutive_skipped=jnp.where(finite, 0, state.consecutive_skipped + 1))
-  step_metrics = {"loss": loss, "learning_rate": learning_rate_fn(state.step),
-                  "grad_norm": grad_norm, "skipped_total": new_state.skipped,
-                  "consecutive_skipped": new_state.consecutive_skipped}
+  new_state, update = train.apply_gradients(state, loss, grads, optimizer=optimizer,
+                                            learning_rate_fn=learning_rate_fn)
+  step_metrics = {"loss": loss, **{name: update[name] for name in _UPDATE_METRICS}}
   if kind != "regression":
     step_metrics["accuracy"] = sums["correct"] / jnp.maximum(sums["count"], 1.0)
   return new_state, step_metrics
@@ -256,6 +251,19 @@ class Recipe:
                               "configs in configs/ set every one)")
     return cls(**{f.name: config.train[f.name] for f in dataclasses.fields(cls)})
 
+  def make_optimizer(self, total_steps: int) -> tuple[optax.GradientTransformation,
+                                                      optax.Schedule]:
+    """(optimizer, learning-rate schedule) of a run of `total_steps`, as
+    `optim.make_optimizer` builds the pre-training run's: AdamW with Adam's
+    moments as in the original (b1 0.9, b2 0.999), every other setting this
+    recipe's, the warmup `warmup_proportion` of the steps."""
+    schedule = optim.learning_rate_schedule(
+        self.learning_rate, int(self.warmup_proportion * total_steps), total_steps)
+    optimizer = optim.create_optimizer(
+        "adamw", schedule, weight_decay=self.weight_decay, b1=0.9, b2=0.999, eps=self.eps,
+        max_grad_norm=self.max_grad_norm, bias_correction=self.bias_correction)
+    return optimizer, schedule
+
 
 class FineTuner:
   """A pretrained bundle's task model, sharded on the mesh, with its optimizer.
@@ -295,19 +303,14 @@ class FineTuner:
                                 f"and {jax.process_count()} processes")
     self.rules = tuple(tuple(rule) for rule in config.logical_axis_rules)
     self.model = bundle.model()
-    self.learning_rate_fn = optim.learning_rate_schedule(
-        recipe.learning_rate, int(recipe.warmup_proportion * self.total_steps),
-        self.total_steps)
-    self.optimizer = optim.create_optimizer(
-        "adamw", self.learning_rate_fn, weight_decay=recipe.weight_decay, b1=0.9, b2=0.999,
-        eps=recipe.eps, max_grad_norm=recipe.max_grad_norm,
-        bias_correction=recipe.bias_correction)
+    self.optimizer, self.learning_rate_fn = recipe.make_optimizer(self.total_steps)
     self.batch_sharding = sharding.batch_sharding(self.mesh)
     replicated = sharding.replicated(self.mesh)
     with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
       abstract = train.abstract_train_state(self.model, self.optimizer, config.seed)
       self.shardings = train.state_shardings(abstract, self.mesh, self.rules)
-      self.state = self._initial_state(bundle.params, config.seed)
+      self.state = train.train_state_from(bundle.params, self.optimizer, config.seed,
+                                          self.shardings)
     self._train_step = jax.jit(
         functools.partial(finetune_step, model=self.model, optimizer=self.optimizer,
                           learning_rate_fn=self.learning_rate_fn, kind=kind),
@@ -316,23 +319,6 @@ class FineTuner:
     self._predict_step = jax.jit(functools.partial(predict_step, model=self.model),
                                  in_shardings=(self.shardings.params, self.batch_sharding),
                                  out_shardings=replicated)
-
-  def _initial_state(self, params: Any, seed: int) -> train.TrainState:
-    """The bundle's parameters placed in their shardings, a fresh optimizer state."""
-    placed = jax.tree.map(
-        lambda value, target: jax.make_array_from_callback(
-            np.shape(value), target, lambda index, value=value: np.asarray(value)[index]),
-        params, self.shardings.params)
-    dropout_rng = jax.random.key_data(jax.random.split(jax.random.key(seed))[1])
-
-    def create(params):
-      zero = jnp.zeros((), jnp.int32)
-      return train.TrainState(step=zero, params=params,
-                              opt_state=self.optimizer.init(params), rng=dropout_rng,
-                              skipped=zero, consecutive_skipped=zero)
-
-    return jax.jit(create, in_shardings=(self.shardings.params,),
-                   out_shardings=self.shardings)(placed)
 
   def _axis_rules(self):
     """The mesh and logical-axis rules the model's sharding constraints resolve
