@@ -29,7 +29,7 @@ import numpy as np
 import optax
 
 from bertjax import errors, flops
-from bertjax.models import BertConfig, BertForMaskedLM, BertForPreTraining, init_params
+from bertjax.models import BertConfig, BertForMaskedLM, BertForPreTraining, family, init_params
 
 Array = jax.Array
 Batch = dict[str, Array]
@@ -61,8 +61,8 @@ OBJECTIVES = ("mlm_nsp", "mlm_pairs", "mlm", "ltr")
 
 def pretraining_model(config: BertConfig, objective: str) -> nn.Module:
   """The model of an objective: MLM + NSP heads, MLM only, or a causal LM."""
-  if config.modern and objective not in ("mlm", "mlm_pairs"):
-    raise errors.UsageError(f"ModernBERT pre-trains with masked LM only, not {objective!r}")
+  if objective in OBJECTIVES:
+    family.of(config).check_objective(objective)
   if objective == "mlm_nsp":
     return BertForPreTraining(config)
   if objective in ("mlm", "mlm_pairs"):
@@ -316,7 +316,7 @@ def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
     metrics["nsp_loss"] = sums["nsp_loss"] / jnp.maximum(sums["nsp_count"], 1.0)
     metrics["nsp_accuracy"] = sums["nsp_correct"] / jnp.maximum(sums["nsp_count"], 1.0)
   config = model.config
-  work = batch_work(batch, objective, config.local_attention // 2 if config.modern else None)
+  work = batch_work(batch, objective, family.of(config).local_window(config))
   metrics.update(work)
   metrics["model_flops"] = flops.model_flops(config, work["real_tokens"], work["token_pairs"],
                                              work["predictions"], work["nsp_pairs"],
