@@ -389,7 +389,7 @@ def export_hf(bundle: Pretrained, out_dir: str, overwrite: bool = False) -> None
   if bundle.config.causal and bundle.task not in OPTIONAL_POOLER_TASKS:
     raise errors.UsageError(
         f"export_hf: a left-to-right (causal) {bundle.task} model pools its last token; "
-        f"transformers' {hf.TASK_TO_CLASS[bundle.task]} pools [CLS] and would compute "
+        f"transformers' {hf.class_name(bundle.config, bundle.task)} pools [CLS] and would compute "
         "something else. Export the encoder (task='encoder') or keep the bertjax format")
   reference = mapping.params_to_reference(_checked_looped_params(bundle),
                                           bundle.config.vocab_size, bundle.config.family)
@@ -408,7 +408,7 @@ def export_hf(bundle: Pretrained, out_dir: str, overwrite: bool = False) -> None
                      "initialise one (or load it with add_pooling_layer=False)")
     elif bundle.task != "encoder" and pooler:
       logger.info("export_hf: %s has no pooler; leaving out %s",
-                  hf.TASK_TO_CLASS[bundle.task], ", ".join(pooler))
+                  hf.class_name(bundle.config, bundle.task), ", ".join(pooler))
       reference = {k: v for k, v in reference.items() if k not in pooler}
   with atomic_directory(out_dir, overwrite, marker=hf.CONFIG_FILE) as staging:
     hf.write_directory(staging, bundle.config, reference, bundle.task, bundle.labels,

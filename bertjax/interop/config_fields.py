@@ -12,6 +12,16 @@ ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "ge
                 "relu": "relu", "silu": "silu", "swish": "silu"}
 ACTIVATION_NAMES = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
 
+# The sizes every family's config names alike: key -> (BertConfig field, type,
+# required).
+SIZE_KEYS = {
+    "vocab_size": ("vocab_size", int, True),
+    "hidden_size": ("hidden_size", int, True),
+    "num_hidden_layers": ("num_layers", int, True),
+    "num_attention_heads": ("num_heads", int, True),
+    "intermediate_size": ("intermediate_size", int, True),
+}
+
 
 def read_fields(values: dict[str, Any], keys: dict[str, tuple[str, type, bool]],
                  source: str) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """Hugging Face BERT directories: `config.json`, `model.safetensors`, `vocab.txt`.
 
-BERT's classes and config are translated here; another family's (by the
-config's `model_type`) in its own module, `_FAMILIES` naming it
-(`bertjax.interop.modernbert`). Reading needs neither torch nor transformers: safetensors files are parsed here
+Each family's classes and config are translated in its own module
+(`interop/bert.py`, `interop/modernbert.py`), which `FAMILIES` names by the
+config's `model_type`. Reading needs neither torch nor transformers: safetensors files are parsed here
 (float32, float16 and bfloat16, sharded or not), and the weights map onto
 bertjax through `bertjax.interop.mapping`. `.bin` pickles are read only through
 `torch.load(weights_only=True)`, when torch is installed.
@@ -22,8 +22,7 @@ import numpy as np
 
 from bertjax import errors
 from bertjax.files import read_json
-from bertjax.interop import modernbert
-from bertjax.interop.config_fields import ACTIVATION_NAMES, ACTIVATIONS, read_fields
+from bertjax.interop import bert, modernbert
 from bertjax.models import BertConfig
 
 logger = logging.getLogger(__name__)
@@ -34,50 +33,17 @@ SAFETENSORS_INDEX_FILE = "model.safetensors.index.json"
 PICKLE_FILE = "pytorch_model.bin"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 
-# bertjax task <-> reference class.
-TASK_TO_CLASS = {
-    "encoder": "BertModel",
-    "pretraining": "BertForPreTraining",
-    "masked_lm": "BertForMaskedLM",
-    "next_sentence": "BertForNextSentencePrediction",
-    "sequence_classification": "BertForSequenceClassification",
-    "question_answering": "BertForQuestionAnswering",
-    "multiple_choice": "BertForMultipleChoice",
-    "token_classification": "BertForTokenClassification",
-}
-CLASS_TO_TASK = {v: k for k, v in TASK_TO_CLASS.items()}
-# The other families' translations (`model_type` -> its interop module), each
-# with class_name(task), config_from_dict(values, source) and
-# config_to_dict(config, task).
-_FAMILIES = {"modernbert": modernbert}
-# The reference's masked-LM class for decoders shares our weights; its causal
-# mask is `BertConfig.causal`.
-CLASS_TO_TASK["BertLMHeadModel"] = "masked_lm"
+# Each family's translation, by `model_type` (`BertConfig.family`): its
+# module has TASK_TO_CLASS, CLASS_TO_TASK, PREFIX, MODEL_INPUT_NAMES,
+# class_name(task), config_from_dict(values, source), config_to_dict(config,
+# task), canonical_names(tensors), detect_task(names, architectures),
+# check_tied_decoder(tensors, source) and token_ids(tokenizer).
+FAMILIES = {"bert": bert, "modernbert": modernbert}
 
 
 def class_name(config: BertConfig, task: str) -> str:
   """transformers' class of a bertjax task model."""
-  if config.family != "bert":
-    return _FAMILIES[config.family].class_name(task)
-  return TASK_TO_CLASS[task]
-
-# Reference config key -> (BertConfig field, type, required).
-_CONFIG_KEYS = {
-    "vocab_size": ("vocab_size", int, True),
-    "hidden_size": ("hidden_size", int, True),
-    "num_hidden_layers": ("num_layers", int, True),
-    "num_attention_heads": ("num_heads", int, True),
-    "intermediate_size": ("intermediate_size", int, True),
-    "max_position_embeddings": ("max_position_embeddings", int, True),
-    "type_vocab_size": ("type_vocab_size", int, True),
-    "hidden_act": ("hidden_act", str, False),
-    "hidden_dropout_prob": ("hidden_dropout_prob", float, False),
-    "attention_probs_dropout_prob": ("attention_dropout_prob", float, False),
-    "classifier_dropout": ("classifier_dropout", float, False),
-    "layer_norm_eps": ("layer_norm_eps", float, False),
-    "initializer_range": ("initializer_range", float, False),
-    "pad_token_id": ("pad_token_id", int, False),
-}
+  return FAMILIES[config.family].class_name(task)
 
 _SAFETENSORS_DTYPES = {
     "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
@@ -87,64 +53,15 @@ _SAFETENSORS_DTYPES = {
 
 
 def config_from_dict(values: dict[str, Any], source: str) -> BertConfig:
-  """A `BertConfig` from a reference `config.json` (Google's `bert_config.json`:
+  """A `BertConfig` from a reference `config.json`, by its family's module
+  (`model_type`; Google's `bert_config.json`:
   `bertjax.interop.google_tf.config_from_dict`)."""
-  model_type = values.get("model_type", "bert")
-  if model_type in _FAMILIES:
-    return _FAMILIES[model_type].config_from_dict(values, source)
-  architectures = values.get("architectures") or []
-  if model_type != "bert" or any(a not in CLASS_TO_TASK for a in architectures):
-    raise errors.UsageError(
-        f"{source}: unsupported architecture (model_type={model_type!r}, "
-        f"architectures={architectures}); bertjax reads BERT checkpoints "
-        f"({', '.join(sorted(CLASS_TO_TASK))})")
-  if values.get("position_embedding_type", "absolute") != "absolute":
-    raise errors.UsageError(f"{source}: position_embedding_type="
-                            f"{values['position_embedding_type']!r} is not supported (only "
-                            "'absolute', the paper's learned positions)")
-  if values.get("add_cross_attention"):
-    raise errors.UsageError(f"{source}: add_cross_attention=true (an encoder-decoder BERT) is "
-                            "not supported")
-  fields = read_fields(values, _CONFIG_KEYS, source)
-  if "hidden_act" in fields:
-    if fields["hidden_act"] not in ACTIVATIONS:
-      raise errors.UsageError(f"{source}: hidden_act={fields['hidden_act']!r} is not supported; "
-                              f"supported: {sorted(ACTIVATIONS)}")
-    fields["hidden_act"] = ACTIVATIONS[fields["hidden_act"]]
-  if values.get("is_decoder"):
-    fields["causal"] = True
-  try:
-    return BertConfig(**fields)
-  except ValueError as e:
-    raise errors.UsageError(f"{source}: {e}") from None
+  return FAMILIES.get(values.get("model_type", "bert"), bert).config_from_dict(values, source)
 
 
 def config_to_dict(config: BertConfig, task: str, labels: list[str] | None) -> dict[str, Any]:
   """The reference `config.json` for `config` and a task model."""
-  values = (_FAMILIES[config.family].config_to_dict(config, task) if config.family != "bert" else {
-      # A causal masked LM is the reference's decoder class.
-      "architectures": ["BertLMHeadModel" if task == "masked_lm" and config.causal
-                        else TASK_TO_CLASS[task]],
-      "model_type": "bert",
-      "vocab_size": config.vocab_size,
-      "hidden_size": config.hidden_size,
-      "num_hidden_layers": config.num_layers,
-      "num_attention_heads": config.num_heads,
-      "intermediate_size": config.intermediate_size,
-      "hidden_act": ACTIVATION_NAMES[config.hidden_act],
-      "hidden_dropout_prob": config.hidden_dropout_prob,
-      "attention_probs_dropout_prob": config.attention_dropout_prob,
-      "classifier_dropout": config.classifier_dropout,
-      "max_position_embeddings": config.max_position_embeddings,
-      "type_vocab_size": config.type_vocab_size,
-      "initializer_range": config.initializer_range,
-      "layer_norm_eps": config.layer_norm_eps,
-      "pad_token_id": config.pad_token_id,
-      "position_embedding_type": "absolute",
-      "is_decoder": config.causal,
-      "tie_word_embeddings": True,
-      "dtype": "float32",
-  })
+  values = FAMILIES[config.family].config_to_dict(config, task)
   if labels is not None:
     values["id2label"] = {str(i): label for i, label in enumerate(labels)}
     values["label2id"] = {label: i for i, label in enumerate(labels)}
@@ -296,69 +213,23 @@ def _read_pickle(path: str) -> dict[str, np.ndarray]:
 
 def canonical_names(tensors: dict[str, np.ndarray],
                     family: str = "bert") -> dict[str, np.ndarray]:
-  """Reference names with the `bert.` prefix (ModernBERT: `model.`) and
-  weight/bias leaf names."""
-  if family != "bert":
-    return _FAMILIES[family].canonical_names(tensors)
-  renamed = {}
-  for name, value in tensors.items():
-    name = name.replace("LayerNorm.gamma", "LayerNorm.weight").replace(
-        "LayerNorm.beta", "LayerNorm.bias")
-    if name.split(".")[0] in ("embeddings", "encoder", "pooler"):
-      name = "bert." + name  # saved by the bare encoder class
-    renamed[name] = value
-  return renamed
+  """The names of a task model's file, as the family writes them."""
+  return FAMILIES[family].canonical_names(tensors)
 
 
 def detect_task(tensors: dict[str, Any], config_values: dict[str, Any]) -> str:
-  """The task model that holds all the heads of a reference checkpoint.
-
-  Weights with both pre-training heads load as "pretraining" whatever class the
-  config names (Google's bert-base-uncased says BertForMaskedLM but carries
-  the next-sentence head too); otherwise the named class decides, and without
-  one the heads present.
-  """
-  names = set(tensors)
-  architectures = config_values.get("architectures") or []
-  if config_values.get("model_type") in _FAMILIES:
-    return _FAMILIES[config_values["model_type"]].detect_task(names, architectures)
-  if {"cls.predictions.bias", "cls.seq_relationship.weight"} <= names:
-    return "pretraining"
-  if architectures:
-    return CLASS_TO_TASK[architectures[0]]
-  if "cls.seq_relationship.weight" in names:
-    return "next_sentence"
-  if "cls.predictions.bias" in names:
-    return "masked_lm"
-  if "qa_outputs.weight" in names:
-    return "question_answering"
-  if "classifier.weight" in names:
-    return "sequence_classification"
-  return "encoder"
+  """The task model that holds all the heads of a reference checkpoint: its
+  named class, else the heads present (by the config's family)."""
+  module = FAMILIES.get(config_values.get("model_type", "bert"), bert)
+  return module.detect_task(set(tensors), config_values.get("architectures") or [])
 
 
 def resolve_tied_decoder(tensors: dict[str, np.ndarray], source: str) -> None:
-  """Checks the MLM decoder is tied, as bertjax (and BERT) ties it.
-
-  Takes the output bias from `cls.predictions.decoder.bias` when only that is
-  stored.
-  """
-  for family in _FAMILIES.values():
-    family.check_tied_decoder(tensors, source)
-  embeddings = tensors.get("bert.embeddings.word_embeddings.weight")
-  decoder = tensors.get("cls.predictions.decoder.weight")
-  if decoder is not None and embeddings is not None and not np.array_equal(decoder,
-                                                                           embeddings):
-    raise errors.UsageError(f"{source}: cls.predictions.decoder.weight differs from the word "
-                            "embeddings; bertjax ties them, as BERT does")
-  bias, decoder_bias = (tensors.get("cls.predictions.bias"),
-                        tensors.get("cls.predictions.decoder.bias"))
-  if bias is None and decoder_bias is not None:
-    tensors["cls.predictions.bias"] = decoder_bias
-  elif bias is not None and decoder_bias is not None and not np.array_equal(bias,
-                                                                            decoder_bias):
-    raise errors.UsageError(f"{source}: cls.predictions.decoder.bias differs from "
-                            "cls.predictions.bias; they are one tensor in BERT")
+  """Checks the MLM decoder is tied to the word embeddings, as bertjax ties it
+  (each family's names; BERT's output bias is taken from
+  `cls.predictions.decoder.bias` when only that is stored)."""
+  for module in FAMILIES.values():
+    module.check_tied_decoder(tensors, source)
 
 
 def labels_from_config(values: dict[str, Any], source: str) -> list[str] | None:
@@ -495,18 +366,18 @@ def write_directory(directory: str, config: BertConfig, reference_tensors: dict[
   tensors = dict(reference_tensors)
   if task == "encoder":
     # The bare encoder class saves its weights without the `bert.` (`model.`) prefix.
-    prefix = _FAMILIES[config.family].PREFIX if config.family != "bert" else "bert."
+    prefix = FAMILIES[config.family].PREFIX
     tensors = {name.removeprefix(prefix): value for name, value in tensors.items()}
   values = config_to_dict(config, task, labels)
-  if tokenizer is not None and config.family != "bert":
-    values.update(_FAMILIES[config.family].token_ids(tokenizer))
+  if tokenizer is not None:
+    values.update(FAMILIES[config.family].token_ids(tokenizer))
   write_json(os.path.join(directory, CONFIG_FILE), values)
   save_file(tensors, os.path.join(directory, SAFETENSORS_FILE), metadata={"format": "pt"})
   if tokenizer is None:
     return
   special = {f"{role}_token": token for role, token in tokenizer.special_tokens.items()}
-  inputs = ({"model_input_names": _FAMILIES[config.family].MODEL_INPUT_NAMES}
-            if config.family != "bert" else {})
+  names = FAMILIES[config.family].MODEL_INPUT_NAMES
+  inputs = {"model_input_names": names} if names else {}
   if isinstance(tokenizer, JsonTokenizer):
     tokenizer.save(directory)
     write_json(os.path.join(directory, TOKENIZER_CONFIG_FILE), {

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from bertjax import errors
-from bertjax.interop.config_fields import ACTIVATION_NAMES, ACTIVATIONS, read_fields
+from bertjax.interop.config_fields import ACTIVATION_NAMES, ACTIVATIONS, SIZE_KEYS, read_fields
 from bertjax.models import BertConfig
 
 # transformers' ModernBERT classes (it has no next-sentence head).
@@ -37,11 +37,7 @@ def class_name(task: str) -> str:
 
 # transformers' ModernBertConfig key -> (BertConfig field, type, required).
 _CONFIG_KEYS = {
-    "vocab_size": ("vocab_size", int, True),
-    "hidden_size": ("hidden_size", int, True),
-    "num_hidden_layers": ("num_layers", int, True),
-    "num_attention_heads": ("num_heads", int, True),
-    "intermediate_size": ("intermediate_size", int, True),
+    **SIZE_KEYS,
     "max_position_embeddings": ("max_position_embeddings", int, False),
     "hidden_activation": ("hidden_act", str, False),
     "embedding_dropout": ("hidden_dropout_prob", float, False),
