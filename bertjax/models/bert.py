@@ -15,31 +15,37 @@ import jax.numpy as jnp
 
 from bertjax import errors
 from bertjax.models.config import BertConfig
-from bertjax.models.encoder import BertEncoder
+from bertjax.models import family
 from bertjax.models.heads import MaskedLMHead, OutputLayer, gather_positions
 
 Array = jax.Array
 
 
 def encoder(config: BertConfig, add_pooler: bool = True) -> nn.Module:
-  """The encoder of `config.family`: `BertEncoder`, or `ModernBertEncoder`
-  (whose `add_pooler` is its prediction head, which every ModernBERT task
-  model but the bare encoder has)."""
-  if config.modern:
-    from bertjax.models.modernbert import ModernBertEncoder
-    return ModernBertEncoder(config, add_pooler=add_pooler)
-  return BertEncoder(config, add_pooler=add_pooler)
+  """The encoder of `config.family` (`bertjax.models.family`): `BertEncoder`,
+  or `ModernBertEncoder` (whose `add_pooler` is its prediction head, which
+  every ModernBERT task model but the bare encoder has)."""
+  return family.of(config).encoder_class()(config, add_pooler=add_pooler)
 
 
 def pooler_name(config: BertConfig) -> str:
-  """The name of the encoder's pooler: BERT's `pooler`, ModernBERT's `head`."""
-  return "head" if config.modern else "pooler"
+  """The name of the encoder's summary module: BERT's `pooler`, ModernBERT's
+  `head`."""
+  return family.of(config).summary
 
 
 def token_features(bert: nn.Module, sequence_output: Array) -> Array:
-  """What heads over every position read: BERT's sequence output itself,
-  ModernBERT's prediction head on it."""
-  return bert.token_features(sequence_output) if bert.config.modern else sequence_output
+  """What heads over every position read: the sequence output itself, or a
+  prediction head on it where the family's summary is one (ModernBERT's)."""
+  if family.of(bert.config).summary == "head":
+    return bert.token_features(sequence_output)
+  return sequence_output
+
+
+def _reads_summary(config: BertConfig) -> bool:
+  """Whether every task model reads the family's summary module (a
+  prediction head, ModernBERT's), not only those that pool."""
+  return family.of(config).summary == "head"
 
 
 class BertForPreTraining(nn.Module):
@@ -85,7 +91,7 @@ class BertForMaskedLM(nn.Module):
   add_pooler: bool = False  # Kept when a checkpoint has one, for `encode`.
 
   def setup(self):
-    self.bert = encoder(self.config, add_pooler=self.add_pooler or self.config.modern)
+    self.bert = encoder(self.config, add_pooler=self.add_pooler or _reads_summary(self.config))
     self.mlm = MaskedLMHead(self.config)
 
   def __call__(self, input_ids: Array, attention_mask: Array | None = None,
@@ -157,7 +163,7 @@ class BertForQuestionAnswering(nn.Module):
   add_pooler: bool = False
 
   def setup(self):
-    self.bert = encoder(self.config, add_pooler=self.add_pooler or self.config.modern)
+    self.bert = encoder(self.config, add_pooler=self.add_pooler or _reads_summary(self.config))
     if self.config.span_bilstm:
       units = self.config.hidden_size // 2
       self.span_bilstm = nn.Bidirectional(nn.RNN(nn.OptimizedLSTMCell(units)),
@@ -226,7 +232,7 @@ class BertForTokenClassification(nn.Module):
   add_pooler: bool = False
 
   def setup(self):
-    self.bert = encoder(self.config, add_pooler=self.add_pooler or self.config.modern)
+    self.bert = encoder(self.config, add_pooler=self.add_pooler or _reads_summary(self.config))
     self.classifier = OutputLayer(self.config, self.num_labels, self.config.head_dropout)
 
   def __call__(self, input_ids: Array, attention_mask: Array | None = None,
@@ -298,11 +304,13 @@ def build_model(config: BertConfig, task: str = "encoder", num_labels: int = 2,
   """
   if task not in TASK_MODELS:
     raise errors.UsageError(f"Unknown task {task!r}; known tasks: {', '.join(TASK_MODELS)}")
-  if config.modern and task in ("pretraining", "next_sentence"):
-    raise errors.UsageError(f"The {task} model has a next-sentence head, which ModernBERT "
-                            "does not have: it pre-trains with masked LM only (task masked_lm)")
-  if config.modern and task != "encoder" and add_pooler is False:
-    raise errors.UsageError(f"The ModernBERT {task} model needs its prediction head")
+  spec = family.of(config)
+  if not spec.next_sentence and task in ("pretraining", "next_sentence"):
+    raise errors.UsageError(f"The {task} model has a next-sentence head, which {spec.title} "
+                            f"does not have: it pre-trains with {spec.objectives_said} (task "
+                            "masked_lm)")
+  if _reads_summary(config) and task != "encoder" and add_pooler is False:
+    raise errors.UsageError(f"The {spec.title} {task} model needs its prediction head")
   kwargs = {}
   if task in LABELLED_TASKS:
     if num_labels < 1:

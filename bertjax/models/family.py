@@ -39,6 +39,8 @@ class Family:
       prediction head, which every task model reads).
     summary_weight: The reference (transformers) weight that says the
       summary module is in a checkpoint.
+    encoder: Its encoder module, "package.module:Class" (imported when a
+      model is built: this registry loads without Flax).
   """
 
   name: str
@@ -52,6 +54,15 @@ class Family:
   windowed: bool
   summary: str
   summary_weight: str
+  encoder: str
+
+  def encoder_class(self) -> type:
+    """The family's encoder module (a `flax.linen.Module` taking `(config,
+    add_pooler)` that returns what `BertEncoder` returns)."""
+    import importlib
+
+    module, name = self.encoder.split(":")
+    return getattr(importlib.import_module(module), name)
 
   def local_window(self, config: BertConfig) -> int | None:
     """The half-width of the window its local layers attend (None: every
@@ -75,12 +86,14 @@ FAMILIES = {
         objectives_said="masked LM, with or without next-sentence prediction, or left to right",
         pretrain_config="configs/base_pretrain.py", token_types=True, next_sentence=True,
         gated_mlp=False, windowed=False, summary="pooler",
-        summary_weight="bert.pooler.dense.weight"),
+        summary_weight="bert.pooler.dense.weight",
+        encoder="bertjax.models.encoder:BertEncoder"),
     "modernbert": Family(
         "modernbert", "ModernBERT", objectives=("mlm", "mlm_pairs"),
         objectives_said="masked LM only", pretrain_config="configs/modernbert_pretrain.py",
         token_types=False, next_sentence=False, gated_mlp=True, windowed=True, summary="head",
-        summary_weight="head.dense.weight"),
+        summary_weight="head.dense.weight",
+        encoder="bertjax.models.modernbert:ModernBertEncoder"),
 }
 
 
