@@ -161,7 +161,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     for split, examples in test_splits.items():
       write_predictions(os.path.join(workdir, "submission", spec.submission[split]), examples,
                         label_strings(spec, test_predictions[split]))
-    files.write_text(os.path.join(workdir, "results.json"), json.dumps(final, indent=2))
     save_pretrained(tuned, os.path.join(workdir, "model"), overwrite=True)
+    # Written last: a run with results.json finished whole (the sweep reads it).
+    files.write_text(os.path.join(workdir, "results.json"), json.dumps(final, indent=2))
   runs.say_fine_tuning_is_done(workdir, final)
   return final

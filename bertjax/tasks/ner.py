@@ -123,8 +123,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     for split, predicted in predictions.items():
       write_predictions(os.path.join(workdir, f"{split}_predictions.txt"), splits[split],
                         predicted)
-    files.write_text(os.path.join(workdir, "results.json"), json.dumps(results, indent=2))
     save_pretrained(Pretrained(bundle.config, params, tokenizer, "token_classification",
                                labels), os.path.join(workdir, "model"), overwrite=True)
+    # Written last: a run with results.json finished whole (the sweep reads it).
+    files.write_text(os.path.join(workdir, "results.json"), json.dumps(results, indent=2))
   runs.say_fine_tuning_is_done(workdir, results)
   return results

@@ -301,7 +301,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       _write_json(os.path.join(workdir, f"{prefix}nbest_predictions.json"), decoded["nbest"])
       if version_2:
         _write_json(os.path.join(workdir, f"{prefix}null_odds.json"), decoded["null_odds"])
-    _write_json(os.path.join(workdir, "results.json"), results)
     if params is not None:
       model_dir = os.path.join(workdir, "model")
       save_pretrained(Pretrained(bundle.config, params, tokenizer, "question_answering"),
@@ -310,5 +309,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                         or config.null_score_diff_threshold is not None):
         _write_json(os.path.join(model_dir, THRESHOLD_FILE),
                     {"null_score_diff_threshold": threshold})
+    # Written last: a run with results.json finished whole (the sweep reads it).
+    _write_json(os.path.join(workdir, "results.json"), results)
   runs.say_fine_tuning_is_done(workdir, results)
   return results

@@ -70,8 +70,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     if test_examples:
       _write_predictions(os.path.join(workdir, "test_predictions.csv"), test_examples,
                          test_predictions)
-    files.write_text(os.path.join(workdir, "results.json"), json.dumps(results, indent=2))
     save_pretrained(Pretrained(bundle.config, params, bundle.tokenizer, "multiple_choice"),
                     os.path.join(workdir, "model"), overwrite=True)
+    # Written last: a run with results.json finished whole (the sweep reads it).
+    files.write_text(os.path.join(workdir, "results.json"), json.dumps(results, indent=2))
   runs.say_fine_tuning_is_done(workdir, results)
   return results

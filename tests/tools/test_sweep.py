@@ -48,3 +48,34 @@ def test_sweep_runs_each_pair_selects_on_dev_and_resumes(tiny_hf_checkpoint, tmp
   again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=600)
   assert again.returncode == 0 and again.stderr.count("done before") == 4
+
+
+def test_a_run_stopped_while_its_model_is_saved_is_not_taken_as_done(tiny_hf_checkpoint,
+                                                                     tmp_path, monkeypatch):
+  """results.json is written last: a run stopped before it (here while its
+  model is saved) is run again by the sweep, never read as finished."""
+  import pytest
+
+  from bertjax.tasks import glue
+  from bertjax.tools import sweep
+  from tests.tasks.test_glue import _glue_config
+
+  data = str(tmp_path / "SST-2")
+  write_sst2(data, train=64, dev=32, test=4)
+  config = _glue_config("sst2", tiny_hf_checkpoint, data, **{"train.epochs": 1.0})
+  saved = glue.save_pretrained
+
+  def stopped(*args, **kwargs):
+    raise KeyboardInterrupt  # Ctrl-C (or SIGTERM, SIGHUP) as the model is written
+
+  monkeypatch.setattr(glue, "save_pretrained", stopped)
+  workdir = str(tmp_path / "sweep")
+  with pytest.raises(KeyboardInterrupt):
+    sweep.sweep(config, workdir, [3e-3], [0])
+  run = os.path.join(workdir, sweep.run_name(3e-3, 0))
+  assert not os.path.exists(os.path.join(run, "results.json"))
+  monkeypatch.setattr(glue, "save_pretrained", saved)
+  summary = sweep.sweep(config, workdir, [3e-3], [0])
+  assert os.path.isdir(os.path.join(run, "model"))
+  assert summary["runs"][0]["dev"] == json.load(open(os.path.join(run, "results.json")))[
+      "dev"]["accuracy"]
