@@ -1,4 +1,5 @@
-"""Stop requests: SIGTERM (a preemption notice) and Ctrl-C during training."""
+"""Stop requests: SIGTERM (a preemption notice), Ctrl-C and SIGHUP (the
+terminal closed) during training."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from absl import logging
 
 
 class StopRequests:
-  """SIGTERM (a preemption notice) and a first Ctrl-C ask the loop to stop at
-  the current step, saving a checkpoint there (on SIGTERM, when the grace
-  allows: `bertjax.preemption`); a second Ctrl-C aborts at once.
+  """SIGTERM (a preemption notice), a first Ctrl-C and SIGHUP ask the loop to
+  stop at the current step, saving a checkpoint there (on SIGTERM, when the
+  grace allows: `bertjax.preemption`); a second Ctrl-C (or SIGHUP) aborts at
+  once. SIGHUP ignored by the run's starter (`nohup`) stays ignored.
 
   With one process the handlers set `requested`, which the loop checks after
   each step. With several, the hosts must agree on the step to save at, which
@@ -22,13 +24,15 @@ class StopRequests:
   """
 
   def __init__(self, multi_process: bool):
-    self.requested: str | None = None  # "SIGTERM" or "Ctrl-C"
+    self.requested: str | None = None  # "SIGTERM", "Ctrl-C" or "SIGHUP"
     self.signalled: float | None = None  # when (time.monotonic()), for the grace left
     self._multi_process = multi_process
     self._previous: dict[int, Any] = {}
 
   def __enter__(self):
     signals = [signal.SIGINT] + ([] if self._multi_process else [signal.SIGTERM])
+    if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
+      signals.append(signal.SIGHUP)
     for signum in signals:
       try:
         self._previous[signum] = signal.signal(signum, self._handle)
@@ -39,20 +43,26 @@ class StopRequests:
   def _handle(self, signum, frame):
     del frame
     self.signalled = self.signalled or time.monotonic()
-    if signum == signal.SIGINT:
-      if self.requested == "Ctrl-C":
+    if signum in (signal.SIGINT, signal.SIGHUP):
+      name = "Ctrl-C" if signum == signal.SIGINT else "SIGHUP"
+      if self.interrupted:
         raise KeyboardInterrupt  # the second: abort, abandoning any save in flight
-      logging.warning("Ctrl-C: saving a checkpoint at this step, then stopping (press "
-                      "Ctrl-C again to abort without it)")
-      if self._multi_process:
-        self.requested = "Ctrl-C"  # only for the second press: the hosts agree via JAX
+      logging.warning("%s: saving a checkpoint at this step, then stopping (press Ctrl-C "
+                      "again to abort without it)", name)
+      self.requested = name
+      if self._multi_process:  # the hosts agree on the step via JAX's sync point
         os.kill(os.getpid(), signal.SIGTERM)
-        return
-      self.requested = "Ctrl-C"
+      return
     else:
       logging.warning("SIGTERM: stopping at the next step, saving a checkpoint there if the "
                       "grace allows")
       self.requested = "SIGTERM"
+
+  @property
+  def interrupted(self) -> bool:
+    """Whether a person stopped the run (Ctrl-C, the terminal closed): it
+    saves whatever the grace, unlike a preemption notice."""
+    return self.requested in ("Ctrl-C", "SIGHUP")
 
   def stop_now(self) -> bool:
     """Whether this process was asked to stop (multi-process runs ask JAX instead)."""

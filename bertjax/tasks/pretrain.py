@@ -30,6 +30,7 @@ from bertjax.tasks.pretrain_data import (check_stream, check_vocabulary, data_id
 
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: "stopped, resume me"
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT: stopped by Ctrl-C, after saving
+HANGUP_EXIT_CODE = 129  # 128 + SIGHUP: the terminal closed, after saving
 
 
 def validate(config: ml_collections.ConfigDict, mesh_devices: int) -> tuple[int, ...]:
@@ -500,13 +501,14 @@ class _Trainer:
         self.checkpointer.close()
         if not saved:  # its loss is out of range: so are the weights of a save just before
           self._set_aside_diverged()
-        interrupted = self.stop.requested == "Ctrl-C"
+        interrupted = self.stop.interrupted
         logging.warning("%s: %s; rerun the same command to resume",
                         "Interrupted" if interrupted else "Preempted",
                         f"checkpoint saved at step {step}" if saved else
                         f"no checkpoint saved at step {step}, whose {self.guard.describe()} "
                         f"({self._advice()})")
-        raise SystemExit(INTERRUPTED_EXIT_CODE if interrupted else PREEMPTED_EXIT_CODE)
+        raise SystemExit((HANGUP_EXIT_CODE if self.stop.requested == "SIGHUP" else
+                          INTERRUPTED_EXIT_CODE) if interrupted else PREEMPTED_EXIT_CODE)
       if evaluating:
         if pending is not None:  # timed before evaluating
           result = self._report(*pending, length, last=True) or result
@@ -535,7 +537,7 @@ class _Trainer:
     SIGTERM, when the measured saves (after one still in flight) fit in the
     grace left, by process 0's clock. Where they do not, a save in flight that
     can still finish is waited for. Every host calls this at the same step."""
-    if hosts.worst(int(self.stop.requested == "Ctrl-C")):
+    if hosts.worst(int(self.stop.interrupted)):
       return True
     signalled = self.stop.signalled or time.monotonic()  # pods: JAX's handler saw it
     needed = self.clock.save_seconds()

@@ -45,16 +45,19 @@ def _wait_for_step(process, workdir, step, timeout=300):
   raise AssertionError(f"the run did not reach step {step}")
 
 
-def test_first_ctrl_c_saves_at_the_step_and_the_rerun_goes_on(prepared_dir, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP])
+def test_first_ctrl_c_saves_at_the_step_and_the_rerun_goes_on(prepared_dir, tmp_path, signum):
+  """Ctrl-C, or the terminal closing (SIGHUP), stops a run as a person asks
+  it to: saved at the step, whatever a preemption's grace would allow."""
   workdir = str(tmp_path / "run")
   args = _tiny(workdir, prepared_dir, **{"train.total_steps": 400})
   process, log = _start(args, str(tmp_path / "log"))
   _wait_for_step(process, workdir, 25)
-  process.send_signal(signal.SIGINT)
+  process.send_signal(signum)
   process.wait(timeout=300)
   log.close()
   stderr = open(tmp_path / "log").read()
-  assert process.returncode == 130, stderr[-3000:]
+  assert process.returncode == 128 + signum, stderr[-3000:]
   stopped = max(_losses(workdir))
   assert _saved_steps(workdir)[-1] == stopped, stderr[-3000:]  # saved where it stopped
   assert "Interrupted: checkpoint saved at step" in stderr
