@@ -85,9 +85,10 @@ class Meter:
 
 
 # One loader process's rate, mlm_nsp sequences a second on one core, as
-# 1 / (_PER_SEQUENCE_S + _PER_TOKEN_S * length): the fit of 12,665 at length
-# 128 and 8,811 at 512 (`python -m bertjax.tools.benchmark_data`,
-# docs/benchmarks.md; BERT's uncased vocabulary).
+# 1 / (_PER_SEQUENCE_S + _PER_TOKEN_S * length): the fit of the loader's rates
+# at lengths 128 and 512 with BERT's uncased vocabulary
+# (`python -m bertjax.tools.benchmark_data`,
+# docs/benchmarks.md#pre-training-data-on-one-core).
 _PER_SEQUENCE_S = 6.7e-5
 _PER_TOKEN_S = 9.1e-8
 # The share of the chips' peak a step might reach, and the margin on top: the

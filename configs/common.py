@@ -36,10 +36,10 @@ def model_config(size: str, **overrides) -> ml_collections.ConfigDict:
     raise errors.UsageError(f"Unknown model size {size!r}; known: {', '.join(sorted(PRESETS))}")
   # "gelu_tanh": the original modeling.py's gelu (what Google's checkpoints ran).
   # Attention dropout 0 (the paper: 0.1) lets "auto" run the fused attention
-  # kernels, which have none. On the demo with hidden dropout 0.1 it ended at
-  # held-out MLM accuracy 15.95% (15.96% with it), perplexity 233 (237), NSP
-  # 80.3% (81.7%): docs/benchmarks.md. 0.1 is the paper's exact recipe;
-  # "auto" then runs XLA's attention.
+  # kernels, which have none. On the demo with hidden dropout 0.1, leaving it
+  # out moved the held-out figures by less than the evaluation's noise
+  # (docs/benchmarks.md#attention-dropout-on-the-demo). 0.1 is the paper's
+  # exact recipe; "auto" then runs XLA's attention.
   # vocab_pad_multiple: the word table padded to whole tiles (30,592 rows for
   # 30,522 words); the padding rows are never predicted nor exported.
   fields = dict(vocab_size=30522, vocab_pad_multiple=128, hidden_act="gelu_tanh",
@@ -93,10 +93,11 @@ def pretrain_config(size: str = "bert_base") -> ml_collections.ConfigDict:
   # special token ([UNK], [MASK], [PAD] too) is masked or drawn.
   config.data.masking_specials = "original"
   config.data.short_seq_prob = 0.1
-  # Instances shuffled together: a batch of 256 from a 50,000 window holds
-  # instances of 248 documents at ~11 instances a document (254 fully shuffled,
-  # 91 from 1,000), for ~31 MiB at length 128 (benchmarks/shuffle_mixing.py,
-  # docs/benchmarks.md); a start or restore makes a window's instances first.
+  # Instances shuffled together: a 50,000 window makes a batch of 256 nearly as
+  # mixed as a full shuffle at ~11 instances a document, for tens of MiB a
+  # loader process (benchmarks/shuffle_mixing.py,
+  # docs/benchmarks.md#shuffle-window-and-batch-independence); a start or
+  # restore makes a window's instances first.
   config.data.shuffle_window = 50_000
   # Loader processes a host runs; -1 sizes them for the devices (0 on CPUs:
   # bertjax.throughput.loader_workers); a run that waits for data says so.

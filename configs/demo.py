@@ -27,8 +27,9 @@ def get_config(arg: str | None = None):
   config.data.vocab_size = 8000
   config.data.eval_percent = 5.0
   # Shuffled in windows of 1,000 instances, not the paper configs' 50,000: a
-  # start or a restore fills its window first (0.2 to 0.4 ms an instance), and
-  # the demo's short documents mix well enough.
+  # start or a restore fills its window first, in time proportional to its
+  # size (docs/benchmarks.md#shuffle-window-and-batch-independence), and the
+  # demo's short documents mix well enough.
   config.data.shuffle_window = 1000
   config.train.batch_size = 32
   config.train.total_steps = 3000

@@ -63,7 +63,8 @@ class LoaderConfig:
     num_epochs: Passes over the data; None repeats forever.
     shuffle_window: Instances shuffled together after instance creation. A
       document's instances come out together, so a small window puts several
-      in a batch; the pre-training configs use 50,000 (docs/benchmarks.md).
+      in a batch; the pre-training configs use 50,000
+      (docs/benchmarks.md#shuffle-window-and-batch-independence).
     worker_count: Worker processes (0: in the calling process).
     static: Read the statically masked instances written with
       `--static_dupe_factor` instead of masking on the fly; `objective`,
