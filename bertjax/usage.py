@@ -21,6 +21,7 @@ Each command's module ends with `usage.run_main(main)`, which
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import logging as std_logging
 import os
@@ -30,7 +31,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable, NoReturn, TypeVar
+from typing import Any, Callable, Iterator, NoReturn, TypeVar
 
 from absl import app, flags, logging
 
@@ -156,6 +157,33 @@ def _signal_name(stop: KeyboardInterrupt) -> str:
 
 def _signal_exit_code(stop: KeyboardInterrupt) -> int:
   return 128 + stop.signum if isinstance(stop, Terminated) else INTERRUPTED_EXIT_CODE
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+  """Holds Ctrl-C, SIGTERM and SIGHUP until the block ends, then acts on the
+  first that came (KeyboardInterrupt, `Terminated`).
+
+  For the first import of JAX and its C extensions: an exception raised inside
+  an extension's initialisation can crash Python (a segmentation fault, an
+  abort) instead of ending the command in one line. A signal ignored (SIGHUP
+  under `nohup`) stays ignored; off the main thread the block runs as it is.
+  """
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+  received: list[int] = []
+  previous = {}
+  for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    if signal.getsignal(signum) not in (signal.SIG_IGN, None):
+      previous[signum] = signal.signal(signum, lambda signum, frame: received.append(signum))
+  try:
+    yield
+  finally:
+    for signum, handler in previous.items():
+      signal.signal(signum, handler)
+  if received:
+    raise KeyboardInterrupt if received[0] == signal.SIGINT else Terminated(received[0])
 
 
 def stop_as_ctrl_c() -> None:

@@ -1,8 +1,11 @@
 """Which errors a command says in one line (bertjax.errors), decided by what they are."""
 
 import errno
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -126,3 +129,29 @@ def test_a_workdir_whose_storage_does_not_answer_exits_42_in_one_line(tmp_path):
   last = result.stderr.strip().splitlines()[-1]
   assert last.startswith("error: ") and "did not answer" in last, last
   assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_during_a_held_block_ends_the_command_after_it(signum):
+  """A Ctrl-C (SIGTERM, SIGHUP) that lands while JAX's extensions start is
+  acted on once they have: raised inside one it can crash Python."""
+  previous = {n: signal.getsignal(n) for n in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+  try:
+    _held_then_raised(signum)
+  finally:
+    for n, handler in previous.items():
+      signal.signal(n, handler)
+
+
+def _held_then_raised(signum):
+  usage.stop_as_ctrl_c()
+  before = signal.getsignal(signal.SIGINT)
+  done = []
+  with pytest.raises(KeyboardInterrupt) as stopped:
+    with usage.signals_held():
+      os.kill(os.getpid(), signum)
+      time.sleep(0.05)  # the handler runs here: held, not raised
+      done.append(True)
+  assert done == [True]
+  assert getattr(stopped.value, "signum", signal.SIGINT) == signum
+  assert signal.getsignal(signal.SIGINT) is before  # the handlers as they were

@@ -45,9 +45,12 @@ def run(config: Any, workdir: str) -> Any:
   """
   import contextlib
 
-  import jax
+  from bertjax import usage
 
-  from bertjax import errors, files, hosts, paths, runs, workdir_lock
+  with usage.signals_held():  # a signal inside JAX's extensions' start can crash Python
+    import jax
+
+    from bertjax import errors, files, hosts, paths, runs, workdir_lock
 
   module = task_module(config.task)
   paths.resolve_config(config)

@@ -31,7 +31,8 @@ _OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace an existing --output
 
 def main(argv):
   del argv
-  from bertjax import pretrained  # JAX and Flax: not for --help or a flag mistake
+  with usage.signals_held():  # JAX and Flax: not for --help or a flag mistake
+    from bertjax import pretrained
 
   files.check_directory(_OUTPUT.value, "--output")
   source_is_bertjax = files.isfile(files.join(_INPUT.value, pretrained.BERTJAX_FILE))
