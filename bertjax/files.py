@@ -64,6 +64,7 @@ def check_directory(path: str, flag: str | None = None) -> None:
   if isfile(path):
     raise errors.UsageError(f"{_given(path, flag)} is a file, not a directory: give a "
                             "directory (a new one is created)")
+  _check_parents(path, flag)
 
 
 def check_file(path: str, flag: str | None = None) -> None:
@@ -76,6 +77,19 @@ def check_file(path: str, flag: str | None = None) -> None:
   if isdir(path):
     raise errors.UsageError(f"{_given(path, flag)} is a directory, not a file: give the path "
                             "of a file")
+  _check_parents(path, flag)
+
+
+def _check_parents(path: str, flag: str | None) -> None:
+  """Refuses a local `path` inside an existing file (`notes.txt/out`)."""
+  if is_remote(path):
+    return
+  parent = os.path.dirname(os.path.abspath(path))
+  while parent and not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if os.path.isfile(parent):
+    raise errors.UsageError(f"{_given(path, flag)} is inside {parent}, which is a file: give "
+                            "a path in a directory")
 
 
 def _given(path: str, flag: str | None) -> str:

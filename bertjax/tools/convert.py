@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from absl import flags
 
-from bertjax import files, paths, usage
+from bertjax import errors, files, paths, usage
 
 _INPUT = paths.DEFINE_path("input", None, "Model directory (or TF checkpoint prefix), a "
                            "pre-training workdir or a Hugging Face Hub id.", kind="model",
@@ -35,6 +35,9 @@ def main(argv):
     from bertjax import pretrained
 
   files.check_directory(_OUTPUT.value, "--output")
+  if files.exists(_OUTPUT.value) and not _OVERWRITE.value:  # before the model is read
+    raise errors.OutputExistsError(f"{_OUTPUT.value} already exists; pass --overwrite to "
+                                   "replace it, or choose another --output")
   source_is_bertjax = files.isfile(files.join(_INPUT.value, pretrained.BERTJAX_FILE))
   target = _TO.value or ("hf" if source_is_bertjax else "bertjax")
   bundle = pretrained.load_pretrained(_INPUT.value, task=_TASK.value,

@@ -79,3 +79,26 @@ def test_a_squad_score_path_that_is_a_directory_is_refused(tmp_path):
   _refused(["bertjax.tools.evaluate_squad", "dev.json", "predictions.json", "-o", "scores"],
            tmp_path, f"--out-file={tmp_path / 'scores'} is a directory, not a file")
   assert os.listdir(tmp_path / "scores") == [] and not staging_files(tmp_path)
+
+
+@pytest.mark.parametrize("command,flag", [
+    (["bertjax.tools.convert", "--input={minilm}", "--output=notes.txt/out"], "--output"),
+    (["bertjax.tools.train_vocab", "--input=corpus.txt", "--output=notes.txt/vocab.txt"],
+     "--output"),
+    (["bertjax.tools.evaluate_squad", "dev.json", "predictions.json", "-o",
+      "notes.txt/scores.json"], "--out-file"),
+])
+def test_a_path_inside_a_file_is_refused_and_the_file_kept(notes, tmp_path, command, flag):
+  (tmp_path / "corpus.txt").write_text("one two three.\n" * 10)
+  (tmp_path / "dev.json").write_text(json.dumps({"version": "1.1", "data": []}))
+  (tmp_path / "predictions.json").write_text("{}")
+  args = [arg.format(minilm=_minilm() if "{minilm}" in arg else "") for arg in command]
+  given = next(arg for arg in args if "notes.txt/" in arg).split("=")[-1]
+  _refused(args, tmp_path, f"{flag}={tmp_path / given} is inside {notes}, which is a file")
+  assert notes.read_text() == "my notes\n" and not staging_files(tmp_path)
+
+
+def test_a_conversion_onto_an_existing_output_is_refused_before_the_model_is_read(tmp_path):
+  (tmp_path / "out").mkdir()
+  _refused(["bertjax.tools.convert", f"--input={tmp_path / 'missing'}", "--output=out"],
+           tmp_path, f"{tmp_path / 'out'} already exists; pass --overwrite to replace it")
