@@ -21,6 +21,7 @@ Each command's module ends with `usage.run_main(main)`, which
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import difflib
 import logging as std_logging
@@ -34,6 +35,7 @@ import traceback
 from typing import Any, Callable, Iterator, NoReturn, TypeVar
 
 from absl import app, flags, logging
+import ml_collections
 
 from bertjax import errors, paths, preemption
 
@@ -253,7 +255,12 @@ def parse_flags(argv: list[str]) -> list[str]:
       # config_flags keeps a config file it cannot load as an error raised on
       # first use: use it here, where it is a flag mistake.
       config = flags.FLAGS["config"].value
-      getattr(config, "task", None)
+      if not isinstance(config, dict):  # (a dict has a task too)
+        getattr(config, "task", None)
+      if config is not None and not isinstance(config, ml_collections.ConfigDict):
+        fail(f"--config: {_config_path(argv)}'s get_config returned a "
+             f"{type(config).__name__}, not a config: return the ml_collections.ConfigDict it "
+             "builds (docs/configs.md)")
       paths.resolve_config(config)
     return remaining
   except errors.Error as e:  # a config's own check (an unknown size, argument)
@@ -262,7 +269,10 @@ def parse_flags(argv: list[str]) -> list[str]:
     where = f"{e.filename}, line {e.lineno}" + (f", column {e.offset}" if e.offset else "")
     fail(f"--config: {where}: {e.msg} ({type(e).__name__}); correct the config file")
   except Exception as e:  # pylint: disable=broad-except
-    frame = _config_file_frame(e, argv)
+    frame, e = _config_file_frame(e, argv)
+    shape = _config_file_shape(e, argv) if frame is None else None
+    if shape:
+      fail(shape)
     if frame is not None:  # the config file's own code failed (a typo, an import)
       where = f"{frame.filename}, line {frame.lineno}" + (
           f", column {frame.colno + 1}" if getattr(frame, "colno", None) is not None else "")
@@ -280,18 +290,52 @@ def parse_flags(argv: list[str]) -> list[str]:
     raise
 
 
-def _config_file_frame(error: BaseException, argv: list[str]):
-  """The innermost traceback entry of `error` in the --config file (None when
-  it was not raised by the file's own code)."""
+def _config_path(argv: list[str]) -> str | None:
+  """The --config file's path (without its `:argument`), if one is given."""
   given = [arg.split("=", 1)[1] for arg in argv[1:] if arg.startswith("--config=")]
-  if not given:
+  return given[-1].split(":", 1)[0] if given else None
+
+
+def _config_file_shape(error: BaseException, argv: list[str]) -> str | None:
+  """The line for a config file without a get_config, or whose get_config
+  returned nothing (config_flags words both as other mistakes)."""
+  path = _config_path(argv)
+  if path is None or not os.path.isfile(path):
     return None
-  path = os.path.realpath(given[-1].split(":", 1)[0])
-  found = None
-  for frame in traceback.extract_tb(error.__traceback__):
-    if os.path.realpath(frame.filename) == path:
-      found = frame
-  return found
+  try:
+    with open(path, "rb") as f:
+      tree = ast.parse(f.read())
+  except (OSError, SyntaxError, ValueError):
+    return None  # said by the file's own error
+  if not any(isinstance(node, ast.FunctionDef) and node.name == "get_config"
+             for node in tree.body):
+    return (f"--config: {path} has no get_config function: a config file defines "
+            "get_config(arg=None) returning the config (docs/configs.md)")
+  if "must have a value other than None" in str(error):
+    return (f"--config: {path}'s get_config returned None: return the "
+            "ml_collections.ConfigDict it builds (docs/configs.md)")
+  return None
+
+
+def _config_file_frame(error: BaseException, argv: list[str]):
+  """(The innermost traceback entry in the --config file, the error it is of):
+  of `error` or an error it was raised from (no entry when the file's own code
+  raised none)."""
+  path = _config_path(argv)
+  if path is None:
+    return None, error
+  path = os.path.realpath(path)
+  given = error
+  found, seen = None, set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    for frame in traceback.extract_tb(error.__traceback__):
+      if os.path.realpath(frame.filename) == path:
+        found = frame
+    if found is not None:
+      return found, error
+    error = error.__cause__ or error.__context__
+  return None, given
 
 
 def _flag_error(e: BaseException, argv: list[str]) -> str:

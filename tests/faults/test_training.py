@@ -552,6 +552,13 @@ _BROKEN_CONFIGS = {
     "field.py": ("from bertjax.configs import demo\n\ndef get_config(arg=None):\n"
                  "  config = demo.get_config(arg)\n  config.optimizer.learning_rte = 1e-4\n"
                  "  return config\n"),
+    # The file's shape: no get_config, one that returns nothing or a dict, one
+    # that refuses its argument.
+    "noget.py": "from bertjax.configs import demo\nconfig = demo.get_config()\n",
+    "none.py": "def get_config(arg=None):\n  config = {'task': 'pretrain'}\n",
+    "dict.py": "def get_config(arg=None):\n  return {'task': 'pretrain'}\n",
+    "refuses.py": ("def get_config(arg=None):\n"
+                   "  raise ValueError(f'unknown size {arg!r}')\n"),
 }
 
 
@@ -567,6 +574,12 @@ _BROKEN_CONFIGS = {
      "the config file"),
     ("field.py", "field.py, line 5, column 3: the config has no field 'learning_rte' (did you "
      "mean 'learning_rate'?)"),
+    ("noget.py", "noget.py has no get_config function: a config file defines "
+     "get_config(arg=None) returning the config"),
+    ("none.py", "none.py's get_config returned None: return the ml_collections.ConfigDict"),
+    ("dict.py", "dict.py's get_config returned a dict, not a config"),
+    ("refuses.py", "refuses.py, line 2, column 3: ValueError: unknown size None; correct the "
+     "config file"),
 ])
 def test_a_config_file_that_does_not_load_is_one_line(tmp_path, config, says):
   if config in _BROKEN_CONFIGS:
