@@ -121,7 +121,9 @@ def run_main(main: Callable[[list[str]], Any], *,
     if len(argv) > 1:
       fail(f"unexpected arguments {argv[1:]}: every setting is a --flag (--help lists "
            "them)")
-    return run(lambda: main(argv), interrupted)
+    result = run(lambda: main(argv), interrupted)
+    work_is_done()
+    return result
 
   try:
     app.run(checked, flags_parser=parse_flags)
@@ -186,6 +188,16 @@ def signals_held() -> Iterator[None]:
       signal.signal(signum, handler)
   if received:
     raise KeyboardInterrupt if received[0] == signal.SIGINT else Terminated(received[0])
+
+
+def work_is_done() -> None:
+  """Ignores Ctrl-C, SIGTERM and SIGHUP for the rest of a command whose work is
+  done: one landing while the process exits (Python's own handlers are gone
+  by then) would end it by the signal, and a supervisor would rerun finished
+  work. Only for a command's process (`run_main` calls it)."""
+  if threading.current_thread() is threading.main_thread():
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+      signal.signal(signum, signal.SIG_IGN)  # the whole process's (JAX has threads)
 
 
 def stop_as_ctrl_c() -> None:

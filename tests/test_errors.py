@@ -155,3 +155,23 @@ def _held_then_raised(signum):
   assert done == [True]
   assert getattr(stopped.value, "signum", signal.SIGINT) == signum
   assert signal.getsignal(signal.SIGINT) is before  # the handlers as they were
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_after_the_work_is_done_does_not_end_the_command_by_it(signum):
+  """The command has done its work and is exiting (here: slowly): a signal
+  then would end it by the signal (a supervisor reruns on 130, 143, 129)."""
+  script = ("import atexit, sys, time\nfrom bertjax import usage\n"
+            "def main(argv):\n  atexit.register(time.sleep, 3)\n"
+            "  print('done', flush=True)\n"
+            "usage.run_main(main)\n")
+  process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+  assert process.stdout.readline() == "done\n"
+  time.sleep(0.3)  # out of main: exiting
+  sent = time.monotonic()
+  process.send_signal(signum)
+  _, stderr = process.communicate(timeout=60)
+  assert process.returncode == 0, stderr
+  assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr
+  assert time.monotonic() - sent > 2  # its exit went on as it was, not cut by the signal

@@ -101,3 +101,4 @@ def _evaluate(args: argparse.Namespace) -> None:
 if __name__ == "__main__":
   usage.stop_as_ctrl_c()
   main()
+  usage.work_is_done()
