@@ -66,8 +66,9 @@ def _on_cloud_tpu() -> bool:
 def main(argv):
   del argv  # settings go in --config.<field>=<value>
   preemption.GRACE_S, outage.WAIT_S = _GRACE_SECONDS.value, _STORAGE_WAIT_S.value
-  with usage.signals_held():  # a signal inside its extensions' start can crash Python
-    import jax  # here, not above: --help and a flag mistake answer without JAX's start
+  # Here, not above: --help and a flag mistake answer without JAX's start. (A
+  # signal inside its extensions' start can crash Python: held until it is done.)
+  jax = usage.import_held("jax")
 
   if _COORDINATOR.value or _NUM_PROCESSES.value:
     jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,

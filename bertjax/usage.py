@@ -190,6 +190,18 @@ def signals_held() -> Iterator[None]:
     raise KeyboardInterrupt if received[0] == signal.SIGINT else Terminated(received[0])
 
 
+def import_held(name: str) -> Any:
+  """The module `name`, imported with the signals held (`signals_held`) the
+  first time; once imported, as it is, the handlers left alone (a JAX run on
+  several hosts has its own SIGTERM handler then, which Python does not see)."""
+  import importlib
+
+  if name in sys.modules:
+    return sys.modules[name]
+  with signals_held():
+    return importlib.import_module(name)
+
+
 def work_is_done() -> None:
   """Ignores Ctrl-C, SIGTERM and SIGHUP for the rest of a command whose work is
   done: one landing while the process exits (Python's own handlers are gone

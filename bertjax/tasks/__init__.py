@@ -47,10 +47,8 @@ def run(config: Any, workdir: str) -> Any:
 
   from bertjax import usage
 
-  with usage.signals_held():  # a signal inside JAX's extensions' start can crash Python
-    import jax
-
-    from bertjax import errors, files, hosts, paths, runs, workdir_lock
+  jax = usage.import_held("jax")  # (a signal inside its start can crash Python)
+  from bertjax import errors, files, hosts, paths, runs, workdir_lock
 
   module = task_module(config.task)
   paths.resolve_config(config)
