@@ -19,20 +19,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import logging
 import os
 import shutil
-import sys
 import threading
 import time
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
-from absl import logging as absl_logging
 from etils import epath
 
-from bertjax import errors
+from bertjax import checkpoint_failures, errors
 
 STATE, DATA, META = "state", "data", "meta"
 
@@ -51,113 +48,12 @@ class CheckpointSaveError(errors.StorageError):
   message names the step and the newest finished one, where a rerun resumes."""
 
 
-def _first_line(error: BaseException, limit: int = 300) -> str:
-  text = (str(error).strip().splitlines() or [type(error).__name__])[0]
-  return text if len(text) <= limit else text[:limit] + "..."
-
-
-# Storage errors that say nothing about the checkpoint's files (a busy or
-# unreachable store, missing rights, memory): raised as they are, never taken
-# for damage, so a step that is fine is never set aside for them.
-_NOT_DAMAGE = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "PERMISSION_DENIED", "UNAUTHENTICATED",
-               "RESOURCE_EXHAUSTED", "CANCELLED", "Too Many Requests", "Service Unavailable",
-               "Forbidden")
-
-
-# A save's failure is the storage's (worded as a `CheckpointSaveError`: which
-# step, where a rerun resumes) when it, or an error it was raised from, is an
-# OSError (gcsfs' FileNotFoundError, refused connections, a full disk), comes
-# from a storage client library, or carries one of these texts (tensorstore's
-# ValueErrors carry a status code; orbax names a directory that went away).
-# Anything else is a bug, raised as it is with its traceback: a rerun would
-# only fail the same way.
-_STORAGE_TEXTS = (*_NOT_DAMAGE, "NOT_FOUND", "ABORTED", "DATA_LOSS", "FAILED_PRECONDITION",
-                  "does not exist", "No such file")
-# tensorstore's catch-all codes (an HTTP status it does not map, a broken
-# connection) count when the text is a storage request's; elsewhere (XLA's
-# INTERNAL, a bad argument) they are bugs.
-_REQUEST_CODES = ("UNKNOWN", "INTERNAL", "INVALID_ARGUMENT")
-_REQUEST_MARKS = ("tensorstore", "HTTP", "http://", "https://", "gs://")
-_STORAGE_LIBRARIES = ("aiohttp", "gcsfs", "fsspec", "google", "requests", "urllib3")
-_BUGS = (TypeError, AttributeError, KeyError, IndexError, NameError, AssertionError,
-         NotImplementedError)
-
-
-def _storage_failure(error: BaseException) -> bool:
-  """Whether a save's `error` is the storage failing rather than a bug."""
-  if errors.storage_full(error) is not None:
-    return True
-  seen = set()
-  while error is not None and id(error) not in seen:  # `raise ... from` chains
-    seen.add(id(error))
-    if isinstance(error, _BUGS):
-      return False
-    text = str(error)
-    if (isinstance(error, OSError)
-        or type(error).__module__.split(".")[0] in _STORAGE_LIBRARIES
-        or any(mark in text for mark in _STORAGE_TEXTS)
-        or (any(code in text for code in _REQUEST_CODES)
-            and any(mark in text for mark in _REQUEST_MARKS))):
-      return True
-    error = error.__cause__
-  return False
-
-
 def _damage_or_raise(error: Exception, where: str) -> DamagedCheckpointError:
   """`error` from reading a step as `DamagedCheckpointError`, unless it is a
   storage error that says nothing about the files (then it is re-raised)."""
-  if isinstance(error, (PermissionError, MemoryError, ConnectionError, TimeoutError)) or any(
-      marker in str(error) for marker in _NOT_DAMAGE):
+  if checkpoint_failures.says_nothing_of_files(error):
     raise error
-  return DamagedCheckpointError(f"{where} is damaged: {_first_line(error)}")
-
-
-def _quiet_closed_event_loop() -> None:
-  """Drops the hundreds of `RuntimeError: Event loop is closed` tracebacks that
-  tensorstore's callbacks print when orbax's event loop closes on a failed read
-  (a damaged checkpoint), so that the one error that matters is seen. Installed
-  once per process; every other exception is reported as before."""
-  if getattr(sys.excepthook, "_bertjax_quiet", False):
-    return
-  excepthook, unraisablehook = sys.excepthook, sys.unraisablehook
-
-  def closed(value: BaseException | None) -> bool:
-    return isinstance(value, RuntimeError) and str(value) == "Event loop is closed"
-
-  def quiet_excepthook(kind, value, traceback):
-    if not closed(value):
-      excepthook(kind, value, traceback)
-
-  def quiet_unraisablehook(unraisable):
-    if not closed(unraisable.exc_value):
-      unraisablehook(unraisable)
-
-  quiet_excepthook._bertjax_quiet = True
-  sys.excepthook, sys.unraisablehook = quiet_excepthook, quiet_unraisablehook
-
-
-# What the text of a failed orbax task or tensorstore write contains.
-_CHECKPOINT_IO = ("/orbax/", "tensorstore_spec", "orbax-checkpoint-tmp", "OCDBT")
-
-
-class _UnretrievedSaveErrors(logging.Filter):
-  """Drops asyncio's notes, at exit, of orbax tasks and tensorstore writes
-  whose failure was never retrieved: a failed save leaves several, each with a
-  traceback. Installed once a `CheckpointSaveError` has said what failed (until
-  then such a note may be the only trace of a failed write); `--verbosity=1`
-  keeps them."""
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    if absl_logging.get_verbosity() > absl_logging.INFO:
-      return True
-    return not ("never retrieved" in str(record.msg)
-                and any(mark in record.getMessage() for mark in _CHECKPOINT_IO))
-
-
-def _quiet_unretrieved_save_errors() -> None:
-  logger = logging.getLogger("asyncio")
-  if not any(isinstance(f, _UnretrievedSaveErrors) for f in logger.filters):
-    logger.addFilter(_UnretrievedSaveErrors())
+  return DamagedCheckpointError(f"{where} is damaged: {checkpoint_failures.first_line(error)}")
 
 
 class PerProcessJsonHandler(ocp.CheckpointHandler):
@@ -292,7 +188,7 @@ class Checkpointer:
     self._last_step: int | None = None  # of the last save asked for
     self._failed: set[int] = set()  # steps whose save failed (orbax still lists them)
     self._gate = _CommitGate()
-    _quiet_closed_event_loop()
+    checkpoint_failures.quiet_closed_event_loop()
     options = ocp.CheckpointManagerOptions(
         save_interval_steps=1, max_to_keep=max_to_keep,
         enable_async_checkpointing=async_save, create=create,
@@ -336,7 +232,7 @@ class Checkpointer:
       }), force=True)
     except Exception as e:  # pylint: disable=broad-except
       self._in_flight, self._in_call = None, False  # nothing to wait for (a Ctrl-C: in flight)
-      if not _storage_failure(e):
+      if not checkpoint_failures.storage_failure(e):
         raise
       self._failure = self._save_failed(step, e)
       raise self._failure from e
@@ -351,7 +247,7 @@ class Checkpointer:
     On a full disk or quota, the save's partial files are removed (they hold
     the space a rerun needs), and the error says so and what to free.
     """
-    _quiet_unretrieved_save_errors()  # this error says what they would
+    checkpoint_failures.quiet_unretrieved_save_errors()  # this error says what they would
     if step is not None:
       self._failed.add(step)
     try:
@@ -369,8 +265,8 @@ class Checkpointer:
           f"command to resume from {resume}")
     return CheckpointSaveError(
         f"saving the checkpoint of step {step} to {self.directory} failed "
-        f"({type(error).__name__}: {_first_line(error)}); the run stopped there: rerun "
-        f"the same command to resume from {resume}")
+        f"({type(error).__name__}: {checkpoint_failures.first_line(error)}); the run stopped "
+        f"there: rerun the same command to resume from {resume}")
 
   def _remove_unfinished(self) -> None:
     """Removes the temporary directories of saves that never finished (local)."""
@@ -407,8 +303,8 @@ class Checkpointer:
     reader.start()
     reader.join(timeout)
     if not result or isinstance(result[0], BaseException):
-      why = (f"{type(result[0]).__name__}: {_first_line(result[0], 120)}" if result
-             else f"no answer in {timeout:g} s")
+      why = (f"{type(result[0]).__name__}: {checkpoint_failures.first_line(result[0], 120)}"
+             if result else f"no answer in {timeout:g} s")
       return self.all_steps(), f"as far as this run knows: the storage did not answer ({why})"
     return result[0], caveat
 
@@ -531,7 +427,7 @@ class Checkpointer:
     try:
       self._manager.wait_until_finished()
     except Exception as e:  # pylint: disable=broad-except
-      if not _storage_failure(e):
+      if not checkpoint_failures.storage_failure(e):
         raise
       self._failure = self._failure or self._save_failed(step, e)
       raise self._failure from e
@@ -556,7 +452,7 @@ class Checkpointer:
     try:
       self._manager.close()
     except Exception as e:  # pylint: disable=broad-except  # a failed save, reported again
-      if not _storage_failure(e):
+      if not checkpoint_failures.storage_failure(e):
         raise
       self._failure = self._failure or self._save_failed(self._last_step, e)
       raise self._failure from e

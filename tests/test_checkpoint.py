@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import checkpoint, optim, sharding, train
+from bertjax import checkpoint, checkpoint_failures, optim, sharding, train
 from bertjax.models import BertConfig
 from bertjax.configs.common import LOGICAL_AXIS_RULES
 
@@ -129,11 +129,12 @@ def test_a_bug_in_a_save_is_raised_as_it_is(tmp_path):
     (KeyError("NOT_FOUND"), False),  # a bug whatever its text
 ])
 def test_storage_failures_are_told_from_bugs(error, storage):
-  assert checkpoint._storage_failure(error) == storage
+  assert checkpoint_failures.storage_failure(error) == storage
   try:
     raise RuntimeError("the save failed") from error
   except RuntimeError as wrapped:
-    assert checkpoint._storage_failure(wrapped) == (storage and not isinstance(error, KeyError))
+    assert checkpoint_failures.storage_failure(wrapped) == (
+        storage and not isinstance(error, KeyError))
 
 
 def test_unfinished_save_is_never_latest(tmp_path):
@@ -224,7 +225,7 @@ def test_a_save_the_storage_refuses_is_one_clear_error_and_nothing_waits(gcs):
   # The error said what failed: asyncio's notes at exit of the same save's
   # unretrieved task and write failures are dropped from now on, others kept.
   notes = [f for f in logging.getLogger("asyncio").filters
-           if isinstance(f, checkpoint._UnretrievedSaveErrors)]
+           if isinstance(f, checkpoint_failures.UnretrievedSaveErrors)]
   assert len(notes) == 1
   task = logging.LogRecord(
       "asyncio", logging.ERROR, "/usr/lib/python3.11/asyncio/base_events.py", 1,

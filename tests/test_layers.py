@@ -18,7 +18,7 @@ ROOMS = [
     {"models"},
     {"data"},
     {"interop", "flops", "phases"},
-    {"train", "checkpoint"},
+    {"train", "checkpoint", "checkpoint_failures"},
     {"pretrained", "inference"},
     {"tasks"},
     {"tools", "main", "benchmark"},

@@ -18,26 +18,19 @@ mixes old and new shards.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import gc
 import json
-import multiprocessing
 import os
-import queue
 import shutil
-import signal
 import tempfile
-import threading
-import traceback
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from absl import logging
 import numpy as np
 
 from bertjax import errors, files
-from bertjax.data import corpus, shards
+from bertjax.data import build_pool, corpus, shards, stdlib_corpus
 from bertjax.data.progress import Progress
 
 _SENTENCE_BATCH = 4096  # sentences per call of the Rust tokenizer
@@ -145,7 +138,7 @@ def _documents(task: dict[str, Any], stats: corpus.CorpusStats, progress):
     yield from corpus.tfds_documents(data, source["start"], source["end"], stats,
                                      task["max_line_chars"], progress)
   else:  # demo: every worker parses the (small) corpus and keeps its share.
-    for index, document in enumerate(corpus.stdlib_documents()):
+    for index, document in enumerate(stdlib_corpus.stdlib_documents()):
       if index % task["num_shards"] == task["shard"]:
         stats.documents_read += 1
         progress(1)
@@ -215,43 +208,8 @@ def build_shard(task: dict[str, Any], progress=None) -> dict[str, Any]:
     flush(writer)
   if stats.documents_used:
     shards.mark_finished(path, stats.to_dict())
-    _publish(task, path)
+    shards.publish(path, task.get("publish_to"))
   return stats.to_dict()
-
-
-def _publish(task: dict[str, Any], shard_path: str) -> None:
-  """Uploads a finished shard to the remote output directory, its stats (the
-  mark of a finished shard) last."""
-  remote = task.get("publish_to")
-  if remote:
-    for path in (shard_path, shards.stats_path(shard_path)):
-      files.upload(path, files.join(remote, os.path.basename(path)))
-
-
-def _publish_files(local_dir: str, remote: str | None, names: list[str]) -> None:
-  for name in names if remote else ():
-    files.upload(os.path.join(local_dir, name), files.join(remote, name))
-
-
-def _worker_init(progress) -> None:
-  """Sets up a worker process: one core, progress reports to the parent, and
-  signals left to the parent (Ctrl-C goes to the whole process group)."""
-  global _PROGRESS
-  _PROGRESS = progress
-  # One core per worker: the Rust tokenizer would otherwise spread over all.
-  os.environ["RAYON_NUM_THREADS"] = "1"
-  os.environ["TOKENIZERS_PARALLELISM"] = "false"
-  # The parent handles Ctrl-C: it stops the pool (SIGTERM) and removes the
-  # staging files the workers leave (`_run`).
-  signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-_PROGRESS = None  # a worker's queue to the parent
-
-
-def _in_worker(args):
-  function, task = args
-  return function(task, _PROGRESS)
 
 
 def plan(spec: str, num_shards: int, stats: corpus.CorpusStats, tfds_data_dir: str | None,
@@ -374,7 +332,7 @@ def _prepare_in(spec: str, output_dir: str, tokenizer, publish_to: str | None, *
     os.makedirs(output_dir, exist_ok=True)
     tokenizer_files = _install(scratch, output_dir)
   shards.write_info(output_dir, info)
-  _publish_files(output_dir, publish_to, tokenizer_files + [shards.INFO_FILE])
+  shards.publish_files(output_dir, publish_to, tokenizer_files + [shards.INFO_FILE])
   try:
     return build(output_dir, publish_to, outcome=kept or (
         "nothing was written" if created else "no shard was marked finished"))
@@ -536,7 +494,7 @@ def _build_shards(spec: str, directory: str, publish_to: str | None, *,
   work = [_work(task["source"]) for task in tasks]
   with Progress("building", show_progress, None if None in work else sum(work),
                 "bytes" if sources[0]["kind"] == "files" else "documents") as bar:
-    results = _run(tasks, num_workers, bar, directory)
+    results = build_pool.run_tasks(tasks, num_workers, bar, directory, build_shard)
 
   stats = file_stats if host_index == 0 else corpus.CorpusStats()
   for index in finished:
@@ -553,7 +511,7 @@ def _build_shards(spec: str, directory: str, publish_to: str | None, *,
                            " in this host's shards" if num_hosts > 1 else "")
   for task, result in empty:
     shards.mark_finished(path[task["shard"]], result)
-    _publish(task, path[task["shard"]])
+    shards.publish(path[task["shard"]], task.get("publish_to"))
   return stats
 
 
@@ -567,224 +525,3 @@ def tokenizer_sha256(tokenizer) -> str:
 def _digest(directory: str) -> str:
   """SHA-256 over the files of a directory (names and contents)."""
   return shards.tokenizer_digest(directory, os.listdir(directory))
-
-
-def _run(tasks: list[dict[str, Any]], num_workers: int, bar: Progress, directory: str,
-         function=None) -> list[Any]:
-  """Runs `function(task, progress)` (default: `build_shard`) over the tasks,
-  which write into `directory`; returns their results. A task reports progress
-  as (work done, {name: count}).
-
-  On an error or Ctrl-C the workers are stopped and the staging files they
-  leave in `directory` removed; finished shards stay.
-  """
-  function = function or build_shard
-  sink = _ListQueue(bar)
-  if not tasks:
-    return []
-  if num_workers <= 1:
-    return [function(task, sink) for task in tasks]
-  context = multiprocessing.get_context("spawn")
-  pool = progress = pending = None
-  finished = False
-  try:
-    with _ctrl_c_held_back():  # a pool half made would be left behind
-      progress = context.Queue()
-      pool = context.Pool(min(num_workers, len(tasks)), initializer=_worker_init,
-                          initargs=(progress,))
-    pending = pool.map_async(_in_worker, [(function, task) for task in tasks])
-    while not pending.ready() or not progress.empty():
-      try:
-        sink.put(progress.get(timeout=0.2))
-      except queue.Empty:
-        pass
-    results = pending.get()  # re-raises a worker's error
-    finished = True
-    return results
-  except BaseException as error:
-    traceback.clear_frames(error.__traceback__)  # the frames below hold the pool and queue
-    raise
-  finally:
-    # The pool and queue are released here, with their semaphores (an exit that
-    # a Ctrl-C cuts short would leave those for the resource tracker to report),
-    # and the staging files of stopped workers are removed: a second Ctrl-C
-    # waits for that.
-    with _ctrl_c_held_back():
-      if pool is not None:
-        pool.terminate()
-        pool.join()
-      if progress is not None:
-        progress.close()
-      if not finished:
-        files.remove_stale_staging(directory)  # the workers are stopped: theirs are stale
-      del pool, progress, pending
-      multiprocessing.active_children()  # forgets the stopped workers
-      gc.collect()  # the pool's reference cycles
-
-
-@contextlib.contextmanager
-def _ctrl_c_held_back() -> Iterator[None]:
-  """Holds Ctrl-C (SIGINT), SIGTERM and SIGHUP back for the block: they are
-  raised when the block ends."""
-  if threading.current_thread() is not threading.main_thread():
-    yield
-    return
-  previous = signal.pthread_sigmask(signal.SIG_BLOCK,
-                                    {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
-  try:
-    yield
-  finally:
-    signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
-class _ListQueue:
-  """The progress queue of an in-process build: straight to the bar."""
-
-  def __init__(self, bar: Progress):
-    self._bar = bar
-
-  def put(self, item: tuple[int, dict[str, int]]) -> None:
-    done, counts = item
-    self._bar.advance(done)
-    for name, count in counts.items():
-      self._bar.count(name, count)
-
-
-def build_static_shard(task: dict[str, Any], progress=None) -> dict[str, Any]:
-  """Writes instance shard `task["shard"]`: the masked examples of `dupe_factor`
-  epochs of the dynamic pipeline over that shard's share of the documents."""
-  from bertjax.data import loader
-  from bertjax.data.masking import MaskingConfig
-
-  config = loader.LoaderConfig(
-      task["data_dir"], objective=task["objective"], max_seq_length=task["max_seq_length"],
-      batch_size=256, masking=MaskingConfig(**task["masking"]),
-      short_seq_prob=task["short_seq_prob"], seed=task["seed"],
-      num_epochs=task["dupe_factor"], shuffle_window=1, drop_remainder=False,
-      split="train", eval_percent=task["eval_percent"])
-  path = os.path.join(task["data_dir"], shards.shard_name(
-      task["shard"], task["num_shards"], shards.static_kind(task["max_seq_length"])))
-  count = 0
-  num_documents = len(loader.DocumentSource(task["data_dir"]))
-  batches = []  # a shard beyond the number of documents stays empty
-  if len(range(task["shard"], num_documents, task["num_shards"])):
-    batches = loader.make_dataset(config, task["shard"], task["num_shards"])
-  with shards.shard_writer(path) as writer:
-    for batch in batches:
-      rows = len(batch["input_ids"])
-      for row in range(rows):
-        writer.write(shards.encode_instance({k: v[row] for k, v in batch.items()}))
-      count += rows
-      if progress is not None:
-        progress.put((rows, {}))
-  shards.mark_finished(path, {"instances": count})
-  _publish(task, path)
-  return {"instances": count}
-
-
-def prepare_static(data_dir: str, *, objective: str, max_seq_length: int, masking,
-                   dupe_factor: int, short_seq_prob: float = 0.1, seed: int = 0,
-                   eval_percent: float = 1.0, num_workers: int = 1, num_hosts: int = 1,
-                   host_index: int = 0, show_progress: bool = True) -> int:
-  """Writes statically masked instances, as the original code did (`dupe_factor`
-  differently masked copies of the data), from finished document shards.
-
-  The instances of each length have their own files (`shards.static_kind`), so
-  one directory holds both phases'. They come from the training split: the
-  `eval_percent` of documents held out for evaluation (`loader.split_documents`)
-  stay out, and evaluation masks them on the fly. Instances already written
-  with the same settings are kept (a rerun finishes what is missing); with other
-  settings they are replaced.
-
-  Returns the number of instances this host wrote.
-  """
-  with errors.writing(data_dir, "the instance shards finished before are kept"):
-    return _prepare_static(data_dir, objective=objective, max_seq_length=max_seq_length,
-                           masking=masking, dupe_factor=dupe_factor,
-                           short_seq_prob=short_seq_prob, seed=seed, eval_percent=eval_percent,
-                           num_workers=num_workers, num_hosts=num_hosts,
-                           host_index=host_index, show_progress=show_progress)
-
-
-def _static_written(data_dir: str, settings: dict[str, Any], host_index: int,
-                    num_hosts: int) -> int | None:
-  """The instances this host wrote, when every one of its static shards is
-  finished in `data_dir` (on gs://) with these settings; else None."""
-  import concurrent.futures
-
-  kind = shards.static_kind(settings["max_seq_length"])
-  info_file = files.join(data_dir, shards.static_info_file(settings["max_seq_length"]))
-  present = set(files.listdir(data_dir))
-  if os.path.basename(info_file) not in present:
-    return None
-  written = {k: v for k, v in files.read_json(info_file).items()
-             if k not in ("format", "format_version")}
-  if written != json.loads(json.dumps(settings)):
-    return None
-  stats = [shards.stats_path(files.join(data_dir, shards.shard_name(
-      index, settings["num_shards"], kind)))
-      for index in range(host_index, settings["num_shards"], num_hosts)]
-  if any(os.path.basename(path) not in present for path in stats):
-    return None
-  with concurrent.futures.ThreadPoolExecutor(16) as pool:
-    return sum(record["instances"] for record in pool.map(files.read_json, stats))
-
-
-def _prepare_static(data_dir: str, *, objective: str, max_seq_length: int, masking,
-                    dupe_factor: int, short_seq_prob: float, seed: int, eval_percent: float,
-                    num_workers: int, num_hosts: int, host_index: int,
-                    show_progress: bool) -> int:
-  import dataclasses
-
-  if dupe_factor < 1:
-    raise errors.UsageError(f"dupe_factor must be >= 1, got {dupe_factor}")
-  num_shards = shards.read_info(data_dir)["num_shards"]
-  settings = {"objective": objective, "max_seq_length": max_seq_length,
-              "masking": dataclasses.asdict(masking), "short_seq_prob": short_seq_prob,
-              "seed": seed, "dupe_factor": dupe_factor, "eval_percent": eval_percent,
-              "num_shards": num_shards}
-  kind, info_file = shards.static_kind(max_seq_length), shards.static_info_file(max_seq_length)
-  publish_to = None
-  if files.is_remote(data_dir):  # built from a local copy, each shard uploaded when done
-    shards.complete_shards(data_dir)
-    written = _static_written(data_dir, settings, host_index, num_hosts)
-    if written is not None:  # nothing to build: nothing to copy
-      return written
-    publish_to, data_dir = data_dir, shards.local_directory(data_dir)
-  shards.complete_shards(data_dir)  # all documents first: random B segments read any
-  files.remove_stale_staging(data_dir)  # of an earlier build that was killed
-  existing = os.path.join(data_dir, info_file)
-  if os.path.isfile(existing):
-    from bertjax.files import read_json
-    written = {k: v for k, v in read_json(existing).items()
-               if k not in ("format", "format_version")}
-    if written != json.loads(json.dumps(settings)):
-      if num_hosts > 1:
-        raise errors.UsageError(f"{existing} describes other static instances; with several hosts, "
-                                f"delete them ({kind}-* and this file) first")
-      # On gs:// the old settings file goes first, then the old instances: a
-      # reader never pairs the new settings with old shards.
-      for directory in (publish_to, data_dir) if publish_to else (data_dir,):
-        if publish_to and directory == publish_to:
-          files.remove(files.join(publish_to, info_file))
-        for name in files.listdir(directory):
-          if name.startswith(f"{kind}-"):
-            files.remove(files.join(directory, name))
-  shards.write_info(data_dir, settings, info_file)
-  _publish_files(data_dir, publish_to, [info_file])
-  tasks = []
-  for index in range(host_index, num_shards, num_hosts):
-    done = shards.stats_path(os.path.join(data_dir, shards.shard_name(index, num_shards,
-                                                                      kind)))
-    if not os.path.isfile(done):
-      tasks.append({"shard": index, "num_shards": num_shards, "data_dir": data_dir,
-                    "publish_to": publish_to, **settings})
-  with Progress(f"masking {kind}", show_progress, unit="instances") as bar:
-    _run(tasks, num_workers, bar, data_dir, build_static_shard)
-  total = 0
-  for index in range(host_index, num_shards, num_hosts):
-    path = shards.stats_path(os.path.join(data_dir, shards.shard_name(index, num_shards,
-                                                                      kind)))
-    with open(path, encoding="utf-8") as f:
-      total += json.load(f)["instances"]
-  return total

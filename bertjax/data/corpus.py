@@ -8,7 +8,8 @@ Sources, named by one string (`--input` of the builder):
   read with `tfds.data_source`, so TensorFlow is not needed;
 - `demo:stdlib`: the docstrings and help topics of this Python's standard
   library, parsed from its source files (no import, no download): an offline
-  English corpus of a few hundred thousand WordPiece tokens on any machine.
+  English corpus of a few hundred thousand WordPiece tokens on any machine
+  (`bertjax.data.stdlib_corpus`).
 
 Large inputs are read in parallel as byte ranges: a range owns the documents
 whose first line starts inside it, and reads past its end to finish the last.
@@ -21,7 +22,6 @@ tokenise to nothing are counted, not placed).
 
 from __future__ import annotations
 
-import ast
 import codecs
 import collections
 import dataclasses
@@ -30,7 +30,6 @@ import glob
 import io
 import math
 import os
-import sysconfig
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 from bertjax import errors
@@ -540,75 +539,6 @@ def _lines(f, position: int, end: float, file_format: str, invalid: str, stats: 
     text = decode(line)
     if text is not None:
       document.append(text.strip())
-
-
-def stdlib_documents() -> Iterator[Document]:
-  """The standard library's docstrings, one document per module: the demo corpus.
-
-  Parsed once per process and kept (a few MB).
-
-  Source files are parsed, never imported. A module's document is its
-  docstrings (module, classes, functions) in source order, so consecutive
-  sentences share a topic, as next-sentence prediction needs. Test packages,
-  doctest examples and indented code are left out.
-  """
-  return iter(_stdlib_documents())
-
-
-@functools.lru_cache(maxsize=1)
-def _stdlib_documents() -> tuple[Document, ...]:
-  return tuple(_parse_stdlib())
-
-
-def _parse_stdlib() -> Iterator[Document]:
-  root = sysconfig.get_paths()["stdlib"]
-  skipped_parts = {"test", "tests", "idle_test", "site-packages", "dist-packages",
-                   "lib2to3", "__pycache__", "turtledemo"}
-  paths = []
-  for directory, dirs, files in os.walk(root):
-    dirs[:] = sorted(d for d in dirs if d not in skipped_parts)
-    paths += [os.path.join(directory, f) for f in sorted(files) if f.endswith(".py")]
-  for path in paths:
-    try:
-      with open(path, encoding="utf-8") as f:
-        tree = ast.parse(f.read())
-    except (SyntaxError, UnicodeDecodeError, ValueError):
-      continue
-    nodes = [node for node in ast.walk(tree) if isinstance(
-        node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
-    nodes.sort(key=lambda node: getattr(node, "lineno", 0))
-    document = [sentence for node in nodes
-                for sentence in _prose_sentences(ast.get_docstring(node) or "")]
-    if document:
-      yield document
-  # The language reference's help topics (what `help("if")` shows), one
-  # document per topic.
-  topics_path = os.path.join(root, "pydoc_data", "topics.py")
-  if os.path.isfile(topics_path):
-    with open(topics_path, encoding="utf-8") as f:
-      tree = ast.parse(f.read())
-    for node in tree.body:
-      if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
-        for key, value in zip(node.value.keys, node.value.values):
-          if isinstance(value, ast.Constant) and isinstance(value.value, str):
-            document = _prose_sentences(value.value)
-            if document:
-              yield document
-
-
-def _prose_sentences(docstring: str) -> list[str]:
-  prose = []
-  for line in docstring.splitlines():
-    stripped = line.strip()
-    if (line.startswith((" ", "\t")) or stripped.startswith((">>>", "...", "..", ":"))
-        or stripped.endswith("::")):
-      prose.append("")  # code, examples and markup end a paragraph
-    else:
-      prose.append(stripped)
-  paragraphs = " ".join(p if p else "\n" for p in prose).split("\n")
-  # Keep sentences of at least three words, mostly letters (not rules of "***").
-  return [s for paragraph in paragraphs for s in split_sentences(paragraph)
-          if len(s.split()) >= 3 and sum(c.isalpha() for c in s) >= len(s) / 2]
 
 
 def tfds_source(name: str, split: str = "train", data_dir: str | None = None):

@@ -102,6 +102,20 @@ def mark_finished(shard_path: str, stats: dict[str, Any]) -> None:
                    {**stats, SHARD_BYTES: os.path.getsize(shard_path)})
 
 
+def publish(shard_path: str, remote: str | None) -> None:
+  """Uploads a finished shard to the remote output directory (when there is
+  one), its stats (the mark of a finished shard) last."""
+  if remote:
+    for path in (shard_path, stats_path(shard_path)):
+      files.upload(path, files.join(remote, os.path.basename(path)))
+
+
+def publish_files(local_dir: str, remote: str | None, names: list[str]) -> None:
+  """Uploads the named files of `local_dir` to `remote` (when there is one)."""
+  for name in names if remote else ():
+    files.upload(os.path.join(local_dir, name), files.join(remote, name))
+
+
 def rebuild_advice(directory: str, shard: str | None = None) -> str:
   """How to make a damaged shard (or, with `shard` None, the tokenizer files)
   of a prepared directory again, from what its `dataset_info.json` says."""

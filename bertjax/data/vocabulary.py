@@ -17,7 +17,7 @@ import tempfile
 from typing import Callable, Iterable, Iterator
 
 from bertjax import errors, files
-from bertjax.data import corpus
+from bertjax.data import corpus, stdlib_corpus
 from bertjax.data.progress import Progress
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -45,7 +45,7 @@ def sentences(spec: str, file_format: str = "sentences",
   progress = progress or Progress("", enabled=False)
   if spec == "demo:stdlib":
     progress.set_total(None, "documents")
-    documents = corpus.stdlib_documents()
+    documents = stdlib_corpus.stdlib_documents()
   elif spec.startswith("tfds:"):
     source = corpus.tfds_source(*corpus.parse_tfds_spec(spec), tfds_data_dir)
     progress.set_total(len(source), "documents")

@@ -22,132 +22,13 @@ import ml_collections
 from bertjax import (checkpoint, divergence, errors, files, flops, hosts, metrics, optim,
                      outage, preemption, runs, sharding, signals, throughput, train)
 from bertjax.data import loader
-from bertjax.models import BertConfig, family
+from bertjax.models import BertConfig
 from bertjax.phases import Phase, phases
+from bertjax.tasks.pretrain_checks import stage_accumulation, validate
 from bertjax.tasks.pretrain_data import (check_stream, check_vocabulary, data_identity,
-                                         loader_config, masking_config, prepare_data,
-                                         stream_settings)
-
-PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: "stopped, resume me"
-INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT: stopped by Ctrl-C, after saving
-HANGUP_EXIT_CODE = 129  # 128 + SIGHUP: the terminal closed, after saving
-
-
-def validate(config: ml_collections.ConfigDict, mesh_devices: int) -> tuple[int, ...]:
-  """Checks the config before anything is compiled; returns the mesh shape.
-
-  Raises:
-    ValueError: saying what to change.
-  """
-  bert = BertConfig.from_run_config(config)  # hidden size vs heads and the like
-  family.of(bert).check_objective(config.objective)
-  shape = sharding.mesh_shape([config.mesh.data, config.mesh.fsdp, config.mesh.tensor],
-                              mesh_devices)
-  accumulation = config.train.accumulation_steps
-  data_shards = shape[0] * shape[1]
-  processes = jax.process_count()
-  for phase in phases(config):
-    batch = phase.batch_size
-    name = "train.batch_size" if phase.index == 0 else "train.long_batch_size"
-    if accumulation < 1 or batch % accumulation:
-      raise errors.UsageError(f"{name}={batch} is not divisible by "
-                              f"train.accumulation_steps={accumulation}")
-    if (batch // accumulation) % data_shards:
-      raise errors.UsageError(
-          f"a micro-batch of {batch // accumulation} sequences ({name} / "
-          f"train.accumulation_steps) does not divide over the {data_shards} data "
-          f"shards of the mesh (data x fsdp = {shape[0]} x {shape[1]}); make it a "
-          "multiple")
-    if batch % processes:
-      raise errors.UsageError(f"{name}={batch} must divide over the {processes} processes")
-    if phase.ramp_steps:
-      check_ramp(phase, accumulation, data_shards, processes)
-  if config.eval.batch_size % processes:
-    raise errors.UsageError(f"eval.batch_size={config.eval.batch_size} must divide over the "
-                            f"{processes} processes")
-  if config.eval.batch_size % data_shards:
-    raise errors.UsageError(f"eval.batch_size={config.eval.batch_size} does not divide over the "
-                            f"{data_shards} data shards")
-  for phase in phases(config):
-    phase.model(bert)  # the phase's own model fields are valid
-    if phase.max_seq_length > bert.max_position_embeddings:
-      raise errors.UsageError(f"sequence length {phase.max_seq_length} is above the model's "
-                              f"max_position_embeddings={bert.max_position_embeddings}; raise "
-                              "model.max_position_embeddings or shorten the sequences")
-    if config.objective != "ltr":
-      masking_config(config, phase.max_predictions).check_length(phase.max_seq_length)
-  if config.data.static and config.objective == "ltr":
-    raise errors.UsageError(
-        "data.static masks the data once, for the masked-LM objectives; the ltr "
-        "objective has nothing to mask: set --config.data.static=false")
-  if config.data.static and config.data.static_dupe_factor < 1:
-    raise errors.UsageError(f"data.static_dupe_factor must be >= 1, got "
-                            f"{config.data.static_dupe_factor}")
-  if config.train.total_steps < 1:
-    raise errors.UsageError(f"train.total_steps must be positive, got {config.train.total_steps}")
-  if config.checkpoint.every_seconds < 0:
-    raise errors.UsageError(f"checkpoint.every_seconds must be >= 0 (0: save by steps only), "
-                            f"got {config.checkpoint.every_seconds}")
-  for name, value in (("checkpoint.every_steps", config.checkpoint.every_steps),
-                      ("checkpoint.max_to_keep", config.checkpoint.max_to_keep),
-                      ("log_every_steps", config.log_every_steps),
-                      ("max_consecutive_skips", config.max_consecutive_skips)):
-    if value is not None and value < 1:  # max_to_keep=None keeps every step
-      raise errors.UsageError(f"{name} must be >= 1, got {value}")
-  if config.data.worker_count < -1:
-    raise errors.UsageError(
-        f"data.worker_count={config.data.worker_count}: give the loader processes "
-        "(0: in the training process), or -1 to size them for the devices")
-  if config.data.max_sequences_per_row < 1:
-    raise errors.UsageError(
-        f"data.max_sequences_per_row={config.data.max_sequences_per_row} must be "
-        ">= 1 (1: one sequence a row; more: packed rows)")
-  eval_percent = config.data.eval_percent
-  if not 0 <= eval_percent < 100:
-    raise errors.UsageError(f"data.eval_percent={eval_percent} must be in [0, 100): the share of "
-                     "documents held out for evaluation")
-  if config.eval.every_steps > 0:
-    if eval_percent == 0:
-      raise errors.UsageError("data.eval_percent=0 holds no document out, but eval.every_steps="
-                              f"{config.eval.every_steps} evaluates: hold some out or set "
-                              "--config.eval.every_steps=0")
-    if config.eval.batches < 1:
-      raise errors.UsageError(f"eval.batches must be >= 1 to evaluate, got {config.eval.batches} "
-                              "(--config.eval.every_steps=0 turns evaluation off)")
-  if not 0 <= config.optimizer.warmup_steps <= config.train.total_steps:
-    raise errors.UsageError(f"optimizer.warmup_steps={config.optimizer.warmup_steps} must be in "
-                            f"[0, train.total_steps={config.train.total_steps}]")
-  return shape
-
-
-def stage_accumulation(rows: int, micro: int) -> int:
-  """Micro-batches of a warmup step of `rows` rows: as few as keep each within
-  the configured micro-batch (`micro` rows)."""
-  return -(-rows // micro)
-
-
-def check_ramp(phase: Phase, accumulation: int, data_shards: int, processes: int) -> None:
-  """Every batch size of the batch-size warmup divides into micro-batches that
-  divide over the data shards."""
-  start, batch = phase.ramp_start, phase.batch_size
-  if start <= 0 or batch % start:
-    raise errors.UsageError(f"train.batch_ramp_start={start} must divide train.batch_size="
-                            f"{batch} (the warmup's batches are its multiples)")
-  if start % processes:
-    raise errors.UsageError(f"train.batch_ramp_start={start} must divide over the "
-                            f"{processes} processes")
-  micro = batch // accumulation
-  for rows in range(start, batch + 1, start):
-    parts = stage_accumulation(rows, micro)
-    if rows % parts or (rows // parts) % data_shards:
-      raise errors.UsageError(
-          f"the warmup's batch of {rows} rows does not divide into micro-batches of at most "
-          f"{micro} (train.batch_size / train.accumulation_steps) that divide over the "
-          f"{data_shards} data shards; choose train.batch_ramp_start to make it so")
-  if phase.ramp_steps > phase.end - phase.start:
-    raise errors.UsageError(f"train.batch_ramp_steps={phase.ramp_steps} is longer than the "
-                            f"first phase ({phase.end - phase.start} steps)")
-
+                                         loader_config, prepare_data, stream_settings)
+from bertjax.tasks.pretrain_stop import (HANGUP_EXIT_CODE, INTERRUPTED_EXIT_CODE,
+                                         PREEMPTED_EXIT_CODE, exit_unsaved, save_on_stop)
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Pre-trains as `config` says, resuming from `workdir` if it holds a checkpoint.
@@ -481,8 +362,8 @@ class _Trainer:
         self.clock.done()
       stopping = self.stop.stop_now() or self.checkpointer.reached_preemption(step)
       self.stopping = stopping
-      if stopping and not self._save_on_stop(step):
-        self._exit_unsaved(step)
+      if stopping and not save_on_stop(self.stop, self.clock, self.checkpointer, step):
+        exit_unsaved(self.checkpointer, self.clock, step, self.saving)
       evaluating = config.eval.every_steps > 0 and step % config.eval.every_steps == 0
       saved = False
       if (stopping or self.save_deferred or self.save_again
@@ -496,7 +377,7 @@ class _Trainer:
             "phase": phase.index, "loader": iterator.get_state(), "workers": self.workers,
             "stream": stream_settings(config), **self.guard.state()})
       if stopping and self.save_again:  # the storage failed the save: no time to wait
-        self._exit_unsaved(step)
+        exit_unsaved(self.checkpointer, self.clock, step, self.saving)
       if stopping:
         self.checkpointer.close()
         if not saved:  # its loss is out of range: so are the weights of a save just before
@@ -531,60 +412,6 @@ class _Trainer:
     if self.clock.every_s <= 0:
       return False
     return bool(hosts.from_process_0(int(self.clock.due())))
-
-  def _save_on_stop(self, step: int) -> bool:
-    """Whether to save on a stop request: always on Ctrl-C (on any host); on
-    SIGTERM, when the measured saves (after one still in flight) fit in the
-    grace left, by process 0's clock. Where they do not, a save in flight that
-    can still finish is waited for. Every host calls this at the same step."""
-    if hosts.worst(int(self.stop.interrupted)):
-      return True
-    signalled = self.stop.signalled or time.monotonic()  # pods: JAX's handler saw it
-    needed = self.clock.save_seconds()
-    in_flight = bool(hosts.worst(int(self.checkpointer.saving())))  # the same branch on all
-    left_in_flight = self.clock.in_flight_left() if in_flight else 0.0
-    if in_flight and needed is None:
-      save = False  # the first save is still being written: no time measured for another
-    else:
-      save = preemption.fits_in_grace(
-          None if needed is None else needed + left_in_flight, signalled, preemption.GRACE_S)
-    if not save and jax.process_index() == 0:
-      logging.warning(
-          "SIGTERM at step %d: %s (--grace_seconds=%g): not saving", step,
-          "the run's first save is still being written" if needed is None else
-          f"a save takes about {needed:.0f} s, more than the "
-          f"{preemption.GRACE_S - (time.monotonic() - signalled):.0f} s grace leaves",
-          preemption.GRACE_S)
-    save = bool(hosts.from_process_0(int(save)))
-    if not save and in_flight:
-      # The save in flight may still finish: wait for it while the grace allows.
-      wait_s = preemption.GRACE_S - preemption.EXIT_MARGIN_S - (time.monotonic() - signalled)
-      deadline = time.monotonic() + hosts.from_process_0(int(max(wait_s, 0)))
-      while self.checkpointer.saving() and time.monotonic() < deadline:
-        time.sleep(0.05)
-      if not self.checkpointer.saving():
-        self.clock.done()
-    return save
-
-  def _exit_unsaved(self, step: int) -> None:
-    """Ends the run at once, saying from where a restart resumes (what is
-    committed on the storage once no save can commit any more)."""
-    in_flight = self.checkpointer.saving()
-    finished, caveat = self.checkpointer.abandon(timeout=preemption.EXIT_MARGIN_S / 2)
-    start = self.clock.start_of(finished[-1]) if finished else None
-    if start is not None:
-      ago = time.monotonic() - start
-      back = (f"step {finished[-1]}, {step - finished[-1]} steps back, whose save started "
-              f"{ago:.0f} s before this stop")
-    elif finished:
-      back = f"step {finished[-1]}, {step - finished[-1]} steps back (saved by an earlier run)"
-    else:
-      back = "step 0: nothing is saved yet"
-    logging.warning("Preempted at step %d without saving: a restart resumes from %s%s%s",
-                    step, back, f" ({caveat})" if caveat else "",
-                    "; the save still being written is abandoned"
-                    if in_flight and self.saving not in finished else "")
-    raise preemption.ExitAtOnce(PREEMPTED_EXIT_CODE)
 
   def _compile(self, step_fn, state, batch, step: int, length: int):
     """The training step compiled for `batch`'s shape; its time and memory logged."""

@@ -225,12 +225,12 @@ def _build_static(config: ml_collections.ConfigDict, data_dir: str) -> None:
   """Each phase's statically masked instances (the original's regime: masked once,
   `data.static_dupe_factor` copies), built by every host for its shards unless
   there already with these settings."""
-  from bertjax.data import builder
+  from bertjax.data import static_instances
 
   for phase in phases(config):
     count, error = 0, None
     try:
-      count = builder.prepare_static(
+      count = static_instances.prepare_static(
           data_dir, objective=config.objective, max_seq_length=phase.max_seq_length,
           masking=masking_config(config, phase.max_predictions),
           dupe_factor=config.data.static_dupe_factor,

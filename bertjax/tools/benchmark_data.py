@@ -45,7 +45,7 @@ from ml_collections import config_flags
 
 from bertjax import errors, paths, throughput, usage
 from bertjax.phases import Phase, phases
-from bertjax.data import builder, corpus, shards, vocabulary
+from bertjax.data import builder, shards, stdlib_corpus, vocabulary
 from bertjax.data.masking import MaskingConfig
 from bertjax.data.tokenizers import tokenizer_from_vocab_file
 
@@ -72,7 +72,7 @@ _MFUS = (0.4, 0.6)
 
 
 def _demo_text(path: str, repeat: int) -> None:
-  documents = list(corpus.stdlib_documents())
+  documents = list(stdlib_corpus.stdlib_documents())
   with open(path, "w", encoding="utf-8") as f:
     for _ in range(repeat):
       for document in documents:

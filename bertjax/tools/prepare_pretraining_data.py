@@ -35,7 +35,7 @@ import time
 from absl import flags
 
 from bertjax import files, paths, usage
-from bertjax.data import builder, corpus
+from bertjax.data import builder, corpus, static_instances
 from bertjax.data.masking import MaskingConfig
 from bertjax.data.tokenizers import tokenizer_from_vocab_file
 
@@ -107,7 +107,7 @@ def main(argv):
   print(stats.summary())
   print(f"time:       {seconds:.1f} s, {stats.tokens / max(seconds, 1e-9):,.0f} tokens/s")
   if _STATIC_DUPE_FACTOR.value > 0:
-    count = builder.prepare_static(
+    count = static_instances.prepare_static(
         _OUTPUT_DIR.value, objective=_OBJECTIVE.value, max_seq_length=_MAX_SEQ_LENGTH.value,
         masking=MaskingConfig(masked_lm_prob=_MASKED_LM_PROB.value,
                               max_predictions=_MAX_PREDICTIONS.value,

@@ -8,7 +8,7 @@ import pytest
 
 from bertjax.data import shards
 from bertjax.data.tokenizers import WordPieceTokenizer
-from bertjax.data import builder
+from bertjax.data import builder, static_instances
 from tests import reference
 from tests.conftest import write_corpus
 
@@ -240,16 +240,16 @@ def test_static_instances_resume_and_tolerate_more_shards_than_documents(tmp_pat
                   show_progress=False)
   settings = dict(objective="mlm_nsp", max_seq_length=64, masking=MaskingConfig(),
                   dupe_factor=2, show_progress=False)
-  first = builder.prepare_static(str(out), **settings)
+  first = static_instances.prepare_static(str(out), **settings)
   written = {p: os.path.getmtime(out / p) for p in os.listdir(out)
              if p.startswith("instances64-")}
   assert first > 0 and len(written) == 10  # 5 shards and their marks, two of them empty
   assert (out / "instances64_info.json").exists()
-  again = builder.prepare_static(str(out), **settings)
+  again = static_instances.prepare_static(str(out), **settings)
   assert again == first
   assert {p: os.path.getmtime(out / p) for p in written} == written  # nothing rebuilt
   # The other phase's length lives beside it; neither replaces the other.
-  longer = builder.prepare_static(str(out), **{**settings, "max_seq_length": 128})
+  longer = static_instances.prepare_static(str(out), **{**settings, "max_seq_length": 128})
   assert longer > 0 and (out / "instances128_info.json").exists()
   assert {p: os.path.getmtime(out / p) for p in written} == written
 
@@ -267,9 +267,9 @@ def test_static_instances_on_gcs_are_the_local_ones_and_replaced_whole(tmp_path,
                     show_progress=False)
   settings = dict(objective="mlm_nsp", max_seq_length=64, masking=MaskingConfig(),
                   show_progress=False)
-  builder.prepare_static(remote, dupe_factor=1, **settings)
-  count = builder.prepare_static(remote, dupe_factor=2, **settings)  # new settings
-  assert count == builder.prepare_static(local, dupe_factor=2, **settings)
+  static_instances.prepare_static(remote, dupe_factor=1, **settings)
+  count = static_instances.prepare_static(remote, dupe_factor=2, **settings)  # new settings
+  assert count == static_instances.prepare_static(local, dupe_factor=2, **settings)
   assert files.read_json(files.join(remote, shards.static_info_file(64)))["dupe_factor"] == 2
   for name in sorted(n for n in os.listdir(local) if n.startswith("instances64-")):
     assert files.read_bytes(files.join(remote, name)) == open(os.path.join(local, name),

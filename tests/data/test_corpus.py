@@ -113,15 +113,6 @@ def test_stats_round_trip_and_merge():
   assert "documents:  6 read = 4 used + 2 skipped" in b.summary()
 
 
-def test_demo_corpus_is_english_prose():
-  documents = list(corpus.stdlib_documents())
-  assert len(documents) > 300
-  sentences = [s for d in documents for s in d]
-  assert sum(len(s.split()) for s in sentences) > 150_000
-  assert not any(s.lstrip().startswith(">>>") for s in sentences)
-  assert list(corpus.stdlib_documents()) == documents  # deterministic
-
-
 def test_more_hostile_files(tmp_path):
   # Old Mac line endings: one giant "line"; skipped and counted, not read as one sentence.
   (tmp_path / "mac.txt").write_bytes(b"one.\rtwo.\r\rthree.\r")

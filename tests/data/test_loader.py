@@ -281,13 +281,14 @@ def test_device_iterator_restored_before_its_first_batch_makes_none_of_the_start
 def test_static_masking_writes_what_the_dynamic_pipeline_makes(prepared_dir, tmp_path):
   import shutil
 
-  from bertjax.data import builder
+  from bertjax.data import static_instances
 
   data = tmp_path / "static"
   shutil.copytree(prepared_dir, data)
   masking = MaskingConfig(max_predictions=20)
-  count = builder.prepare_static(str(data), objective="mlm_nsp", max_seq_length=128,
-                                 masking=masking, dupe_factor=2, seed=4, show_progress=False)
+  count = static_instances.prepare_static(str(data), objective="mlm_nsp", max_seq_length=128,
+                                          masking=masking, dupe_factor=2, seed=4,
+                                          show_progress=False)
   # One process reads what the builder split over its shards: instances and
   # masks depend on (seed, epoch, document) only, not on who reads them.
   dynamic = []

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from bertjax import train
-from bertjax.data import builder, instances, loader, packing
+from bertjax.data import instances, loader, packing, static_instances
 from bertjax.data.masking import MaskingConfig
 from bertjax.models import BertConfig, init_params
 
@@ -190,9 +190,9 @@ def test_static_instances_pack_too(prepared_dir, tmp_path):
   data = tmp_path / "data"
   shutil.copytree(prepared_dir, data)
   masking = MaskingConfig(max_predictions=PREDICTIONS)
-  builder.prepare_static(str(data), objective="mlm_nsp", max_seq_length=LENGTH,
-                         masking=masking, dupe_factor=1, short_seq_prob=0.1, seed=0,
-                         eval_percent=1.0, num_workers=1, show_progress=False)
+  static_instances.prepare_static(str(data), objective="mlm_nsp", max_seq_length=LENGTH,
+                                  masking=masking, dupe_factor=1, short_seq_prob=0.1, seed=0,
+                                  eval_percent=1.0, num_workers=1, show_progress=False)
   config = loader.LoaderConfig(str(data), objective="mlm_nsp", max_seq_length=LENGTH,
                                masking=masking, batch_size=4, static=True, split="train",
                                max_sequences_per_row=3, packing_window=WINDOW)

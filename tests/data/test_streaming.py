@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from bertjax import errors, files
-from bertjax.data import builder, loader, shards, streaming
+from bertjax.data import builder, loader, shards, static_instances, streaming
 from bertjax.data.masking import MaskingConfig
 from bertjax.data.tokenizers import WordPieceTokenizer
 from tests import reference
@@ -125,10 +125,10 @@ def test_static_instances_stream_too(tmp_path, larger, gcs):
   static_local, static_remote = str(tmp_path / "static"), gcs.url_of("streaming/static")
   shutil.copytree(local, static_local)
   _upload_directory(local, static_remote)
-  count = builder.prepare_static(static_local, **settings)
-  assert builder.prepare_static(static_remote, **settings) == count
+  count = static_instances.prepare_static(static_local, **settings)
+  assert static_instances.prepare_static(static_remote, **settings) == count
   shutil.rmtree(files.cache_path(static_remote))  # a new host's empty cache
-  assert builder.prepare_static(static_remote, **settings) == count  # finished there
+  assert static_instances.prepare_static(static_remote, **settings) == count  # finished there
   assert not os.path.exists(files.cache_path(static_remote))
   kw = dict(static=True, batch_size=8, max_seq_length=64, seed=1,
             masking=MaskingConfig(max_predictions=10))

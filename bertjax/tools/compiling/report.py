@@ -15,7 +15,7 @@ from absl import logging
 
 from bertjax import errors
 from bertjax import phases as phase_lib
-from bertjax.tasks import pretrain
+from bertjax.tasks import pretrain_checks
 from bertjax.tools.compiling.real_work import RealWork
 from bertjax.tools.compiling.compiler import Compiler, make_target
 
@@ -63,7 +63,7 @@ def run_accumulation_for(phases: Sequence[Any], data_shards: int, max_per_chip: 
     try:
       for phase in phases:
         if phase.ramp_steps:
-          pretrain.check_ramp(phase, steps, data_shards, processes)
+          pretrain_checks.check_ramp(phase, steps, data_shards, processes)
     except errors.UsageError:
       return False
     return True

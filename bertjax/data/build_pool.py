@@ -1,0 +1,119 @@
+"""Runs a data build's tasks (one shard each) in worker processes: one core
+each, progress reported to the parent's bar, and on an error or Ctrl-C the
+workers stopped and their staging files removed."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import multiprocessing
+import os
+import queue
+import signal
+import threading
+import traceback
+from typing import Any, Callable, Iterator
+
+from bertjax import files
+from bertjax.data.progress import Progress
+
+
+def _worker_init(progress) -> None:
+  """Sets up a worker process: one core, progress reports to the parent, and
+  signals left to the parent (Ctrl-C goes to the whole process group)."""
+  global _PROGRESS
+  _PROGRESS = progress
+  # One core per worker: the Rust tokenizer would otherwise spread over all.
+  os.environ["RAYON_NUM_THREADS"] = "1"
+  os.environ["TOKENIZERS_PARALLELISM"] = "false"
+  # The parent handles Ctrl-C: it stops the pool (SIGTERM) and removes the
+  # staging files the workers leave (`run_tasks`).
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+_PROGRESS = None  # a worker's queue to the parent
+
+
+def _in_worker(args):
+  function, task = args
+  return function(task, _PROGRESS)
+
+
+def run_tasks(tasks: list[dict[str, Any]], num_workers: int, bar: Progress, directory: str,
+              function: Callable[[dict[str, Any], Any], Any]) -> list[Any]:
+  """Runs `function(task, progress)` over the tasks,
+  which write into `directory`; returns their results. A task reports progress
+  as (work done, {name: count}).
+
+  On an error or Ctrl-C the workers are stopped and the staging files they
+  leave in `directory` removed; finished shards stay.
+  """
+  sink = _ListQueue(bar)
+  if not tasks:
+    return []
+  if num_workers <= 1:
+    return [function(task, sink) for task in tasks]
+  context = multiprocessing.get_context("spawn")
+  pool = progress = pending = None
+  finished = False
+  try:
+    with _ctrl_c_held_back():  # a pool half made would be left behind
+      progress = context.Queue()
+      pool = context.Pool(min(num_workers, len(tasks)), initializer=_worker_init,
+                          initargs=(progress,))
+    pending = pool.map_async(_in_worker, [(function, task) for task in tasks])
+    while not pending.ready() or not progress.empty():
+      try:
+        sink.put(progress.get(timeout=0.2))
+      except queue.Empty:
+        pass
+    results = pending.get()  # re-raises a worker's error
+    finished = True
+    return results
+  except BaseException as error:
+    traceback.clear_frames(error.__traceback__)  # the frames below hold the pool and queue
+    raise
+  finally:
+    # The pool and queue are released here, with their semaphores (an exit that
+    # a Ctrl-C cuts short would leave those for the resource tracker to report),
+    # and the staging files of stopped workers are removed: a second Ctrl-C
+    # waits for that.
+    with _ctrl_c_held_back():
+      if pool is not None:
+        pool.terminate()
+        pool.join()
+      if progress is not None:
+        progress.close()
+      if not finished:
+        files.remove_stale_staging(directory)  # the workers are stopped: theirs are stale
+      del pool, progress, pending
+      multiprocessing.active_children()  # forgets the stopped workers
+      gc.collect()  # the pool's reference cycles
+
+
+@contextlib.contextmanager
+def _ctrl_c_held_back() -> Iterator[None]:
+  """Holds Ctrl-C (SIGINT), SIGTERM and SIGHUP back for the block: they are
+  raised when the block ends."""
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+  previous = signal.pthread_sigmask(signal.SIG_BLOCK,
+                                    {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+  try:
+    yield
+  finally:
+    signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+class _ListQueue:
+  """The progress queue of an in-process build: straight to the bar."""
+
+  def __init__(self, bar: Progress):
+    self._bar = bar
+
+  def put(self, item: tuple[int, dict[str, int]]) -> None:
+    done, counts = item
+    self._bar.advance(done)
+    for name, count in counts.items():
+      self._bar.count(name, count)
