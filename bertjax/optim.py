@@ -247,6 +247,12 @@ def make_optimizer(config: Any) -> tuple[optax.GradientTransformation, optax.Sch
   schedule_name = opt.get("schedule", "linear")
   if schedule_name not in SCHEDULES:
     raise errors.UsageError(f"optimizer.schedule={schedule_name!r} is not one of {SCHEDULES}")
+  if schedule_name != "wsd" and opt.get("long_learning_rate", -1.0) > 0:
+    raise errors.UsageError(
+        f"optimizer.long_learning_rate={opt.long_learning_rate:g} is read by the wsd schedule "
+        f"only; with optimizer.schedule={schedule_name!r} the long phase keeps "
+        "optimizer.learning_rate's schedule: set --config.optimizer.schedule=wsd, or leave "
+        "long_learning_rate at -1")
   if schedule_name == "wsd":
     schedule = warmup_stable_decay(
         opt.learning_rate, opt.warmup_steps, config.train.total_steps, opt.decay_steps,

@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from bertjax import optim
+from bertjax import errors, optim
 from bertjax.models import BertConfig, BertForPreTraining, init_params
 
 
@@ -283,3 +283,17 @@ def test_warmup_stable_decay():
     optim.warmup_stable_decay(1e-3, 10, 100, 95)
   with pytest.raises(ValueError, match="decay_shape='cosine'"):
     optim.warmup_stable_decay(1e-3, 10, 100, 10, shape="cosine")
+
+
+def test_a_long_phase_rate_the_schedule_would_not_read_is_refused():
+  """`optimizer.long_learning_rate` is the warmup-stable-decay schedule's; with
+  the paper's linear one it would be ignored without a word."""
+  from bertjax.configs import base_pretrain
+
+  config = base_pretrain.get_config()
+  config.optimizer.long_learning_rate = 5e-5
+  with pytest.raises(errors.UsageError, match=r"optimizer\.long_learning_rate=5e-05 is read by "
+                     r"the wsd schedule only; with optimizer\.schedule='linear'"):
+    optim.make_optimizer(config)
+  config.optimizer.schedule = "wsd"
+  optim.make_optimizer(config)

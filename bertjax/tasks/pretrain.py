@@ -162,8 +162,14 @@ class _Trainer:
     resume = f"step {max(good)}" if good else "step 0 (no checkpoint)"
     aside = (f" (step {', '.join(map(str, diverged))}, saved as the loss left its range, goes "
              "to checkpoints_diverged/)" if diverged else "")
-    return (f"a rerun resumes from {resume}{aside}: lower optimizer.learning_rate (now "
-            f"{self.config.optimizer.learning_rate:g}) or check the data first (the bound: "
+    opt = self.config.optimizer
+    # The rate of the phase that diverged: the long phase's own, where it has one.
+    long_phase = (self.guard is not None and (self.guard.of or {}).get("phase", 0) > 0
+                  and opt.get("schedule", "linear") == "wsd"
+                  and opt.get("long_learning_rate", -1.0) > 0)
+    name = "long_learning_rate" if long_phase else "learning_rate"
+    return (f"a rerun resumes from {resume}{aside}: lower optimizer.{name} (now "
+            f"{opt[name]:g}) or check the data first (the bound: "
             "--config.divergence.factor)")
 
   def _diverged_steps(self, steps: list[int]) -> list[int]:

@@ -36,8 +36,8 @@ def test_the_long_phase_at_6x_the_losses_starts_the_range_anew(prepared_dir, tmp
 
   _scaled_losses(monkeypatch, lambda step: 6.0 if step > 15 else 1.0)
   workdir = str(tmp_path)
-  pretrain.run(tiny_pretrain_config(prepared_dir, **{"train.long_from_step": 15, "divergence.steps": 4,
-                                        "divergence.max_shift": 0.0}), workdir)
+  pretrain.run(tiny_pretrain_config(prepared_dir, **{
+      "train.long_from_step": 15, "divergence.steps": 4, "divergence.max_shift": 0.0}), workdir)
   assert _saved_steps(workdir)[-1] == 30
   assert "The loss's range starts anew (phase 0 -> 1)" in absl_caplog.text
   assert "waits" not in absl_caplog.text  # no save held back
@@ -63,3 +63,18 @@ def test_the_last_steps_save_follows_the_rule_of_every_save(prepared_dir, tmp_pa
                        r"step is not saved; a rerun resumes from step 20"):
       pretrain.run(config, workdir)
     assert _saved_steps(workdir) == [10, 20]
+
+
+def test_a_blow_up_in_the_long_phase_names_the_long_phases_learning_rate(prepared_dir, tmp_path,
+                                                                        monkeypatch):
+  """The long phase of a warmup-stable-decay run has a rate of its own: the
+  one to lower when it blows up."""
+  from bertjax.tasks import pretrain
+
+  _scaled_losses(monkeypatch, lambda step: 1e9 if step >= 26 else 1.0)
+  config = tiny_pretrain_config(prepared_dir, **{
+      "train.long_from_step": 15, "optimizer.schedule": "wsd", "optimizer.decay_steps": 5,
+      "optimizer.long_learning_rate": 5e-4})
+  with pytest.raises(errors.TrainingStoppedError,
+                     match=r"lower optimizer\.long_learning_rate \(now 0\.0005\)"):
+    pretrain.run(config, str(tmp_path))
