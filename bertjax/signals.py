@@ -10,12 +10,19 @@ from typing import Any
 
 from absl import logging
 
+from bertjax import usage
+
 
 class StopRequests:
   """SIGTERM (a preemption notice), a first Ctrl-C and SIGHUP ask the loop to
   stop at the current step, saving a checkpoint there (on SIGTERM, when the
   grace allows: `bertjax.preemption`); a second Ctrl-C (or SIGHUP) aborts at
   once. SIGHUP ignored by the run's starter (`nohup`) stays ignored.
+
+  Until the run's first step (`begin_training()`), there is nothing of this run's
+  to save: a stop request ends the run at once, as it would any command
+  (KeyboardInterrupt, `usage.Terminated`), as soon as Python sees it (a
+  compile under way ends first).
 
   With one process the handlers set `requested`, which the loop checks after
   each step. With several, the hosts must agree on the step to save at, which
@@ -28,6 +35,12 @@ class StopRequests:
     self.signalled: float | None = None  # when (time.monotonic()), for the grace left
     self._multi_process = multi_process
     self._previous: dict[int, Any] = {}
+    self.training = False  # whether this run's first step is under way
+
+  def begin_training(self) -> None:
+    """Says the run's first step is under way: from now on a stop request
+    stops the run at a step (saving it), not at once."""
+    self.training = True
 
   def __enter__(self):
     signals = [signal.SIGINT] + ([] if self._multi_process else [signal.SIGTERM])
@@ -42,6 +55,8 @@ class StopRequests:
 
   def _handle(self, signum, frame):
     del frame
+    if not self.training and not self._multi_process:
+      raise KeyboardInterrupt if signum == signal.SIGINT else usage.Terminated(signum)
     self.signalled = self.signalled or time.monotonic()
     if signum in (signal.SIGINT, signal.SIGHUP):
       name = "Ctrl-C" if signum == signal.SIGINT else "SIGHUP"

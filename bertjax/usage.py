@@ -168,9 +168,12 @@ def signals_held() -> Iterator[None]:
   """Holds Ctrl-C, SIGTERM and SIGHUP until the block ends, then acts on the
   first that came (KeyboardInterrupt, `Terminated`).
 
-  For the first import of JAX and its C extensions: an exception raised inside
-  an extension's initialisation can crash Python (a segmentation fault, an
-  abort) instead of ending the command in one line. A signal ignored (SIGHUP
+  For the first import of JAX and its C extensions (an exception raised inside
+  an extension's initialisation can crash Python, a segmentation fault or an
+  abort, instead of ending the command in one line), and for work that must
+  not be cut short (stopping worker processes). Unlike blocking the signals
+  (`signal.pthread_sigmask`, of the calling thread only), this holds them
+  whichever thread the operating system hands them to. A signal ignored (SIGHUP
   under `nohup`) stays ignored; off the main thread the block runs as it is.
   """
   if threading.current_thread() is not threading.main_thread():

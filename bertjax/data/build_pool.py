@@ -4,17 +4,15 @@ workers stopped and their staging files removed."""
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import multiprocessing
 import os
 import queue
 import signal
-import threading
 import traceback
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
-from bertjax import files
+from bertjax import files, usage
 from bertjax.data.progress import Progress
 
 
@@ -57,7 +55,7 @@ def run_tasks(tasks: list[dict[str, Any]], num_workers: int, bar: Progress, dire
   pool = progress = pending = None
   finished = False
   try:
-    with _ctrl_c_held_back():  # a pool half made would be left behind
+    with usage.signals_held():  # a pool half made would be left behind
       progress = context.Queue()
       pool = context.Pool(min(num_workers, len(tasks)), initializer=_worker_init,
                           initargs=(progress,))
@@ -78,7 +76,7 @@ def run_tasks(tasks: list[dict[str, Any]], num_workers: int, bar: Progress, dire
     # a Ctrl-C cuts short would leave those for the resource tracker to report),
     # and the staging files of stopped workers are removed: a second Ctrl-C
     # waits for that.
-    with _ctrl_c_held_back():
+    with usage.signals_held():
       if pool is not None:
         pool.terminate()
         pool.join()
@@ -89,21 +87,6 @@ def run_tasks(tasks: list[dict[str, Any]], num_workers: int, bar: Progress, dire
       del pool, progress, pending
       multiprocessing.active_children()  # forgets the stopped workers
       gc.collect()  # the pool's reference cycles
-
-
-@contextlib.contextmanager
-def _ctrl_c_held_back() -> Iterator[None]:
-  """Holds Ctrl-C (SIGINT), SIGTERM and SIGHUP back for the block: they are
-  raised when the block ends."""
-  if threading.current_thread() is not threading.main_thread():
-    yield
-    return
-  previous = signal.pthread_sigmask(signal.SIG_BLOCK,
-                                    {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
-  try:
-    yield
-  finally:
-    signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 class _ListQueue:

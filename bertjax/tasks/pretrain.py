@@ -126,7 +126,9 @@ class _Trainer:
           while not self._save(step, state, {"phase": self.phases[-1].index, "loader": None,
                                              **self.guard.state()}):
             pass  # the storage answers again (else the wait has raised): save it now
-      except KeyboardInterrupt:  # a second Ctrl-C: no waiting
+      except KeyboardInterrupt:  # a second Ctrl-C (or any before the first step): no waiting
+        if not self.stop.training:
+          raise  # nothing of this run's to save or to abandon
         in_flight = self.checkpointer.saving()
         # What a rerun finds is what is committed on the storage once no save can
         # commit any more (one already committing is waited for).
@@ -355,6 +357,7 @@ class _Trainer:
     while step < phase.end:
       if config.profile.start_step >= 0 and step == config.profile.start_step:
         jax.profiler.start_trace(profile_dir)
+      self.stop.begin_training()
       state, step_metrics = compiled(state, batch)
       step += 1
       if pending is not None:
@@ -366,19 +369,28 @@ class _Trainer:
 
       if self.clock.in_flight() and not self.checkpointer.saving():
         self.clock.done()
+      # Evaluated before the step's stop and save: a stop request during the
+      # evaluation ends it (unrecorded) and is acted on at this step, and a
+      # rerun from this step's checkpoint misses none of its lines.
+      evaluating = config.eval.every_steps > 0 and step % config.eval.every_steps == 0
+      if evaluating and not self.stop.stop_now():
+        if pending is not None:  # timed before evaluating
+          result = self._report(*pending, length, last=True) or result
+          pending = None
+        result.update(self._evaluate(state, phase, step))
+        self.meter.restart(step)  # evaluation left out
       stopping = self.stop.stop_now() or self.checkpointer.reached_preemption(step)
       self.stopping = stopping
       if stopping and not save_on_stop(self.stop, self.clock, self.checkpointer, step):
         exit_unsaved(self.checkpointer, self.clock, step, self.saving)
-      evaluating = config.eval.every_steps > 0 and step % config.eval.every_steps == 0
       saved = False
       if (stopping or self.save_deferred or self.save_again
           or step % config.checkpoint.every_steps == 0 or self._due_by_clock()):
         # The step's own metrics first: the metrics stored with a checkpoint
         # reach its step, so that a rerun from it misses no line.
-        result = self._report(*pending, length,
-                              last=stopping or evaluating or step == phase.end) or result
-        pending = None
+        if pending is not None:
+          result = self._report(*pending, length, last=stopping or step == phase.end) or result
+          pending = None
         saved = self._save_in_range(step, state, {
             "phase": phase.index, "loader": iterator.get_state(), "workers": self.workers,
             "stream": stream_settings(config), **self.guard.state()})
@@ -396,12 +408,6 @@ class _Trainer:
                         f"({self._advice()})")
         raise SystemExit((HANGUP_EXIT_CODE if self.stop.requested == "SIGHUP" else
                           INTERRUPTED_EXIT_CODE) if interrupted else PREEMPTED_EXIT_CODE)
-      if evaluating:
-        if pending is not None:  # timed before evaluating
-          result = self._report(*pending, length, last=True) or result
-          pending = None
-        result.update(self._evaluate(state, phase, step))
-        self.meter.restart(step)  # evaluation left out
       if step < phase.end:
         waiting = time.perf_counter()
         # Prefetched while the device runs: waiting is input-bound. (A warmup's
@@ -550,7 +556,12 @@ class _Trainer:
         eval_config, jax.process_index(), jax.process_count())), self.batch_sharding)
     totals: dict[str, float] = {}
     try:
-      for _ in range(config.eval.batches):
+      for done in range(config.eval.batches):
+        if self.stop.stop_now():  # the grace is for the checkpoint, not this
+          logging.warning("%s during the evaluation at step %d: it stopped after %d of %d "
+                          "batches and is not recorded", self.stop.requested, step, done,
+                          config.eval.batches)
+          return {}
         for name, value in jax.device_get(self.eval_step(state.params, next(iterator))).items():
           totals[name] = totals.get(name, 0.0) + float(value)
     finally:

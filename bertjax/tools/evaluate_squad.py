@@ -16,8 +16,6 @@ import json
 import sys
 
 from bertjax import errors, files, paths, usage
-from bertjax.data import squad as squad_data
-from bertjax.evaluation import squad
 
 
 def _load_json(path: str, what: str):
@@ -50,11 +48,14 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
   """Scores as the official scripts do; an error is one line and exit status 2."""
-  args = _parse_args(sys.argv[1:] if argv is None else argv)
-  usage.run(lambda: _evaluate(args))
+  usage.run(lambda: _evaluate(_parse_args(sys.argv[1:] if argv is None else argv)))
 
 
 def _evaluate(args: argparse.Namespace) -> None:
+  # Imported once a signal ends the command in one line (`usage.run`).
+  from bertjax.data import squad as squad_data
+  from bertjax.evaluation import squad
+
   if args.out_file:
     files.check_file(args.out_file, "--out-file")
   data = _load_json(args.data_file, "Data file")

@@ -87,6 +87,27 @@ def test_ctrl_c_in_a_data_build_keeps_finished_shards_and_the_rerun_completes(
   assert "documents:  12000 read = 12000 used" in again.stdout
 
 
+@pytest.mark.parametrize("gap", [0.0, 0.02, 0.1])
+def test_a_second_ctrl_c_as_a_data_build_stops_its_workers_leaves_nothing_behind(
+    inputs, tmp_path, gap):
+  """An impatient second Ctrl-C lands while the workers are being stopped: the
+  stop still ends whole (no leaked semaphore, no staging file, no traceback)."""
+  out, args, ready = _data_build(inputs, tmp_path, "with shards finished")
+  process = _start("prepare_pretraining_data", *args)
+  deadline = time.time() + 120
+  while not ready():
+    assert process.poll() is None and time.time() < deadline, process.communicate()
+    time.sleep(0.01)
+  os.killpg(process.pid, signal.SIGINT)
+  time.sleep(gap)
+  if process.poll() is None:
+    os.killpg(process.pid, signal.SIGINT)
+  _, err = process.communicate(timeout=120)
+  _interrupted(process.returncode, err,
+               "finished shards are kept: rerun the same command to build the rest")
+  assert not staging_files(out) and process_group_gone(process.pid)
+
+
 def test_ctrl_c_in_a_vocabulary_build_leaves_the_old_one(inputs, tmp_path):
   text = open(inputs[0], encoding="utf-8").read()
   corpus = tmp_path / "corpus.txt"

@@ -87,11 +87,14 @@ def slow_finalize(self, *args, **kwargs):
 ocp.CheckpointManager._finalize = slow_finalize
 """
 _RUN = "main.run()\n"
-# ... and the evaluation at step 20 raises.
+# ... and the step after step 20's save raises.
 _ERROR_WHILE_SAVING = _SLOW_SAVES + """
-def failing_evaluation(self, state, phase, step):
-  raise RuntimeError("injected evaluation failure")
-pretrain._Trainer._evaluate = failing_evaluation
+report = pretrain._Trainer._report
+def failing_report(self, step, *args, **kwargs):
+  if step > 20:
+    raise RuntimeError("injected failure after step 20")
+  return report(self, step, *args, **kwargs)
+pretrain._Trainer._report = failing_report
 """ + _RUN
 
 
@@ -187,11 +190,11 @@ def test_second_ctrl_c_as_a_save_commits_names_the_step_a_rerun_takes(
 
 def test_an_error_while_a_save_is_in_flight_waits_for_the_save(prepared_dir, tmp_path):
   workdir = str(tmp_path / "run")
-  args = _tiny(workdir, prepared_dir, **{"eval.every_steps": 20})
+  args = _tiny(workdir, prepared_dir)
   result = subprocess.run([sys.executable, "-c", _ERROR_WHILE_SAVING, *args[3:]], cwd=ROOT,
                           env=_env(), capture_output=True, text=True, timeout=600)
   assert result.returncode != 0
-  assert "injected evaluation failure" in result.stderr
+  assert "injected failure after step 20" in result.stderr
   assert "finishing the checkpoint of step 20 first" in result.stderr
   assert _saved_steps(workdir) == [10, 20]
   assert not [n for n in os.listdir(os.path.join(workdir, "checkpoints")) if "tmp" in n]
