@@ -97,11 +97,11 @@ def evaluate(workdir: str, data_dir: str, batches: int = 40) -> dict[str, float]
 
   from bertjax import checkpoint, phases, train as train_lib
   from bertjax.data import loader
-  from bertjax.models import BertConfig
+  from bertjax.models import EncoderConfig
   from bertjax.tasks import pretrain_data
 
   config, _, params = checkpoint.params_from_run(workdir)
-  bert = BertConfig.from_run_config(config)
+  bert = EncoderConfig.from_run_config(config)
   model = train_lib.pretraining_model(bert, "mlm")
   params = {"bert": {k: v for k, v in params["bert"].items() if k != "pooler"},
             "mlm": params["mlm"]}

@@ -23,7 +23,8 @@ from bertjax import lazy
 
 # The public API, imported when first used: `import bertjax.data...` (the data
 # tools) then starts without JAX and Flax, which take seconds to import.
-_API = {"BertConfig": "bertjax.models", "Pretrained": "bertjax.pretrained",
+_API = {"BertConfig": "bertjax.models", "EncoderConfig": "bertjax.models",
+        "Pretrained": "bertjax.pretrained",
         "encode": "bertjax.inference", "export_hf": "bertjax.pretrained",
         "load_pretrained": "bertjax.pretrained", "save_pretrained": "bertjax.pretrained"}
 __all__ = sorted(_API)

@@ -32,7 +32,7 @@ import numpy as np
 
 from bertjax import errors, paths, usage
 from bertjax.models.config import ATTENTION_IMPLEMENTATIONS as IMPLEMENTATIONS
-from bertjax.models.config import PRESETS, BertConfig
+from bertjax.models.config import PRESETS, EncoderConfig
 
 _SIZE = flags.DEFINE_string("size", None, "A model preset (bert_base, bert_large, ...); "
                             "overrides --layers/--hidden/--heads/--intermediate.")
@@ -52,7 +52,7 @@ _DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"],
 _ATTENTION = flags.DEFINE_enum("attention", "auto", list(IMPLEMENTATIONS),
                                "Attention kernel (bertjax.models.attention).")
 _SCAN = flags.DEFINE_bool("scan", False, "Scan over layers.")
-_REMAT = flags.DEFINE_string("remat", "none", "Remat policy (see BertConfig).")
+_REMAT = flags.DEFINE_string("remat", "none", "Remat policy (see EncoderConfig).")
 _DROPOUT = flags.DEFINE_float("dropout", 0.1, "Hidden dropout.")
 _ATTENTION_DROPOUT = flags.DEFINE_float(
     "attention_dropout", None, "Attention dropout (default: --dropout with --attention xla "
@@ -99,7 +99,7 @@ def real_batches(data_dir: str, count: int, batch: int, seq_len: int, max_predic
   return [next(iterator) for _ in range(count)]
 
 
-def run(config: BertConfig, seq_len: int, batch_size: int, max_predictions: int,
+def run(config: EncoderConfig, seq_len: int, batch_size: int, max_predictions: int,
         steps: int, warmup: int, batches: list[dict[str, np.ndarray]] | None = None) -> dict:
   """Compiles and times `bertjax.train.train_step`; returns the figures.
 
@@ -191,7 +191,7 @@ def main(argv):
     if _SIZE.value not in PRESETS:
       raise errors.UsageError(f"--size={_SIZE.value}: one of {', '.join(sorted(PRESETS))}")
     sizes = PRESETS[_SIZE.value]
-  config = BertConfig(
+  config = EncoderConfig(
       vocab_size=_VOCAB.value, max_position_embeddings=max(512, _SEQ_LEN.value), dtype=dtype,
       hidden_dropout_prob=_DROPOUT.value, attention_dropout_prob=attention_dropout,
       attention_impl=_ATTENTION.value, scan_layers=_SCAN.value, remat_policy=_REMAT.value,

@@ -482,10 +482,10 @@ def params_from_run(workdir: str) -> tuple[Any, int, Any]:
   import ml_collections
 
   from bertjax import files, optim, train
-  from bertjax.models import BertConfig
+  from bertjax.models import EncoderConfig
 
   config = ml_collections.ConfigDict(files.read_json(files.join(workdir, "config.json")))
-  model = train.pretraining_model(BertConfig.from_run_config(config), config.objective)
+  model = train.pretraining_model(EncoderConfig.from_run_config(config), config.objective)
   optimizer, _ = optim.make_optimizer(config)
   abstract = train.abstract_train_state(model, optimizer, config.seed)
   target = abstract_with_shardings(

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax.models import BertConfig, family
+from bertjax.models import EncoderConfig, family
 
 # Dense peak TFLOP/s per JAX device: (bfloat16, float32). On TPU, float32
 # matmuls run as bfloat16 passes, so both use the bfloat16 peak; on NVIDIA GPUs
@@ -63,7 +63,7 @@ def local_pairs(tokens: Count, window: int) -> Count:
   return tokens * (2 * window + 1) - 2 * missing
 
 
-def work_flops(config: BertConfig, work: dict[str, Count], scale: float = 1.0,
+def work_flops(config: EncoderConfig, work: dict[str, Count], scale: float = 1.0,
                training: bool = True) -> Count:
   """`model_flops` of a work count (`row_work`, `bertjax.train.batch_work`),
   times `scale` (rows)."""
@@ -72,7 +72,7 @@ def work_flops(config: BertConfig, work: dict[str, Count], scale: float = 1.0,
                      scale * work["local_token_pairs"])
 
 
-def model_flops(config: BertConfig, tokens: Count, token_pairs: Count, predictions: Count,
+def model_flops(config: EncoderConfig, tokens: Count, token_pairs: Count, predictions: Count,
                 nsp_sequences: Count, training: bool = True,
                 local_token_pairs: Count | None = None) -> Count:
   """Model FLOPs of the useful work of a batch (numbers or device scalars).
@@ -107,7 +107,7 @@ def model_flops(config: BertConfig, tokens: Count, token_pairs: Count, predictio
   return 3 * forward if training else forward
 
 
-def flops_per_token(config: BertConfig, seq_len: int, max_predictions: int,
+def flops_per_token(config: EncoderConfig, seq_len: int, max_predictions: int,
                     training: bool = True) -> float:
   """Model FLOPs per token of a full row of `seq_len` tokens (one sequence,
   `max_predictions` masked, next-sentence prediction): the planning figure.

@@ -9,8 +9,8 @@ import jax
 import numpy as np
 
 from bertjax import errors
-from bertjax.models import BertConfig, family
-from bertjax.models.bert import encoder, pooler_name
+from bertjax.models import EncoderConfig, family
+from bertjax.models.bert import encoder, summary_name
 from bertjax.pretrained import Pretrained
 
 # Padded lengths are rounded up to this multiple, so that calls with slightly
@@ -19,8 +19,8 @@ _LENGTH_MULTIPLE = 8
 
 
 @functools.lru_cache(maxsize=16)
-def _encoder_fn(config: BertConfig, add_pooler: bool) -> Callable:
-  model = encoder(config, add_pooler=add_pooler)
+def _encoder_fn(config: EncoderConfig, add_summary: bool) -> Callable:
+  model = encoder(config, add_summary=add_summary)
 
   @jax.jit
   def apply(params, input_ids, attention_mask, token_type_ids):
@@ -66,7 +66,7 @@ def encode(bundle: Pretrained, texts: str | Sequence[str],
                                          pad_to_multiple_of=_LENGTH_MULTIPLE)
   # On the device once, not once per batch.
   encoder_params = jax.device_put(bundle.params["bert"])
-  apply = _encoder_fn(config, add_pooler=pooler_name(config) in encoder_params)
+  apply = _encoder_fn(config, add_summary=summary_name(config) in encoder_params)
 
   results: dict[str, list[np.ndarray]] = {}
   for start in range(0, len(texts), batch_size):

@@ -16,7 +16,7 @@ from typing import Any
 import ml_collections
 
 from bertjax import errors
-from bertjax.models.config import COMPUTATION_FIELDS, BertConfig
+from bertjax.models.config import COMPUTATION_FIELDS, EncoderConfig
 
 # Model fields a phase may change (`train.long_model`): none changes a
 # parameter's shape, so one state runs through both phases.
@@ -42,11 +42,11 @@ class Phase:
   ramp_start: int = 0  # batch-size warmup: the first steps' batch, in its multiples ...
   ramp_steps: int = 0  # ... up to `batch_size` over these steps (0: none)
 
-  def model(self, base: BertConfig) -> BertConfig:
+  def model(self, base: EncoderConfig) -> EncoderConfig:
     """The run's model (`base`) as this phase trains it."""
     return base.replace(**dict(self.model_changes)) if self.model_changes else base
 
-  def trained_model(self, base: BertConfig) -> BertConfig:
+  def trained_model(self, base: EncoderConfig) -> EncoderConfig:
     """The run's model (`base`) as this phase's weights compute: the phase's
     changes but those of training only (dropout) and of how it computes
     (`COMPUTATION_FIELDS`), which are the loader's to choose."""

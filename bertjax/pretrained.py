@@ -27,9 +27,9 @@ from bertjax import checkpoint, errors, files, paths, phases
 from bertjax.data.tokenizers import Tokenizer, tokenizer_from_settings
 from bertjax.files import atomic_directory, read_json, write_json
 from bertjax.interop import google_tf, hf, mapping
-from bertjax.models import BertConfig, build_model, family, init_params, to_layout
+from bertjax.models import EncoderConfig, build_model, family, init_params, to_layout
 from bertjax.models.config import COMPUTATION_FIELDS
-from bertjax.models.bert import (LABELLED_TASKS, OPTIONAL_POOLER_TASKS, TASK_MODELS, pooler_name,
+from bertjax.models.bert import (LABELLED_TASKS, OPTIONAL_POOLER_TASKS, TASK_MODELS, summary_name,
                                  abstract_params)
 
 BERTJAX_FILE = "bertjax.json"
@@ -57,7 +57,7 @@ class Pretrained:
     labels: Label names in id order for classification tasks.
   """
 
-  config: BertConfig
+  config: EncoderConfig
   params: Params
   tokenizer: Tokenizer | None
   task: str = "encoder"
@@ -68,13 +68,13 @@ class Pretrained:
     return len(self.labels) if self.labels else 2
 
   @property
-  def has_pooler(self) -> bool:
+  def has_summary(self) -> bool:
     """Whether the encoder has its pooler (ModernBERT: its prediction head)."""
-    return pooler_name(self.config) in self.params["bert"]
+    return summary_name(self.config) in self.params["bert"]
 
   def model(self) -> nn.Module:
     """The Flax module these parameters belong to."""
-    return build_model(self.config, self.task, self.num_labels, self.has_pooler)
+    return build_model(self.config, self.task, self.num_labels, self.has_summary)
 
 
 def load_pretrained(path: str, *, task: str | None = None, labels: list[str] | None = None,
@@ -241,11 +241,11 @@ def _retarget(bundle: Pretrained, task: str, labels: list[str] | None, seed: int
   # A prediction head as summary (ModernBERT's) is read by every task model
   # (new if the encoder lacks it); a pooler only by those that take one.
   reads_summary = family.of(bundle.config).summary == "head" and task != "encoder"
-  add_pooler = (bundle.has_pooler if task in OPTIONAL_POOLER_TASKS and not reads_summary
+  add_summary = (bundle.has_summary if task in OPTIONAL_POOLER_TASKS and not reads_summary
                 else True)
   params, report = mapping.params_from_reference(
       reference, bundle.config, task, len(labels) if labels else 2, path,
-      rng=jax.random.key(seed), add_pooler=add_pooler)
+      rng=jax.random.key(seed), add_summary=add_summary)
   report.log(path)
   return Pretrained(bundle.config, params, bundle.tokenizer, task, labels)
 
@@ -260,7 +260,7 @@ def add_span_bilstm(bundle: Pretrained, seed: int = 0) -> Pretrained:
     return bundle
   config = bundle.config.replace(span_bilstm=True)
   model = build_model(config.replace(scan_layers=False), bundle.task, bundle.num_labels,
-                      bundle.has_pooler)
+                      bundle.has_summary)
   fresh = nn.meta.unbox(init_params(model, jax.random.key(seed)))
   looped = to_layout(jax.device_get(bundle.params), False)
   params = {**fresh, **looped}  # every trained weight kept; the BiLSTM's are new
@@ -297,7 +297,7 @@ def save_pretrained(bundle: Pretrained, out_dir: str, overwrite: bool = False) -
         "config": bundle.config.to_dict(),
         "task": bundle.task,
         "labels": bundle.labels,
-        "has_pooler": bundle.has_pooler,
+        "has_summary": bundle.has_summary,
         "tokenizer": tokenizer_settings,
     })
 
@@ -325,11 +325,12 @@ def _load_bertjax(path: str, do_lower_case: bool | None) -> Pretrained:
   if not isinstance(meta["config"], dict):
     raise errors.UsageError(f"{meta_path}: 'config' must be an object")
   try:
-    config = BertConfig.from_dict(meta["config"], meta_path).replace(scan_layers=False)
+    config = EncoderConfig.from_dict(meta["config"], meta_path).replace(scan_layers=False)
   except (TypeError, ValueError) as e:
     raise errors.UsageError(f"{meta_path}: {e}") from None
   task, labels = meta["task"], meta.get("labels")
-  model = build_model(config, task, len(labels) if labels else 2, meta.get("has_pooler"))
+  has_summary = meta.get("has_summary", meta.get("has_pooler"))  # earlier versions: has_pooler
+  model = build_model(config, task, len(labels) if labels else 2, has_summary)
   target = nn.meta.unbox(abstract_params(model))
   with _this_process_checkpointer() as checkpointer:
     params = checkpointer.restore(os.path.join(path, "params"), target)
@@ -351,7 +352,7 @@ def _load_training_run(path: str, do_lower_case: bool | None) -> Pretrained:
   if values.get("task") != "pretrain" or "model" not in values:
     raise errors.UsageError(f"{config_path}: not the config of a pre-training run")
   run_config, step, params = checkpoint.params_from_run(path)
-  config = BertConfig.from_run_config(run_config)
+  config = EncoderConfig.from_run_config(run_config)
   # The model as the checkpoint's phase computes it (ModernBERT after its
   # context extension: the raised rotary base); dropout stays the run's own.
   config = phases.phase_at(run_config, step).trained_model(config)
@@ -419,7 +420,7 @@ def _checked_looped_params(bundle: Pretrained) -> Params:
   """`bundle.params` in the looped layout, checked against the model's shapes."""
   looped = to_layout(jax.device_get(bundle.params), False)
   model = build_model(bundle.config.replace(scan_layers=False), bundle.task,
-                      bundle.num_labels, pooler_name(bundle.config) in looped["bert"])
+                      bundle.num_labels, summary_name(bundle.config) in looped["bert"])
   expected = nn.meta.unbox(abstract_params(model))
   expected_shapes = {jax.tree_util.keystr(k): v.shape
                      for k, v in jax.tree_util.tree_leaves_with_path(expected)}

@@ -29,7 +29,7 @@ import numpy as np
 import optax
 
 from bertjax import errors, flops
-from bertjax.models import BertConfig, BertForMaskedLM, BertForPreTraining, family, init_params
+from bertjax.models import EncoderConfig, BertForMaskedLM, BertForPreTraining, family, init_params
 
 Array = jax.Array
 Batch = dict[str, Array]
@@ -59,7 +59,7 @@ class TrainState:
 OBJECTIVES = ("mlm_nsp", "mlm_pairs", "mlm", "ltr")
 
 
-def pretraining_model(config: BertConfig, objective: str) -> nn.Module:
+def pretraining_model(config: EncoderConfig, objective: str) -> nn.Module:
   """The model of an objective: MLM + NSP heads, MLM only, or a causal LM."""
   if objective in OBJECTIVES:
     family.of(config).check_objective(objective)

@@ -27,7 +27,7 @@ LOGICAL_AXIS_RULES = (
 
 
 def model_config(size: str, **overrides) -> ml_collections.ConfigDict:
-  """The `BertConfig` fields of a named size (`bertjax.models.PRESETS`) as a ConfigDict.
+  """The `EncoderConfig` fields of a named size (`bertjax.models.PRESETS`) as a ConfigDict.
 
   Sizes: bert_base, bert_large, bert_L{2..12}_H{128,256,512,768} (and bert_tiny,
   bert_mini, bert_small, bert_medium), table6_L*_H*_A* (the paper's Table 6).

@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 
 from bertjax import flops
-from bertjax.models import BertConfig, BertForPreTraining, init_params
+from bertjax.models import EncoderConfig, BertForPreTraining, init_params
 
 
 @pytest.mark.parametrize("layers,hidden,heads,length,predictions", [
     (2, 128, 2, 64, 10), (1, 256, 4, 128, 20)])
 def test_flops_per_token_matches_xla_cost_analysis(layers, hidden, heads, length,
                                                    predictions):
-  config = BertConfig(vocab_size=1000, hidden_size=hidden, num_layers=layers,
+  config = EncoderConfig(vocab_size=1000, hidden_size=hidden, num_layers=layers,
                       num_heads=heads, intermediate_size=4 * hidden)
   model = BertForPreTraining(config)
   params = nn.meta.unbox(jax.eval_shape(lambda: init_params(model, jax.random.key(0))))
@@ -67,7 +67,7 @@ def test_an_accelerator_missing_from_the_table_has_no_peak():
 def test_model_flops_count_the_attention_of_each_sequence_alone():
   """A row packing sequences of 50, 40 and 38 tokens attends over 50^2 + 40^2
   + 38^2 pairs, not 128^2; padding adds nothing."""
-  config = BertConfig(vocab_size=1000, hidden_size=64, num_layers=2, num_heads=2,
+  config = EncoderConfig(vocab_size=1000, hidden_size=64, num_layers=2, num_heads=2,
                       intermediate_size=256)
   full = flops.model_flops(config, 128, 128 ** 2, 20, 1)
   packed = flops.model_flops(config, 128, 50 ** 2 + 40 ** 2 + 38 ** 2, 20, 3)
@@ -89,9 +89,9 @@ def test_local_pairs_count_the_band(tokens):
 def test_modernbert_flops_count_its_gated_feed_forward_and_local_layers():
   """Per layer: 4 H^2 projections, 3 H I (GeGLU), 2 H per attended pair;
   global layers attend every pair, local ones their band."""
-  from bertjax.models import BertConfig
+  from bertjax.models import EncoderConfig
 
-  config = BertConfig.from_preset("modernbert_base", num_layers=4)  # layers 0 and 3 global
+  config = EncoderConfig.from_preset("modernbert_base", num_layers=4)  # layers 0 and 3 global
   hidden, inner, vocab = 768, 1152, 50368
   tokens, predictions, window = 1024, 308, 64
   pairs, local = tokens ** 2, flops.local_pairs(tokens, window)

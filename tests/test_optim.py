@@ -8,7 +8,7 @@ import optax
 import pytest
 
 from bertjax import errors, optim
-from bertjax.models import BertConfig, BertForPreTraining, init_params
+from bertjax.models import EncoderConfig, BertForPreTraining, init_params
 
 
 def test_schedule_is_the_original():
@@ -23,7 +23,7 @@ def test_schedule_is_the_original():
 
 
 def test_weight_decay_skips_layer_norm_and_biases():
-  config = BertConfig(vocab_size=50, hidden_size=16, num_layers=1, num_heads=2,
+  config = EncoderConfig(vocab_size=50, hidden_size=16, num_layers=1, num_heads=2,
                       intermediate_size=32)
   boxed = init_params(BertForPreTraining(config), jax.random.key(0))
   for params in (boxed, nn.meta.unbox(boxed)):

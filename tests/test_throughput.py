@@ -5,7 +5,7 @@ import math
 import pytest
 
 from bertjax import flops, throughput
-from bertjax.models import BertConfig
+from bertjax.models import EncoderConfig
 
 
 class _Clock:
@@ -43,7 +43,7 @@ def test_windows_rate_the_work_and_leave_out_held_time(monkeypatch):
 
 
 def test_loader_processes_follow_what_the_devices_consume():
-  base = BertConfig.from_preset("bert_base")
+  base = EncoderConfig.from_preset("bert_base")
   per_row = 128 * flops.flops_per_token(base, 128, 20)
   rule = lambda **k: throughput.loader_workers(
       **{"platform": "gpu", "length": 128, "flops_per_row": per_row,

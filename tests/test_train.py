@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from bertjax import optim, sharding, train
-from bertjax.models import BertConfig
+from bertjax.models import EncoderConfig
 from bertjax.configs.common import LOGICAL_AXIS_RULES
 
-CONFIG = BertConfig(vocab_size=120, hidden_size=32, num_layers=2, num_heads=4,
+CONFIG = EncoderConfig(vocab_size=120, hidden_size=32, num_layers=2, num_heads=4,
                     intermediate_size=48, max_position_embeddings=32, scan_layers=True)
 
 

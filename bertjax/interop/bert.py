@@ -1,5 +1,5 @@
 """BERT in transformers' format: its classes and `BertConfig`, translated to
-and from bertjax's `BertConfig` (the weights' names: `bertjax.interop.mapping`).
+and from bertjax's `EncoderConfig` (the weights' names: `bertjax.interop.mapping`).
 `bertjax.interop.hf` reads and writes the directories and asks this module
 (or another family's, `interop/modernbert.py`) for the family's part."""
 
@@ -11,7 +11,7 @@ import numpy as np
 
 from bertjax import errors
 from bertjax.interop.config_fields import ACTIVATION_NAMES, ACTIVATIONS, SIZE_KEYS, read_fields
-from bertjax.models import BertConfig
+from bertjax.models import EncoderConfig
 
 # bertjax task <-> reference class.
 TASK_TO_CLASS = {
@@ -26,7 +26,7 @@ TASK_TO_CLASS = {
 }
 CLASS_TO_TASK = {v: k for k, v in TASK_TO_CLASS.items()}
 # The reference's masked-LM class for decoders shares our weights; its causal
-# mask is `BertConfig.causal`.
+# mask is `EncoderConfig.causal`.
 CLASS_TO_TASK["BertLMHeadModel"] = "masked_lm"
 PREFIX = "bert."  # of the encoder's weights in a task model's file
 MODEL_INPUT_NAMES = None  # the tokenizer's default: token types too
@@ -37,7 +37,7 @@ def class_name(task: str) -> str:
   return TASK_TO_CLASS[task]
 
 
-# Reference config key -> (BertConfig field, type, required).
+# Reference config key -> (EncoderConfig field, type, required).
 _CONFIG_KEYS = {
     **SIZE_KEYS,
     "max_position_embeddings": ("max_position_embeddings", int, True),
@@ -52,8 +52,8 @@ _CONFIG_KEYS = {
 }
 
 
-def config_from_dict(values: dict[str, Any], source: str) -> BertConfig:
-  """A `BertConfig` from transformers' `BertConfig` (Google's `bert_config.json`:
+def config_from_dict(values: dict[str, Any], source: str) -> EncoderConfig:
+  """An `EncoderConfig` from transformers' `BertConfig` (Google's `bert_config.json`:
   `bertjax.interop.google_tf.config_from_dict`)."""
   model_type = values.get("model_type", "bert")
   architectures = values.get("architectures") or []
@@ -78,12 +78,12 @@ def config_from_dict(values: dict[str, Any], source: str) -> BertConfig:
   if values.get("is_decoder"):
     fields["causal"] = True
   try:
-    return BertConfig(**fields)
+    return EncoderConfig(**fields)
   except ValueError as e:
     raise errors.UsageError(f"{source}: {e}") from None
 
 
-def config_to_dict(config: BertConfig, task: str) -> dict[str, Any]:
+def config_to_dict(config: EncoderConfig, task: str) -> dict[str, Any]:
   """transformers' `BertConfig` for `config` and a task model."""
   return {
       # A causal masked LM is the reference's decoder class.

@@ -1,4 +1,4 @@
-"""Reference `config.json` keys read into `BertConfig` fields, shared by each
+"""Reference `config.json` keys read into `EncoderConfig` fields, shared by each
 family's translation (`bertjax.interop.hf`, `bertjax.interop.modernbert`)."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ from typing import Any
 
 from bertjax import errors
 
-# Reference activation names -> `BertConfig.hidden_act`.
+# Reference activation names -> `EncoderConfig.hidden_act`.
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                 "relu": "relu", "silu": "silu", "swish": "silu"}
 ACTIVATION_NAMES = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
 
-# The sizes every family's config names alike: key -> (BertConfig field, type,
+# The sizes every family's config names alike: key -> (EncoderConfig field, type,
 # required).
 SIZE_KEYS = {
     "vocab_size": ("vocab_size", int, True),
@@ -25,7 +25,7 @@ SIZE_KEYS = {
 
 def read_fields(values: dict[str, Any], keys: dict[str, tuple[str, type, bool]],
                  source: str) -> dict[str, Any]:
-  """The `BertConfig` fields `keys` (reference key -> (field, type, required))
+  """The `EncoderConfig` fields `keys` (reference key -> (field, type, required))
   name, each checked for its type."""
   fields = {}
   for key, (field, kind, required) in keys.items():

@@ -17,10 +17,10 @@ import numpy as np
 
 from bertjax import errors
 from bertjax.interop import hf
-from bertjax.models.config import BertConfig
+from bertjax.models.config import EncoderConfig
 
 CONFIG_FILE = "bert_config.json"
-# `bert_config.json`'s activation names -> `BertConfig.hidden_act`. The
+# `bert_config.json`'s activation names -> `EncoderConfig.hidden_act`. The
 # original `modeling.py` maps "gelu" to its `gelu`, the tanh approximation
 # (0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3)))), not the exact erf form that
 # Hugging Face's "gelu" means.
@@ -38,8 +38,8 @@ _MODEL_LEAVES = ("kernel", "bias", "gamma", "beta", "word_embeddings",
 _TF2_MARKERS = ("_CHECKPOINTABLE_OBJECT_GRAPH", ".ATTRIBUTES/VARIABLE_VALUE")
 
 
-def config_from_dict(values: dict, source: str) -> BertConfig:
-  """A `BertConfig` from a Google `bert_config.json`, in the original's meaning.
+def config_from_dict(values: dict, source: str) -> EncoderConfig:
+  """An `EncoderConfig` from a Google `bert_config.json`, in the original's meaning.
 
   Its keys are the reference's (`bertjax.interop.hf.config_from_dict`), but
   `hidden_act` names `modeling.py`'s functions: "gelu" is the tanh

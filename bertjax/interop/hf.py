@@ -23,7 +23,7 @@ import numpy as np
 from bertjax import errors
 from bertjax.files import read_json
 from bertjax.interop import bert, modernbert
-from bertjax.models import BertConfig
+from bertjax.models import EncoderConfig
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ SAFETENSORS_INDEX_FILE = "model.safetensors.index.json"
 PICKLE_FILE = "pytorch_model.bin"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 
-# Each family's translation, by `model_type` (`BertConfig.family`): its
+# Each family's translation, by `model_type` (`EncoderConfig.family`): its
 # module has TASK_TO_CLASS, CLASS_TO_TASK, PREFIX, MODEL_INPUT_NAMES,
 # class_name(task), config_from_dict(values, source), config_to_dict(config,
 # task), canonical_names(tensors), detect_task(names, architectures),
@@ -41,7 +41,7 @@ TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 FAMILIES = {"bert": bert, "modernbert": modernbert}
 
 
-def class_name(config: BertConfig, task: str) -> str:
+def class_name(config: EncoderConfig, task: str) -> str:
   """transformers' class of a bertjax task model."""
   return FAMILIES[config.family].class_name(task)
 
@@ -52,14 +52,14 @@ _SAFETENSORS_DTYPES = {
 }
 
 
-def config_from_dict(values: dict[str, Any], source: str) -> BertConfig:
-  """A `BertConfig` from a reference `config.json`, by its family's module
+def config_from_dict(values: dict[str, Any], source: str) -> EncoderConfig:
+  """An `EncoderConfig` from a reference `config.json`, by its family's module
   (`model_type`; Google's `bert_config.json`:
   `bertjax.interop.google_tf.config_from_dict`)."""
   return FAMILIES.get(values.get("model_type", "bert"), bert).config_from_dict(values, source)
 
 
-def config_to_dict(config: BertConfig, task: str, labels: list[str] | None) -> dict[str, Any]:
+def config_to_dict(config: EncoderConfig, task: str, labels: list[str] | None) -> dict[str, Any]:
   """The reference `config.json` for `config` and a task model."""
   values = FAMILIES[config.family].config_to_dict(config, task)
   if labels is not None:
@@ -355,7 +355,7 @@ def load_tokenizer(directory: str, do_lower_case: bool | None = None):
     raise errors.UsageError(f"{source}: {e}") from None
 
 
-def write_directory(directory: str, config: BertConfig, reference_tensors: dict[str, np.ndarray],
+def write_directory(directory: str, config: EncoderConfig, reference_tensors: dict[str, np.ndarray],
                     task: str, labels: list[str] | None, tokenizer) -> None:
   """Writes a reference BERT directory (into an existing, empty `directory`)."""
   from safetensors.numpy import save_file

@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from bertjax import errors
-from bertjax.models import BertConfig, build_model, init_params
+from bertjax.models import EncoderConfig, build_model, init_params
 from bertjax.models import family as model_family
 from bertjax.models.bert import abstract_params
 
@@ -140,9 +140,9 @@ class LoadReport:
                       len(self.unused), ", ".join(self.unused))
 
 
-def params_from_reference(tensors: Mapping[str, np.ndarray], config: BertConfig, task: str,
+def params_from_reference(tensors: Mapping[str, np.ndarray], config: EncoderConfig, task: str,
                           num_labels: int, source: str, rng: jax.Array | None = None,
-                          add_pooler: bool | None = None) -> tuple[Params, LoadReport]:
+                          add_summary: bool | None = None) -> tuple[Params, LoadReport]:
   """Builds task-model parameters (looped layout, float32) from reference weights.
 
   Args:
@@ -154,7 +154,7 @@ def params_from_reference(tensors: Mapping[str, np.ndarray], config: BertConfig,
     rng: If given, parameters the checkpoint lacks outside the encoder's layers
       (a fine-tuning head, the pooler) are initialised from it and reported;
       otherwise a missing weight is an error.
-    add_pooler: Whether a task that does not need the pooler keeps one (None:
+    add_summary: Whether a task that does not need the pooler keeps one (None:
       if the checkpoint has it).
 
   Returns:
@@ -162,9 +162,9 @@ def params_from_reference(tensors: Mapping[str, np.ndarray], config: BertConfig,
   """
   config = config.replace(scan_layers=False)
   family = config.family
-  if add_pooler is None:
-    add_pooler = model_family.of(config).summary_weight in tensors
-  model = build_model(config, task, num_labels, add_pooler)
+  if add_summary is None:
+    add_summary = model_family.of(config).summary_weight in tensors
+  model = build_model(config, task, num_labels, add_summary)
   expected = nn.meta.unbox(abstract_params(model))
   report = LoadReport()
   missing = []
@@ -225,8 +225,8 @@ def params_to_reference(params: Params, vocab_size: int | None = None,
 
   Args:
     vocab_size: Keep only this many word embeddings (an export: the padding
-      rows of `BertConfig.vocab_pad_multiple` are bertjax's); None keeps all.
-    family: The parameters' `BertConfig.family`.
+      rows of `EncoderConfig.vocab_pad_multiple` are bertjax's); None keeps all.
+    family: The parameters' `EncoderConfig.family`.
   """
   flat = {}
   for path, value in jax.tree_util.tree_leaves_with_path(params):

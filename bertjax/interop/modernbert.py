@@ -1,5 +1,5 @@
 """ModernBERT in transformers' format: its classes and `ModernBertConfig`,
-translated to and from a ModernBERT `BertConfig` (the weights' names:
+translated to and from a ModernBERT `EncoderConfig` (the weights' names:
 `bertjax.interop.mapping`). `bertjax.interop.hf` reads and writes the
 directories and asks this module for the family's config."""
 
@@ -11,7 +11,7 @@ import numpy as np
 
 from bertjax import errors
 from bertjax.interop.config_fields import ACTIVATION_NAMES, ACTIVATIONS, SIZE_KEYS, read_fields
-from bertjax.models import BertConfig
+from bertjax.models import EncoderConfig
 
 # transformers' ModernBERT classes (it has no next-sentence head).
 TASK_TO_CLASS = {
@@ -35,7 +35,7 @@ def class_name(task: str) -> str:
   return TASK_TO_CLASS[task]
 
 
-# transformers' ModernBertConfig key -> (BertConfig field, type, required).
+# transformers' ModernBertConfig key -> (EncoderConfig field, type, required).
 _CONFIG_KEYS = {
     **SIZE_KEYS,
     "max_position_embeddings": ("max_position_embeddings", int, False),
@@ -55,8 +55,8 @@ _FIXED = {"norm_bias": False, "attention_bias": False, "mlp_bias": False,
                  "decoder_bias": True, "classifier_bias": False, "tie_word_embeddings": True}
 
 
-def config_from_dict(values: dict[str, Any], source: str) -> BertConfig:
-  """A ModernBERT `BertConfig` from transformers' `ModernBertConfig` (the
+def config_from_dict(values: dict[str, Any], source: str) -> EncoderConfig:
+  """A ModernBERT `EncoderConfig` from transformers' `ModernBertConfig` (the
   layer_types and rope_parameters of transformers 5, or the
   global_attn_every_n_layers and *_rope_theta of the original release)."""
   architectures = values.get("architectures") or []
@@ -83,7 +83,7 @@ def config_from_dict(values: dict[str, Any], source: str) -> BertConfig:
   fields["global_attention_every"] = _global_every(values, fields["num_layers"], source)
   fields.update(_rope_thetas(values, source))
   try:
-    return BertConfig(**fields)
+    return EncoderConfig(**fields)
   except ValueError as e:
     raise errors.UsageError(f"{source}: {e}") from None
 
@@ -132,7 +132,7 @@ def _rope_thetas(values: dict[str, Any], source: str) -> dict[str, float]:
   return {field: float(value) for field, value in thetas.items()}
 
 
-def config_to_dict(config: BertConfig, task: str) -> dict[str, Any]:
+def config_to_dict(config: EncoderConfig, task: str) -> dict[str, Any]:
   """transformers' `ModernBertConfig` for a ModernBERT `config`: transformers 5's
   keys, and the original release's (which transformers 4 reads)."""
   every = config.global_attention_every

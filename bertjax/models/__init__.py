@@ -9,7 +9,8 @@ _API = {**{name: "bertjax.models.bert" for name in (
     "BertForPreTraining", "BertForQuestionAnswering", "BertForSequenceClassification",
     "BertForTokenClassification", "BertModel", "abstract_params", "build_model",
     "example_inputs", "init_params")},
-        "PRESETS": "bertjax.models.config", "BertConfig": "bertjax.models.config",
+        "PRESETS": "bertjax.models.config", "EncoderConfig": "bertjax.models.config",
+        "BertConfig": "bertjax.models.config",
         "BertEncoder": "bertjax.models.encoder", "EncoderOutput": "bertjax.models.encoder",
         "to_layout": "bertjax.models.layout"}
 __all__ = sorted(_API)

@@ -10,7 +10,7 @@ at or before it).
   its sequences in order, 0 for the padding after them, for queries and keys
   alike, so no sequence sees another.
 
-Kernels (`BertConfig.attention_impl`):
+Kernels (`EncoderConfig.attention_impl`):
 - "xla": einsum scores in float32, softmax, attention dropout: the paper's
   computation, any device. Layers call it themselves (it needs the dropout RNG).
 - "dot_product": `jax.nn.dot_product_attention`'s XLA implementation.
@@ -42,7 +42,7 @@ from bertjax.models.config import ATTENTION_FUSED, ATTENTION_IMPLEMENTATIONS
 
 Array = jax.Array
 
-# The kernels by name (`BertConfig.attention_impl`), kept with the config.
+# The kernels by name (`EncoderConfig.attention_impl`), kept with the config.
 FUSED = ATTENTION_FUSED
 IMPLEMENTATIONS = ATTENTION_IMPLEMENTATIONS
 # Splash attention's tiles: its sequence length must be a multiple of this.
@@ -121,7 +121,7 @@ def choose(implementation: str, *, length: int, head_dim: int, dtype: str, dropo
   """The kernel `implementation` ("auto" or a name) runs as, for one call.
 
   Args:
-    implementation: `BertConfig.attention_impl`: "auto" or one of `FUSED`/"xla".
+    implementation: `EncoderConfig.attention_impl`: "auto" or one of `FUSED`/"xla".
     length: Tokens per row.
     head_dim: Width of a head.
     dtype: Compute dtype.
@@ -142,7 +142,7 @@ def choose(implementation: str, *, length: int, head_dim: int, dtype: str, dropo
     if implementation == "auto":
       return "xla"
     raise errors.UsageError(
-        f"BertConfig.attention_impl={implementation!r} has no attention dropout: set "
+        f"EncoderConfig.attention_impl={implementation!r} has no attention dropout: set "
         "attention_dropout_prob=0.0, or attention_impl='xla' (or 'auto') for the paper's "
         "attention dropout")
   target = target or platform()

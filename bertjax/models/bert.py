@@ -14,21 +14,22 @@ import jax
 import jax.numpy as jnp
 
 from bertjax import errors
-from bertjax.models.config import BertConfig
+from bertjax.models.config import EncoderConfig
 from bertjax.models import family
 from bertjax.models.heads import MaskedLMHead, OutputLayer, gather_positions
 
 Array = jax.Array
 
 
-def encoder(config: BertConfig, add_pooler: bool = True) -> nn.Module:
-  """The encoder of `config.family` (`bertjax.models.family`): `BertEncoder`,
-  or `ModernBertEncoder` (whose `add_pooler` is its prediction head, which
-  every ModernBERT task model but the bare encoder has)."""
-  return family.of(config).encoder_class()(config, add_pooler=add_pooler)
+def encoder(config: EncoderConfig, add_summary: bool = True) -> nn.Module:
+  """The encoder of `config.family` (`bertjax.models.family`): `BertEncoder`
+  or `ModernBertEncoder`, with its summary module where `add_summary` (BERT's
+  [CLS] pooler; ModernBERT's prediction head, which every ModernBERT task
+  model but the bare encoder has)."""
+  return family.of(config).encoder_class()(config, add_summary=add_summary)
 
 
-def pooler_name(config: BertConfig) -> str:
+def summary_name(config: EncoderConfig) -> str:
   """The name of the encoder's summary module: BERT's `pooler`, ModernBERT's
   `head`."""
   return family.of(config).summary
@@ -42,7 +43,7 @@ def token_features(bert: nn.Module, sequence_output: Array) -> Array:
   return sequence_output
 
 
-def _reads_summary(config: BertConfig) -> bool:
+def _reads_summary(config: EncoderConfig) -> bool:
   """Whether every task model reads the family's summary module (a
   prediction head, ModernBERT's), not only those that pool."""
   return family.of(config).summary == "head"
@@ -51,7 +52,7 @@ def _reads_summary(config: BertConfig) -> bool:
 class BertForPreTraining(nn.Module):
   """Masked LM + next-sentence prediction (the paper's pre-training)."""
 
-  config: BertConfig
+  config: EncoderConfig
 
   def setup(self):
     self.bert = encoder(self.config)
@@ -87,11 +88,11 @@ class BertForMaskedLM(nn.Module):
   """Masked LM only (the paper's "No NSP" ablation; ModernBERT's objective); no
   pooler by default (ModernBERT: its prediction head, always)."""
 
-  config: BertConfig
-  add_pooler: bool = False  # Kept when a checkpoint has one, for `encode`.
+  config: EncoderConfig
+  add_summary: bool = False  # Kept when a checkpoint has one, for `encode`.
 
   def setup(self):
-    self.bert = encoder(self.config, add_pooler=self.add_pooler or _reads_summary(self.config))
+    self.bert = encoder(self.config, add_summary=self.add_summary or _reads_summary(self.config))
     self.mlm = MaskedLMHead(self.config)
 
   def __call__(self, input_ids: Array, attention_mask: Array | None = None,
@@ -114,7 +115,7 @@ class BertForMaskedLM(nn.Module):
 class BertForNextSentencePrediction(nn.Module):
   """Next-sentence prediction only."""
 
-  config: BertConfig
+  config: EncoderConfig
 
   def setup(self):
     self.bert = encoder(self.config)
@@ -132,7 +133,7 @@ class BertForNextSentencePrediction(nn.Module):
 class BertForSequenceClassification(nn.Module):
   """[CLS] -> dropout -> linear: classification, or regression with one label."""
 
-  config: BertConfig
+  config: EncoderConfig
   num_labels: int = 2
 
   def setup(self):
@@ -159,18 +160,18 @@ class BertForSequenceClassification(nn.Module):
 class BertForQuestionAnswering(nn.Module):
   """Start and end vectors over every position (SQuAD); no pooler by default."""
 
-  config: BertConfig
-  add_pooler: bool = False
+  config: EncoderConfig
+  add_summary: bool = False
 
   def setup(self):
-    self.bert = encoder(self.config, add_pooler=self.add_pooler or _reads_summary(self.config))
+    self.bert = encoder(self.config, add_summary=self.add_summary or _reads_summary(self.config))
     if self.config.span_bilstm:
       units = self.config.hidden_size // 2
       self.span_bilstm = nn.Bidirectional(nn.RNN(nn.OptimizedLSTMCell(units)),
                                           nn.RNN(nn.OptimizedLSTMCell(units)))
     # The paper's span layer has no dropout; ModernBERT's classifier has its own.
-    self.span = OutputLayer(self.config, 2,
-                            self.config.head_dropout if self.config.modern else 0.0)
+    self.span = OutputLayer(self.config, 2, self.config.head_dropout
+                            if family.of(self.config).span_dropout else 0.0)
 
   def __call__(self, input_ids: Array, attention_mask: Array | None = None,
                token_type_ids: Array | None = None,
@@ -191,7 +192,7 @@ class BertForQuestionAnswering(nn.Module):
 class BertForMultipleChoice(nn.Module):
   """One score per [CLS] of each choice, softmaxed over choices (SWAG)."""
 
-  config: BertConfig
+  config: EncoderConfig
 
   def setup(self):
     self.bert = encoder(self.config)
@@ -227,12 +228,12 @@ class BertForMultipleChoice(nn.Module):
 class BertForTokenClassification(nn.Module):
   """Dropout -> linear on every position (NER); no pooler by default."""
 
-  config: BertConfig
+  config: EncoderConfig
   num_labels: int = 2
-  add_pooler: bool = False
+  add_summary: bool = False
 
   def setup(self):
-    self.bert = encoder(self.config, add_pooler=self.add_pooler or _reads_summary(self.config))
+    self.bert = encoder(self.config, add_summary=self.add_summary or _reads_summary(self.config))
     self.classifier = OutputLayer(self.config, self.num_labels, self.config.head_dropout)
 
   def __call__(self, input_ids: Array, attention_mask: Array | None = None,
@@ -253,11 +254,11 @@ class BertForTokenClassification(nn.Module):
 class BertModel(nn.Module):
   """The bare encoder under a `bert` subtree, like every task model."""
 
-  config: BertConfig
-  add_pooler: bool = True
+  config: EncoderConfig
+  add_summary: bool = True
 
   def setup(self):
-    self.bert = encoder(self.config, add_pooler=self.add_pooler)
+    self.bert = encoder(self.config, add_summary=self.add_summary)
 
   def __call__(self, input_ids: Array, attention_mask: Array | None = None,
                token_type_ids: Array | None = None,
@@ -291,16 +292,17 @@ LABELLED_TASKS = ("sequence_classification", "token_classification")
 OPTIONAL_POOLER_TASKS = ("encoder", "masked_lm", "question_answering", "token_classification")
 
 
-def build_model(config: BertConfig, task: str = "encoder", num_labels: int = 2,
-                add_pooler: bool | None = None) -> nn.Module:
+def build_model(config: EncoderConfig, task: str = "encoder", num_labels: int = 2,
+                add_summary: bool | None = None) -> nn.Module:
   """The task model for `task` (a key of `TASK_MODELS`).
 
   Args:
     config: The architecture.
     task: Which head.
     num_labels: Outputs of a classification head.
-    add_pooler: Build the [CLS] pooler in a task that does not need it (None:
-      the reference class's default). Tasks that need it always have one.
+    add_summary: Build the summary module (BERT's [CLS] pooler) in a task
+      that does not need it (None: the reference class's default). Tasks
+      that need it always have one.
   """
   if task not in TASK_MODELS:
     raise errors.UsageError(f"Unknown task {task!r}; known tasks: {', '.join(TASK_MODELS)}")
@@ -309,17 +311,17 @@ def build_model(config: BertConfig, task: str = "encoder", num_labels: int = 2,
     raise errors.UsageError(f"The {task} model has a next-sentence head, which {spec.title} "
                             f"does not have: it pre-trains with {spec.objectives_said} (task "
                             "masked_lm)")
-  if _reads_summary(config) and task != "encoder" and add_pooler is False:
+  if _reads_summary(config) and task != "encoder" and add_summary is False:
     raise errors.UsageError(f"The {spec.title} {task} model needs its prediction head")
   kwargs = {}
   if task in LABELLED_TASKS:
     if num_labels < 1:
       raise errors.UsageError(f"num_labels must be >= 1 for {task}, got {num_labels}")
     kwargs["num_labels"] = num_labels
-  if add_pooler is not None:
+  if add_summary is not None:
     if task in OPTIONAL_POOLER_TASKS:
-      kwargs["add_pooler"] = add_pooler
-    elif not add_pooler:
+      kwargs["add_summary"] = add_summary
+    elif not add_summary:
       raise errors.UsageError(f"The {task} model needs the pooler")
   return TASK_MODELS[task](config, **kwargs)
 

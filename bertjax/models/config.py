@@ -1,6 +1,6 @@
 """The encoder architecture as one frozen dataclass, and the named model sizes.
 
-A `BertConfig` describes the network (family, sizes, activation, dropout) and how
+An `EncoderConfig` describes the network (family, sizes, activation, dropout) and how
 it is computed (dtype, layer scan, rematerialisation, attention kernel). It is
 hashable, so jitted functions can be cached per configuration.
 
@@ -39,7 +39,7 @@ REMAT_POLICIES = (
 DTYPES = ("float32", "bfloat16", "float16")
 
 
-# `BertConfig` fields that change how the weights are computed, not which
+# `EncoderConfig` fields that change how the weights are computed, not which
 # weights there are: the ones a model loaded for use takes from its user
 # (`bertjax.load_pretrained`'s overrides), not from the run that trained it.
 COMPUTATION_FIELDS = ("dtype", "scan_layers", "remat_policy", "attention_impl",
@@ -48,8 +48,9 @@ COMPUTATION_FIELDS = ("dtype", "scan_layers", "remat_policy", "attention_impl",
 
 
 @dataclasses.dataclass(frozen=True)
-class BertConfig:
-  """Architecture and computation options of a BERT encoder.
+class EncoderConfig:
+  """Architecture and computation options of an encoder of any family
+  (`family`; `BertConfig` is the same class, by its earlier name).
 
   Attributes:
     family: "bert" (the paper's layer) or "modernbert" (`bertjax.models.modernbert`;
@@ -159,14 +160,10 @@ class BertConfig:
   def head_dim(self) -> int:
     return self.hidden_size // self.num_heads
 
-  @property
-  def modern(self) -> bool:
-    """Whether this is a ModernBERT-family encoder."""
-    return self.family == "modernbert"
-
   def is_global_layer(self, index: int) -> bool:
-    """Whether layer `index` attends globally (always, in BERT)."""
-    return not self.modern or index % self.global_attention_every == 0
+    """Whether layer `index` attends globally (every layer, in a family
+    without local windows)."""
+    return not FAMILIES[self.family].windowed or index % self.global_attention_every == 0
 
   @property
   def attention_output_dropout(self) -> float:
@@ -190,14 +187,14 @@ class BertConfig:
                  "global_attention_every", "local_attention"):
       value = getattr(self, name)
       if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise errors.UsageError(f"BertConfig.{name} must be a positive integer, got {value!r}")
+        raise errors.UsageError(f"EncoderConfig.{name} must be a positive integer, got {value!r}")
     if self.hidden_size % self.num_heads:
       raise errors.UsageError(
-          f"BertConfig.hidden_size={self.hidden_size} is not divisible by "
+          f"EncoderConfig.hidden_size={self.hidden_size} is not divisible by "
           f"num_heads={self.num_heads}; choose num_heads dividing hidden_size "
           f"(the paper uses hidden_size / 64).")
     if self.span_bilstm and self.hidden_size % 2:
-      raise errors.UsageError(f"BertConfig.span_bilstm needs an even hidden_size (two directions "
+      raise errors.UsageError(f"EncoderConfig.span_bilstm needs an even hidden_size (two directions "
                               f"of hidden_size / 2), got {self.hidden_size}")
     for name in ("hidden_dropout_prob", "attention_dropout_prob", "mlp_dropout_prob",
                  "attention_output_dropout_prob"):
@@ -205,54 +202,57 @@ class BertConfig:
       if name == "attention_output_dropout_prob" and value < 0:
         continue  # follows attention_dropout_prob
       if not 0.0 <= value < 1.0:
-        raise errors.UsageError(f"BertConfig.{name} must be in [0, 1), got {value!r}")
+        raise errors.UsageError(f"EncoderConfig.{name} must be in [0, 1), got {value!r}")
     _check_choice("hidden_act", self.hidden_act, ACTIVATIONS)
     _check_choice("classifier_pooling", self.classifier_pooling, POOLINGS)
-    if self.modern:
-      self._validate_modern()
+    self._validate_family()
     _check_choice("dtype", self.dtype, DTYPES)
     _check_choice("remat_policy", self.remat_policy, REMAT_POLICIES)
     _check_choice("attention_impl", self.attention_impl, ATTENTION_IMPLEMENTATIONS)
     if self.attention_impl == "cudnn" and self.dtype == "float32":
-      raise errors.UsageError("BertConfig.attention_impl='cudnn' needs dtype 'bfloat16' or "
+      raise errors.UsageError("EncoderConfig.attention_impl='cudnn' needs dtype 'bfloat16' or "
                               "'float16'; use attention_impl='dot_product' for float32")
 
-  def _validate_modern(self) -> None:
-    if self.head_dim % 2:
-      raise errors.UsageError(f"BertConfig: rotary positions need an even head width; "
-                              f"hidden_size / num_heads is {self.head_dim}")
+  def _validate_family(self) -> None:
+    spec = FAMILIES[self.family]
     for name in ("causal", "span_bilstm"):
-      if getattr(self, name):
-        raise errors.UsageError(f"BertConfig.{name}=True is for family='bert'; ModernBERT "
-                                "has no such mode")
+      if getattr(self, name) and name not in spec.modes:
+        raise errors.UsageError(f"EncoderConfig.{name}=True is not a mode of {spec.title} "
+                                f"(family={self.family!r}); its modes: "
+                                f"{', '.join(spec.modes) or 'none'}")
+    if not spec.rotary:
+      return
+    if self.head_dim % 2:
+      raise errors.UsageError(f"EncoderConfig: rotary positions need an even head width; "
+                              f"hidden_size / num_heads is {self.head_dim}")
     for name in ("global_rope_theta", "local_rope_theta"):
       if getattr(self, name) <= 0:
-        raise errors.UsageError(f"BertConfig.{name} must be positive, got {getattr(self, name)!r}")
+        raise errors.UsageError(f"EncoderConfig.{name} must be positive, got {getattr(self, name)!r}")
 
-  def replace(self, **changes: Any) -> BertConfig:
+  def replace(self, **changes: Any) -> EncoderConfig:
     return dataclasses.replace(self, **changes)
 
   def to_dict(self) -> dict[str, Any]:
     return dataclasses.asdict(self)
 
   @classmethod
-  def from_dict(cls, values: dict[str, Any], source: str = "config") -> BertConfig:
+  def from_dict(cls, values: dict[str, Any], source: str = "config") -> EncoderConfig:
     """Builds a config from a dict, rejecting keys it does not know."""
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:
-      raise errors.UsageError(f"{source}: unknown BertConfig keys {unknown}; known keys are "
+      raise errors.UsageError(f"{source}: unknown EncoderConfig keys {unknown}; known keys are "
                               f"{sorted(known)}")
     return cls(**values)
 
   @classmethod
-  def from_run_config(cls, config: Any) -> BertConfig:
+  def from_run_config(cls, config: Any) -> EncoderConfig:
     """The model of a training run's config (its `model` block, an
     `ml_collections.ConfigDict`)."""
     return cls.from_dict(config.model.to_dict(), "config.model")
 
   @classmethod
-  def from_preset(cls, name: str, **overrides: Any) -> BertConfig:
+  def from_preset(cls, name: str, **overrides: Any) -> EncoderConfig:
     """A named model size (see `PRESETS`), with optional field overrides."""
     if name not in PRESETS:
       raise errors.UsageError(f"Unknown model preset {name!r}; known presets: "
@@ -260,9 +260,12 @@ class BertConfig:
     return cls(**{**PRESETS[name], **overrides})
 
 
+BertConfig = EncoderConfig  # its name before it described other families; kept for users
+
+
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
   if value not in choices:
-    raise errors.UsageError(f"BertConfig.{name}={value!r} is not one of {choices}")
+    raise errors.UsageError(f"EncoderConfig.{name}={value!r} is not one of {choices}")
 
 
 def _size(layers: int, hidden: int, heads: int | None = None) -> dict[str, int]:

@@ -14,7 +14,7 @@ import flax.struct
 import jax.numpy as jnp
 
 from bertjax import errors
-from bertjax.models.config import BertConfig
+from bertjax.models.config import EncoderConfig
 from bertjax.models.attention import Segments
 from bertjax.models.layers import Embeddings, TransformerLayer, dense
 
@@ -53,7 +53,7 @@ def restarting_positions(segment_ids: Array) -> Array:
   return index - first
 
 
-def default_inputs(config: BertConfig, input_ids: Array, attention_mask: Array | None,
+def default_inputs(config: EncoderConfig, input_ids: Array, attention_mask: Array | None,
                    position_ids: Array | None, segment_ids: Array | None) -> tuple[Array, Array]:
   """The attention mask and positions of a batch, filled in where not given.
 
@@ -104,7 +104,7 @@ class EncoderOutput:
 
 def remat(layer_class: type[nn.Module], policy_name: str) -> type[nn.Module]:
   """`layer_class` rematerialised in the backward pass by the named policy
-  (`BertConfig.remat_policy`); its __call__ is (self, x, segments,
+  (`EncoderConfig.remat_policy`); its __call__ is (self, x, segments,
   deterministic, ...)."""
   if policy_name == "none":
     return layer_class
@@ -116,7 +116,7 @@ def remat(layer_class: type[nn.Module], policy_name: str) -> type[nn.Module]:
 class _ScanStep(nn.Module):
   """Adapts a layer to `nn.scan`'s (carry, inputs) -> (carry, outputs) form."""
 
-  config: BertConfig
+  config: EncoderConfig
 
   @nn.compact
   def __call__(self, x: Array, segments: Segments, deterministic: bool):
@@ -130,12 +130,13 @@ class BertEncoder(nn.Module):
 
   Attributes:
     config: The architecture.
-    add_pooler: Whether to build the [CLS] pooler (task models that never use it,
-      like masked LM or span prediction, leave it out as the reference does).
+    add_summary: Whether to build BERT's summary module, the [CLS] pooler
+      (task models that never use it, like masked LM or span prediction,
+      leave it out as the reference does).
   """
 
-  config: BertConfig
-  add_pooler: bool = True
+  config: EncoderConfig
+  add_summary: bool = True
 
   def setup(self):
     config = self.config
@@ -154,7 +155,7 @@ class BertEncoder(nn.Module):
     else:
       layer = remat(TransformerLayer, config.remat_policy)
       self.layers = [layer(config) for _ in range(config.num_layers)]
-    if self.add_pooler:
+    if self.add_summary:
       self.pooler = dense(config, config.hidden_size, config.hidden_size, ("embed", "mlp"),
                           "pooler")
 
@@ -207,7 +208,7 @@ class BertEncoder(nn.Module):
     if config.return_hidden_states:
       hidden_states = jnp.concatenate([embedded[None], stacked])
     pooled = None
-    if self.add_pooler:
+    if self.add_summary:
       if pool_positions is not None:  # [batch, sequences, embed]
         summary = jnp.take_along_axis(x, pool_positions[..., None], axis=1)
       else:

@@ -12,7 +12,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax.models.config import BertConfig
+from bertjax.models import family
+from bertjax.models.config import EncoderConfig
 from bertjax.models.layers import activation, dense, kernel_init, layer_norm, matmul, zeros_init
 
 Array = jax.Array
@@ -57,7 +58,7 @@ class MaskedLMHead(nn.Module):
   (`masked_positions=None`).
   """
 
-  config: BertConfig
+  config: EncoderConfig
 
   @nn.compact
   def __call__(self, hidden: Array, decode: Callable[[Array], Array]) -> Array:
@@ -70,7 +71,7 @@ class MaskedLMHead(nn.Module):
     """
     config = self.config
     x = hidden
-    if not config.modern:
+    if family.of(config).mlm_transform:
       x = dense(config, config.hidden_size, config.hidden_size, ("embed", "mlp"),
                 "transform")(x)
       x = activation(config.hidden_act)(x)
@@ -90,7 +91,7 @@ class OutputLayer(nn.Module):
   classification (every position).
   """
 
-  config: BertConfig
+  config: EncoderConfig
   features: int
   dropout_rate: float = 0.0
 
@@ -98,8 +99,7 @@ class OutputLayer(nn.Module):
   def __call__(self, x: Array, deterministic: bool = True) -> Array:
     """Maps [..., embed] to float32 [..., features]."""
     x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
-    # ModernBERT initialises its classifiers at 1 / sqrt(hidden_size).
-    stddev = x.shape[-1] ** -0.5 if self.config.modern else None
+    stddev = x.shape[-1] ** -0.5 if family.of(self.config).classifier_fan_in else None
     kernel = self.param("kernel", kernel_init(self.config, ("embed", None), stddev),
                         (x.shape[-1], self.features), jnp.float32)
     bias = self.param("bias", zeros_init((None,)), (self.features,), jnp.float32)

@@ -20,8 +20,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax.models import attention
-from bertjax.models.config import BertConfig
+from bertjax.models import attention, family
+from bertjax.models.config import EncoderConfig
 from bertjax.models.rotary import Rotary
 
 Array = jax.Array
@@ -33,7 +33,7 @@ BATCH_LENGTH_HEADS_KV = ("batch", "length", "heads", "kv")
 
 
 def activation(name: str) -> Callable[[Array], Array]:
-  """The feed-forward activation named in `BertConfig.hidden_act`."""
+  """The feed-forward activation named in `EncoderConfig.hidden_act`."""
   return {
       # Both GELUs are recomputed in the backward pass from their input (kept
       # anyway): differentiated as they are, they keep their intermediate terms
@@ -46,7 +46,7 @@ def activation(name: str) -> Callable[[Array], Array]:
   }[name]
 
 
-def kernel_init(config: BertConfig, axes: tuple[str, ...],
+def kernel_init(config: EncoderConfig, axes: tuple[str, ...],
                 stddev: float | None = None) -> nn.initializers.Initializer:
   """Truncated normal (at two standard deviations), `config.initializer_range`
   unless `stddev` is given."""
@@ -99,7 +99,7 @@ class Dense(nn.Module):
       `config.initializer_range`).
   """
 
-  config: BertConfig
+  config: EncoderConfig
   kernel_shape: tuple[int, ...]
   axes: tuple[str | None, ...]
   contracting: int = 1
@@ -122,21 +122,21 @@ class Dense(nn.Module):
     return out if bias is None else out + bias.astype(dtype)
 
 
-def dense(config: BertConfig, in_features: int, features: int, axes: tuple[str, str],
+def dense(config: EncoderConfig, in_features: int, features: int, axes: tuple[str, str],
           name: str) -> Dense:
   """A [in_features, features] dense layer with logically named kernel axes."""
   return Dense(config, (in_features, features), axes, name=name)
 
 
-def layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
-  """A float32 LayerNorm over `embed`; ModernBERT's have no bias."""
+def layer_norm(config: EncoderConfig, name: str) -> nn.LayerNorm:
+  """A float32 LayerNorm over `embed` (with a bias where the family's have one)."""
   # Two-pass variance, as in the reference implementations: with eps=1e-12 the
   # one-pass E[x^2]-E[x]^2 form loses precision.
   return nn.LayerNorm(
       epsilon=config.layer_norm_eps,
       dtype=jnp.float32,
       param_dtype=jnp.float32,
-      use_bias=not config.modern,
+      use_bias=family.of(config).norm_bias,
       use_fast_variance=False,
       scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
       bias_init=zeros_init(("embed",)),
@@ -151,7 +151,7 @@ class EmbeddingTable(nn.Module):
   gathered rows come out sharded like the batch.
   """
 
-  config: BertConfig
+  config: EncoderConfig
   rows: int
   axes: tuple[str | None, str]
 
@@ -165,10 +165,11 @@ class EmbeddingTable(nn.Module):
 
 
 class Embeddings(nn.Module):
-  """Word + position + token type embeddings, LayerNorm, dropout (ModernBERT:
-  words only, its positions being rotary)."""
+  """Word + position + token type embeddings, LayerNorm, dropout; a family
+  with rotary positions has no position table, one without token types no
+  token type table."""
 
-  config: BertConfig
+  config: EncoderConfig
 
   def setup(self):
     config = self.config
@@ -176,10 +177,12 @@ class Embeddings(nn.Module):
     def table(rows: int, axes: tuple[str | None, str], name: str) -> EmbeddingTable:
       return EmbeddingTable(config, rows, axes, name=name)
 
+    spec = family.of(config)
     self.word_embeddings = table(config.embedding_rows, ("vocab", "embed"), "word_embeddings")
-    if not config.modern:
+    if not spec.rotary:
       self.position_embeddings = table(config.max_position_embeddings, (None, "embed"),
                                        "position_embeddings")
+    if spec.token_types:
       self.token_type_embeddings = table(config.type_vocab_size, (None, "embed"),
                                          "token_type_embeddings")
     self.layer_norm = layer_norm(config, "layer_norm")
@@ -188,10 +191,12 @@ class Embeddings(nn.Module):
   def __call__(self, input_ids: Array, token_type_ids: Array, position_ids: Array,
                deterministic: bool) -> Array:
     """Embeds [batch, length] ids into [batch, length, embed] (compute dtype)."""
+    spec = family.of(self.config)
     x = self.word_embeddings(input_ids)
-    if not self.config.modern:
-      x = (x + self.position_embeddings(position_ids)
-           + self.token_type_embeddings(token_type_ids))
+    if not spec.rotary:
+      x = x + self.position_embeddings(position_ids)
+    if spec.token_types:
+      x = x + self.token_type_embeddings(token_type_ids)
     x = self.layer_norm(x)
     x = self.dropout(x, deterministic=deterministic)
     x = x.astype(self.config.dtype)
@@ -219,7 +224,7 @@ class SelfAttention(nn.Module):
       or None for all.
   """
 
-  config: BertConfig
+  config: EncoderConfig
   window: int | None = None
 
   @nn.compact
@@ -296,7 +301,7 @@ class SelfAttention(nn.Module):
 class TransformerLayer(nn.Module):
   """A post-LayerNorm transformer layer, as in the paper."""
 
-  config: BertConfig
+  config: EncoderConfig
 
   @nn.compact
   def __call__(self, x: Array, segments: attention.Segments, deterministic: bool) -> Array:

@@ -19,7 +19,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from bertjax.models.config import BertConfig
+from bertjax.models.config import EncoderConfig
 from bertjax.models.encoder import SCANNED_LAYERS
 
 Params = dict[str, Any]
@@ -37,7 +37,7 @@ def _stack(trees: list[Params]) -> Params:
   return jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *trees)
 
 
-def stack_layers(bert_params: Params, config: BertConfig | None = None) -> Params:
+def stack_layers(bert_params: Params, config: EncoderConfig | None = None) -> Params:
   """Looped encoder parameters -> scanned (ModernBERT's need its `config`)."""
   if _is_modern(bert_params):
     if config is None:
@@ -79,12 +79,12 @@ def unstack_layers(bert_params: Params) -> Params:
   return rest
 
 
-def to_layout(params: Params, scan_layers: bool, config: BertConfig | None = None) -> Params:
+def to_layout(params: Params, scan_layers: bool, config: EncoderConfig | None = None) -> Params:
   """Returns task-model `params` with its `bert` subtree in the requested layout.
 
   Args:
     params: Task-model parameters, either layout.
-    scan_layers: The layout wanted (`BertConfig.scan_layers`).
+    scan_layers: The layout wanted (`EncoderConfig.scan_layers`).
     config: The model's config; needed to scan ModernBERT's layers.
   """
   bert = params["bert"]

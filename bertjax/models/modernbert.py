@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.models.attention import Segments
-from bertjax.models.config import BertConfig
+from bertjax.models.config import EncoderConfig
 from bertjax.models.encoder import SCANNED_LAYERS, EncoderOutput, default_inputs, remat
 from bertjax.models.layers import (BATCH_LENGTH_EMBED, BATCH_LENGTH_HEADS_KV, BATCH_LENGTH_MLP,
                                    Dense, Embeddings, SelfAttention, activation, layer_norm,
@@ -46,7 +46,7 @@ from bertjax.models.rotary import Rotary
 
 Array = jax.Array
 
-def out_stddev(config: BertConfig) -> float:
+def out_stddev(config: EncoderConfig) -> float:
   """The initializer's standard deviation for projections back into the
   residual stream: `initializer_range / sqrt(2 L)`, as ModernBERT's."""
   return config.initializer_range / math.sqrt(2.0 * config.num_layers)
@@ -85,7 +85,7 @@ class ModernLayer(nn.Module):
     attention_norm: A LayerNorm before attention (all layers but the first).
   """
 
-  config: BertConfig
+  config: EncoderConfig
   local: bool = False
   attention_norm: bool = True
 
@@ -130,7 +130,7 @@ class PredictionHead(nn.Module):
   """Dense, activation, LayerNorm: what the masked LM and the fine-tuning
   heads read (transformers' `ModernBertPredictionHead`)."""
 
-  config: BertConfig
+  config: EncoderConfig
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
@@ -145,7 +145,7 @@ class PredictionHead(nn.Module):
 class _ScanBlock(nn.Module):
   """`global_attention_every` layers, local ..., global, as one `nn.scan` step."""
 
-  config: BertConfig
+  config: EncoderConfig
 
   @nn.compact
   def __call__(self, x: Array, segments: Segments, deterministic: bool,
@@ -160,7 +160,7 @@ class _ScanBlock(nn.Module):
     return x, (jnp.stack(outputs) if self.config.return_hidden_states else None)
 
 
-def block_plan(config: BertConfig) -> tuple[int, int]:
+def block_plan(config: EncoderConfig) -> tuple[int, int]:
   """(blocks, tail) of the scanned layout: after layer 0, `blocks` scanned
   blocks of `global_attention_every` layers, then `tail` looped local layers."""
   return divmod(config.num_layers - 1, config.global_attention_every)
@@ -195,12 +195,12 @@ class ModernBertEncoder(nn.Module):
 
   Attributes:
     config: The architecture (`family="modernbert"`).
-    add_pooler: Whether to build the prediction head (`head`), which every
+    add_summary: Whether to build the prediction head (`head`), which every
       task model uses; only the bare encoder goes without.
   """
 
-  config: BertConfig
-  add_pooler: bool = True
+  config: EncoderConfig
+  add_summary: bool = True
 
   def setup(self):
     config = self.config
@@ -224,7 +224,7 @@ class ModernBertEncoder(nn.Module):
       self.layers = [layer(config, local=not config.is_global_layer(i), attention_norm=i > 0)
                      for i in range(config.num_layers)]
     self.final_norm = layer_norm(config, "final_norm")
-    if self.add_pooler:
+    if self.add_summary:
       self.head = PredictionHead(config)
 
   @property
@@ -281,7 +281,7 @@ class ModernBertEncoder(nn.Module):
       hidden_states = jnp.concatenate([hidden_states, x[None]])
 
     pooled = None
-    if self.add_pooler:
+    if self.add_summary:
       if config.classifier_pooling == "mean":
         summary = mean_pool(x, segment_ids if segment_ids is not None else attention_mask,
                             pool_positions)

@@ -63,8 +63,8 @@ def layer_indices(variant: str, num_layers: int) -> list[int]:
 
 
 @functools.lru_cache(maxsize=4)
-def _extract_fn(config, add_pooler: bool, layers: tuple[int, ...]):
-  model = encoder(config.replace(return_hidden_states=True), add_pooler=add_pooler)
+def _extract_fn(config, add_summary: bool, layers: tuple[int, ...]):
+  model = encoder(config.replace(return_hidden_states=True), add_summary=add_summary)
 
   @jax.jit
   def extract(params, input_ids, attention_mask, token_type_ids, positions):
@@ -83,7 +83,7 @@ def extract_features(bundle, features: conll_data.Features,
   [words, layers, hidden], sentences in order) and their offsets beside it."""
   offsets = np.cumsum([0] + [len(s.words) for s in sentences])
   width = max(len(row) for row in features.scored)
-  extract = _extract_fn(bundle.config, bundle.has_pooler, tuple(layers))
+  extract = _extract_fn(bundle.config, bundle.has_summary, tuple(layers))
   params = jax.device_put(bundle.params["bert"])
   hidden = bundle.config.hidden_size
   partial = path + ".partial.npy"

@@ -22,7 +22,7 @@ import ml_collections
 from bertjax import (checkpoint, divergence, errors, files, flops, hosts, metrics, optim,
                      outage, preemption, runs, sharding, signals, throughput, train)
 from bertjax.data import loader
-from bertjax.models import BertConfig
+from bertjax.models import EncoderConfig
 from bertjax.phases import Phase, phases
 from bertjax.tasks.pretrain_checks import stage_accumulation, validate
 from bertjax.tasks.pretrain_data import (check_stream, check_vocabulary, data_identity,
@@ -53,7 +53,7 @@ class _Trainer:
     self.rules = tuple(tuple(rule) for rule in config.logical_axis_rules)
     self.data_dir = prepare_data(config, workdir)
     check_vocabulary(config, self.data_dir)
-    self.bert = BertConfig.from_run_config(config)
+    self.bert = EncoderConfig.from_run_config(config)
     self.model = train.pretraining_model(self.bert, config.objective)
     self.phases = phases(config)
     self.total_steps = config.train.total_steps

@@ -8,7 +8,7 @@ import jax
 import ml_collections
 
 from bertjax import errors, sharding
-from bertjax.models import BertConfig, family
+from bertjax.models import EncoderConfig, family
 from bertjax.phases import Phase, phases
 from bertjax.tasks.pretrain_data import masking_config
 
@@ -19,7 +19,7 @@ def validate(config: ml_collections.ConfigDict, mesh_devices: int) -> tuple[int,
   Raises:
     ValueError: saying what to change.
   """
-  bert = BertConfig.from_run_config(config)  # hidden size vs heads and the like
+  bert = EncoderConfig.from_run_config(config)  # hidden size vs heads and the like
   family.of(bert).check_objective(config.objective)
   shape = sharding.mesh_shape([config.mesh.data, config.mesh.fsdp, config.mesh.tensor],
                               mesh_devices)

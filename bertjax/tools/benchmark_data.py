@@ -228,11 +228,11 @@ def _consumption(config: ml_collections.ConfigDict, phase: Phase,
   """What the target's devices consume of the phase's rows a second at each
   MFU, and the loader processes that takes at the rate measured (`rates`)."""
   from bertjax import flops
-  from bertjax.models import BertConfig
+  from bertjax.models import EncoderConfig
 
   key, devices, peak = target
   cpus = _HOST_CPUS.value or os.cpu_count() or 1
-  bert = BertConfig.from_run_config(config)
+  bert = EncoderConfig.from_run_config(config)
   per_row = phase.max_seq_length * flops.flops_per_token(
       bert, phase.max_seq_length, phase.max_predictions)
   needed = {f"{mfu:.0%}": round(devices * peak * 1e12 * mfu / per_row) for mfu in _MFUS}

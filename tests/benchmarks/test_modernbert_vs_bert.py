@@ -15,14 +15,14 @@ from tests.benchmarks.commands import config_of  # noqa: E402
 
 @pytest.mark.parametrize("recipe", list(modernbert_vs_bert.RECIPES))
 def test_each_run_is_a_valid_config_of_the_same_size(recipe, tmp_path):
-  from bertjax.models import BertConfig
+  from bertjax.models import EncoderConfig
   from bertjax.tasks import pretrain
 
   args = modernbert_vs_bert.command(recipe, str(tmp_path), str(tmp_path / "data"), 500)
   config = config_of(args)
   pretrain.validate(config, 1)
-  bert = BertConfig.from_run_config(config)
+  bert = EncoderConfig.from_run_config(config)
   assert (bert.num_layers, bert.hidden_size, bert.num_heads) == (4, 256, 4)
-  assert bert.modern == (recipe == "modernbert")
-  feed_forward = (3 if bert.modern else 2) * bert.hidden_size * bert.intermediate_size
+  assert bert.family == recipe
+  feed_forward = (3 if recipe == "modernbert" else 2) * bert.hidden_size * bert.intermediate_size
   assert feed_forward == pytest.approx(2 * 256 * 1024, rel=0.02)  # the same weights

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from bertjax.data import example_packing
-from bertjax.models import BertConfig, build_model, init_params
+from bertjax.models import EncoderConfig, build_model, init_params
 from bertjax.tasks import finetune
 
 LENGTH = 32
@@ -97,7 +97,7 @@ def test_a_batch_beyond_its_shape_is_refused():
 ])
 def test_packed_rows_give_the_unpacked_losses_gradients_and_predictions(kind, task, labels,
                                                                           causal):
-  config = BertConfig(vocab_size=100, hidden_size=32, num_layers=2, num_heads=2,
+  config = EncoderConfig(vocab_size=100, hidden_size=32, num_layers=2, num_heads=2,
                       intermediate_size=64, max_position_embeddings=LENGTH, dtype="float32",
                       hidden_dropout_prob=0.0, attention_dropout_prob=0.0,
                       attention_impl="xla", causal=causal)

@@ -19,7 +19,7 @@ import pytest
 from bertjax import train
 from bertjax.data import instances, loader, packing, static_instances
 from bertjax.data.masking import MaskingConfig
-from bertjax.models import BertConfig, init_params
+from bertjax.models import EncoderConfig, init_params
 
 LENGTH, PREDICTIONS, WINDOW = 64, 10, 60
 
@@ -126,7 +126,7 @@ def test_packed_loss_sums_equal_the_unpacked_ones(prepared_dir, objective):
   """The model and the losses see packed rows as the sequences alone: every
   masked-LM and next-sentence sum agrees with the unpacked batch's."""
   unpacked, packed = _first_window(prepared_dir, objective)
-  config = BertConfig(vocab_size=210, hidden_size=32, num_layers=2, num_heads=2,
+  config = EncoderConfig(vocab_size=210, hidden_size=32, num_layers=2, num_heads=2,
                       intermediate_size=48, max_position_embeddings=LENGTH)
   model = train.pretraining_model(config, objective)
   params = nn.meta.unbox(init_params(model, jax.random.key(0)))

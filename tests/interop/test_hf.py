@@ -421,7 +421,7 @@ def test_checkpoint_naming_masked_lm_but_holding_both_heads_loads_everything(tmp
   path = tmp_path / "model" / "config.json"
   path.write_text(path.read_text().replace('"BertForPreTraining"', '"BertForMaskedLM"'))
   bundle = bertjax.load_pretrained(tmp_path / "model")
-  assert bundle.task == "pretraining" and bundle.has_pooler
+  assert bundle.task == "pretraining" and bundle.has_summary
   features = bertjax.encode(bundle, ["hello world"])
   batch = {k: torch.tensor(features[k], dtype=torch.long)
            for k in ("input_ids", "attention_mask", "token_type_ids")}
@@ -431,7 +431,7 @@ def test_checkpoint_naming_masked_lm_but_holding_both_heads_loads_everything(tmp
 
   # As a masked LM the pooler stays (for encode) and export leaves it out.
   masked_lm = bertjax.load_pretrained(tmp_path / "model", task="masked_lm")
-  assert masked_lm.has_pooler
+  assert masked_lm.has_summary
   bertjax.export_hf(masked_lm, tmp_path / "out")
   _, info = transformers.BertForMaskedLM.from_pretrained(tmp_path / "out",
                                                          output_loading_info=True)
@@ -445,7 +445,7 @@ def test_encoder_without_pooler_loads(tmp_path, caplog):
       transformers.BertConfig(**SHAPES["L2_H32_A4"]), add_pooling_layer=False), seed=15)
   _save(model, tmp_path / "model")
   bundle = bertjax.load_pretrained(tmp_path / "model")
-  assert bundle.task == "encoder" and not bundle.has_pooler
+  assert bundle.task == "encoder" and not bundle.has_summary
   features = bertjax.encode(bundle, ["hello world"])
   assert "pooled_output" not in features
   with caplog.at_level("WARNING"):

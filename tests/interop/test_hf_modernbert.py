@@ -277,11 +277,11 @@ def test_encode_and_new_heads_on_a_bare_modernbert(tmp_path):
   model = reference_model("ModernBertModel", config)
   model.save_pretrained(tmp_path)
   bundle = bertjax.load_pretrained(str(tmp_path))
-  assert not bundle.has_pooler
+  assert not bundle.has_summary
   out = bertjax.encode(bundle, ["The quick brown fox.", "A dog"], ["sat on the mat", ""])
   with torch.no_grad():
     expected = model(input_ids=torch.tensor(out["input_ids"]),
                      attention_mask=torch.tensor(out["attention_mask"])).last_hidden_state
   assert_close(out["sequence_output"], expected.numpy(), out["attention_mask"], "encode")
   answers = bertjax.load_pretrained(str(tmp_path), task="question_answering")
-  assert answers.has_pooler and "span" in answers.params
+  assert answers.has_summary and "span" in answers.params

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from bertjax import errors, sharding
-from bertjax.models import BertConfig, BertEncoder, attention, init_params
+from bertjax.models import EncoderConfig, BertEncoder, attention, init_params
 from bertjax.models.encoder import restarting_positions
 
 BATCH, LENGTH, HEADS, HEAD_DIM = 4, 128, 4, 16
@@ -244,7 +244,7 @@ def test_a_kernel_that_cannot_run_the_call_says_why(implementation, settings, sa
 def test_a_packed_row_encodes_each_sequence_as_if_alone():
   """Block-diagonal attention and positions restarting per sequence: the
   encoder gives each packed sequence the outputs it gets on its own row."""
-  config = BertConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=2,
+  config = EncoderConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=2,
                       intermediate_size=48, max_position_embeddings=128)
   params = nn.meta.unbox(init_params(BertEncoder(config), jax.random.key(0), length=LENGTH))
   rng = np.random.default_rng(0)

@@ -5,7 +5,7 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax.models import PRESETS, BertConfig, BertForPreTraining, BertModel, abstract_params
+from bertjax.models import PRESETS, EncoderConfig, BertForPreTraining, BertModel, abstract_params
 
 
 def _count(model) -> int:
@@ -28,7 +28,7 @@ def _reference_count(class_name: str, preset: dict) -> int:
 @pytest.mark.parametrize("name", ["bert_base", "bert_large", "bert_tiny", "bert_L6_H512",
                                   "table6_L6_H768_A3"])
 def test_parameter_counts_match_reference(name):
-  config = BertConfig.from_preset(name)
+  config = EncoderConfig.from_preset(name)
   assert _count(BertModel(config)) == _reference_count("BertModel", PRESETS[name])
   assert _count(BertForPreTraining(config)) == _reference_count("BertForPreTraining",
                                                                 PRESETS[name])
@@ -37,8 +37,8 @@ def test_parameter_counts_match_reference(name):
 def test_paper_sizes():
   # "BERT-base (L=12, H=768, A=12, Total Parameters=110M) and BERT-large (L=24,
   # H=1024, A=16, Total Parameters=340M)".
-  assert round(_count(BertModel(BertConfig.from_preset("bert_base"))) / 1e6) == 109
-  assert round(_count(BertModel(BertConfig.from_preset("bert_large"))) / 1e6) == 335
+  assert round(_count(BertModel(EncoderConfig.from_preset("bert_base"))) / 1e6) == 109
+  assert round(_count(BertModel(EncoderConfig.from_preset("bert_large"))) / 1e6) == 335
   small = [name for name in PRESETS if name.startswith("bert_L")]
   assert len(small) == 24
   assert PRESETS["bert_L12_H768"] == PRESETS["bert_base"]
@@ -62,13 +62,13 @@ def test_paper_sizes():
 ])
 def test_invalid_configs_say_what_to_change(fields, message):
   with pytest.raises(ValueError, match=message):
-    BertConfig(**fields)
+    EncoderConfig(**fields)
 
 
 def test_unknown_preset_and_keys():
   with pytest.raises(ValueError, match="Unknown model preset 'bert_huge'"):
-    BertConfig.from_preset("bert_huge")
-  with pytest.raises(ValueError, match=r"file.json: unknown BertConfig keys \['hiden_size'\]"):
-    BertConfig.from_dict({"hiden_size": 3}, "file.json")
-  config = BertConfig.from_preset("bert_small", dtype="bfloat16")
-  assert BertConfig.from_dict(config.to_dict()) == config
+    EncoderConfig.from_preset("bert_huge")
+  with pytest.raises(ValueError, match=r"file.json: unknown EncoderConfig keys \['hiden_size'\]"):
+    EncoderConfig.from_dict({"hiden_size": 3}, "file.json")
+  config = EncoderConfig.from_preset("bert_small", dtype="bfloat16")
+  assert EncoderConfig.from_dict(config.to_dict()) == config

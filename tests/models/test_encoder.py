@@ -15,11 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax.models import (BertConfig, BertEncoder, BertForPreTraining, init_params,
+from bertjax.models import (EncoderConfig, BertEncoder, BertForPreTraining, init_params,
                             to_layout)
 from tests import reference
 
-CONFIG = BertConfig(vocab_size=101, hidden_size=32, num_layers=3, num_heads=4,
+CONFIG = EncoderConfig(vocab_size=101, hidden_size=32, num_layers=3, num_heads=4,
                     intermediate_size=48, max_position_embeddings=32)
 BATCH = tuple(jnp.asarray(x) for x in reference.example_batch(101, batch=4, length=12))
 
@@ -195,7 +195,7 @@ def test_a_span_bilstm_lets_a_causal_model_see_the_right_context():
     assert np.allclose(start(input_ids), start(later), atol=1e-6) != span_bilstm
   assert "span_bilstm" in variables
   with pytest.raises(ValueError, match="span_bilstm needs an even hidden_size"):
-    BertConfig(hidden_size=33, num_heads=3, span_bilstm=True)
+    EncoderConfig(hidden_size=33, num_heads=3, span_bilstm=True)
 
 
 def test_hidden_states_and_length_check(params):

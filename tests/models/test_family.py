@@ -15,7 +15,7 @@ import pytest
 from bertjax import errors, flops, optim, pretrained, train
 from bertjax.interop import bert as bert_interop
 from bertjax.interop import hf, mapping
-from bertjax.models import BertConfig, family
+from bertjax.models import EncoderConfig, family
 
 
 @pytest.fixture
@@ -34,7 +34,7 @@ def toy(monkeypatch):
   monkeypatch.setitem(hf.FAMILIES, "toy", interop)
   monkeypatch.setitem(mapping._TABLES, "toy", mapping._TABLES["bert"])
   monkeypatch.setitem(mapping.ENCODER_PREFIXES, "toy", mapping.ENCODER_PREFIXES["bert"])
-  return BertConfig(family="toy", vocab_size=64, hidden_size=32, num_layers=2, num_heads=2,
+  return EncoderConfig(family="toy", vocab_size=64, hidden_size=32, num_layers=2, num_heads=2,
                     intermediate_size=48, max_position_embeddings=32, dtype="float32")
 
 

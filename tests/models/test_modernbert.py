@@ -14,7 +14,7 @@ import transformers
 
 from bertjax import errors
 from bertjax.data import example_packing
-from bertjax.models import BertConfig, build_model, init_params, to_layout
+from bertjax.models import EncoderConfig, build_model, init_params, to_layout
 from bertjax.models.rotary import Rotary
 
 LENGTH = 48
@@ -24,7 +24,7 @@ def config(**changes):
   values = dict(family="modernbert", vocab_size=97, hidden_size=32, num_layers=6, num_heads=4,
                 intermediate_size=40, max_position_embeddings=256, local_attention=10,
                 layer_norm_eps=1e-5, pad_token_id=0)
-  return BertConfig(**{**values, **changes})
+  return EncoderConfig(**{**values, **changes})
 
 
 def params_of(model, seed=0):
@@ -89,9 +89,9 @@ def test_hidden_states_equal_transformers():
   tensors = {"model." + k: v.numpy() for k, v in theirs.state_dict().items()}
   ours = config(num_layers=4, return_hidden_states=True)
   params, _ = mapping.params_from_reference(tensors, ours, "encoder", 2, "test",
-                                            add_pooler=False)
+                                            add_summary=False)
   ids, mask = inputs()
-  got = build_model(ours, "encoder", add_pooler=False).apply({"params": params}, ids, mask)
+  got = build_model(ours, "encoder", add_summary=False).apply({"params": params}, ids, mask)
   with torch.no_grad():
     out = theirs(torch.tensor(np.asarray(ids)), attention_mask=torch.tensor(np.asarray(mask)),
                  output_hidden_states=True)
@@ -221,7 +221,8 @@ def test_initialisation_follows_modernbert():
 
 @pytest.mark.parametrize("changes, message", [
     (dict(family="electra"), "family='electra' is not one of"),
-    (dict(causal=True), "causal=True is for family='bert'"),
+    (dict(causal=True), "causal=True is not a mode of ModernBERT"),
+    (dict(span_bilstm=True), "span_bilstm=True is not a mode of ModernBERT .* its modes: none"),
     (dict(hidden_size=36, num_heads=4), "rotary positions need an even head width"),
     (dict(global_attention_every=0), "global_attention_every must be a positive integer"),
     (dict(classifier_pooling="max"), "classifier_pooling='max' is not one of"),
@@ -237,13 +238,13 @@ def test_next_sentence_models_are_refused():
 
 
 def test_presets_are_the_released_sizes():
-  base, large = (BertConfig.from_preset(name) for name in ("modernbert_base", "modernbert_large"))
+  base, large = (EncoderConfig.from_preset(name) for name in ("modernbert_base", "modernbert_large"))
   assert (base.num_layers, base.hidden_size, base.num_heads, base.intermediate_size) == (
       22, 768, 12, 1152)
   assert (large.num_layers, large.hidden_size, large.num_heads, large.intermediate_size) == (
       28, 1024, 16, 2624)
   for preset in (base, large):
-    assert preset.modern and preset.vocab_size == 50368
+    assert preset.family == "modernbert" and preset.vocab_size == 50368
     assert preset.max_position_embeddings == 8192 and preset.local_attention == 128
     assert [preset.is_global_layer(i) for i in range(4)] == [True, False, False, True]
   model = build_model(base, "masked_lm")

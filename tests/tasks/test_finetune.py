@@ -69,10 +69,10 @@ def _bundle(task="sequence_classification", labels=("a", "b", "c")):
   import flax.linen as nn
   import jax
 
-  from bertjax.models import BertConfig, build_model, init_params
+  from bertjax.models import EncoderConfig, build_model, init_params
   from bertjax.pretrained import Pretrained
 
-  config = BertConfig(vocab_size=100, hidden_size=32, num_layers=2, num_heads=2,
+  config = EncoderConfig(vocab_size=100, hidden_size=32, num_layers=2, num_heads=2,
                       intermediate_size=64, max_position_embeddings=32, dtype="float32",
                       hidden_dropout_prob=0.0, attention_dropout_prob=0.0,
                       attention_impl="xla")

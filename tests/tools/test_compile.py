@@ -555,9 +555,9 @@ def test_splash_attention_compiles_for_the_tpu():
   assert "in 48 attention kernel calls" in result.stdout
   # The real tokens: 96 a row, 14 predictions, whatever the kernel.
   from bertjax import flops
-  from bertjax.models import BertConfig
+  from bertjax.models import EncoderConfig
 
-  config = BertConfig(vocab_size=512, hidden_size=128, num_layers=2, num_heads=2,
+  config = EncoderConfig(vocab_size=512, hidden_size=128, num_layers=2, num_heads=2,
                       intermediate_size=512)
   real = flops.model_flops(config, 16 * 96, 16 * 96 ** 2, 16 * 14, 16)
   assert xla["model_real"] == splash["model_real"] == pytest.approx(real)

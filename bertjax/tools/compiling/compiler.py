@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from bertjax import checkpoint, errors, flops, optim, sharding, topology, train
 from bertjax import phases as phase_lib
-from bertjax.models import BertConfig, attention
+from bertjax.models import EncoderConfig, attention
 from bertjax.tasks import pretrain
 from bertjax.tools.compiling import jaxpr_flops, program as compiled_program
 from bertjax.tools.compiling.real_work import RealWork, local_window
@@ -113,7 +113,7 @@ class Compiler:
 
   def __init__(self, config, target: Target, real_work: RealWork | None = None):
     self.config, self.target, self.real_work = config, target, real_work
-    self.bert = BertConfig.from_run_config(config)
+    self.bert = EncoderConfig.from_run_config(config)
     self.model = train.pretraining_model(self.bert, config.objective)
     self.optimizer, self.schedule = optim.make_optimizer(config)
     self.rules = tuple(tuple(rule) for rule in config.logical_axis_rules)

@@ -15,14 +15,14 @@ import numpy as np
 from bertjax import errors, flops, train
 from bertjax import phases as phase_lib
 from bertjax.data import loader, packing, shards
-from bertjax.models import BertConfig, family
+from bertjax.models import EncoderConfig, family
 from bertjax.tasks import pretrain_data
 
 
 def local_window(config, phase) -> int | None:
   """The window (keys either side) a phase's local layers attend, None where
   every layer attends the whole sequence (BERT)."""
-  bert = phase.model(BertConfig.from_run_config(config))
+  bert = phase.model(EncoderConfig.from_run_config(config))
   return family.of(bert).local_window(bert)
 
 
