@@ -6,7 +6,7 @@
 # From a fresh checkout: the environment (one line), the attention kernels'
 # numbers against float32 softmax attention, global and local (ModernBERT's
 # window) (benchmarks/attention_numerics.py),
-# then the pre-training step (`python -m bertjax.benchmark`, bf16, layers
+# then the pre-training step (`python -m bertjax.tools.benchmark`, bf16, layers
 # scanned) of BERT-base and BERT-large at lengths 128 and 512 on real text
 # (the offline demo corpus, prepared first), each as
 #   paper:  XLA attention with attention dropout 0.1, padded rows;
@@ -86,7 +86,7 @@ run() { # name size length batch attention attention_dropout sequences_per_row
     echo "$config, \"skipped\": \"$seconds s left for it (under ${MIN_RUN_S:-30} s) of the ${budget} s budget\"}"
     return
   fi
-  out=$(timeout "$seconds" python -m bertjax.benchmark --size="$size" --seq_len="$length" \
+  out=$(timeout "$seconds" python -m bertjax.tools.benchmark --size="$size" --seq_len="$length" \
     --batch="$batch" --scan --dtype=bfloat16 --attention="$attention" \
     --attention_dropout="$dropout" --data_dir="$work/data" --sequences_per_row="$rows" \
     --vocab="$vocab_size" --steps=10 --warmup=2 --batches=4 2>"$work/err.log")

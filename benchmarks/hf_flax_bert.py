@@ -7,7 +7,7 @@ virtual environment (bertjax's tests use transformers 5):
   /tmp/hf4/bin/python benchmarks/hf_flax_bert.py --layers 4 --hidden 512 --heads 8 \
       --seq_len 128 --batch 32 --steps 20
 
-The step matches `python -m bertjax.benchmark`: random data of the same shapes,
+The step matches `python -m bertjax.tools.benchmark`: random data of the same shapes,
 MLM (at the masked positions) + NSP loss, global-norm clipping and AdamW. As in
 transformers' `run_mlm_flax.py`, `FlaxBertForPreTraining` scores every position
 against the vocabulary and the loss keeps the masked ones. Prints one JSON line.

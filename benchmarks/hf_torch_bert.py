@@ -7,7 +7,7 @@ extra's `torch==2.13.0`), then:
   python benchmarks/hf_torch_bert.py --layers 4 --hidden 512 --heads 8 \
       --seq_len 128 --batch 32 --steps 20
 
-The step matches `python -m bertjax.benchmark` (and `hf_flax_bert.py`): random
+The step matches `python -m bertjax.tools.benchmark` (and `hf_flax_bert.py`): random
 data of the same shapes, MLM at the masked positions + NSP loss, dropout 0.1,
 global-norm clipping at 1 and AdamW (weight decay 0.01 but on biases and
 LayerNorm), float32, PyTorch's scaled-dot-product attention (SDPA). As in

@@ -1,5 +1,5 @@
 """The flags of the peer benchmarks (hf_torch_bert.py, hf_flax_bert.py), the
-same as `python -m bertjax.benchmark`'s: imported from the scripts' folder, so
+same as `python -m bertjax.tools.benchmark`'s: imported from the scripts' folder, so
 it needs nothing of bertjax (the Flax peer runs in a venv of its own)."""
 
 import argparse

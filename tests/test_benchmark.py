@@ -7,7 +7,7 @@ import sys
 
 def test_benchmark_prints_one_json_line():
   result = subprocess.run(
-      [sys.executable, "-m", "bertjax.benchmark", "--layers=1", "--hidden=64", "--heads=2",
+      [sys.executable, "-m", "bertjax.tools.benchmark", "--layers=1", "--hidden=64", "--heads=2",
        "--vocab=500", "--seq_len=32", "--batch=8", "--steps=3", "--warmup=1"],
       capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr

@@ -29,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ["README.md", "launch/README.md", *sorted(
     os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))]
 DOCSTRINGS = sorted(os.path.relpath(p, ROOT) for pattern in (
-    "configs/*.py", "bertjax/main.py", "bertjax/benchmark.py", "bertjax/tools/*.py")
+    "configs/*.py", "bertjax/main.py", "bertjax/tools/*.py")
     for p in glob.glob(os.path.join(ROOT, pattern)))
 COMMAND_START = re.compile(r"^(time\s+)?(python -m bertjax|python benchmarks/|launch/\w+\.sh|"
                            r"pip install|pytest|export BERTJAX_|docker (build|push) )")
@@ -238,7 +238,7 @@ def test_launch_commands_dry_run(tmp_path):
   assert checked >= 8
 
 
-ENTRY_POINTS = ["bertjax.main", "bertjax.benchmark", *sorted(
+ENTRY_POINTS = ["bertjax.main", *sorted(
     f"bertjax.tools.{os.path.basename(p)[:-3]}"
     for p in glob.glob(os.path.join(ROOT, "bertjax", "tools", "*.py"))
     if not p.endswith("__init__.py"))]

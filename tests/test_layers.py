@@ -21,7 +21,7 @@ ROOMS = [
     {"train", "checkpoint", "checkpoint_failures"},
     {"pretrained", "inference"},
     {"tasks"},
-    {"tools", "main", "benchmark"},
+    {"tools", "main"},
 ]
 RANK = {room: rank for rank, rooms in enumerate(ROOMS) for room in rooms}
 

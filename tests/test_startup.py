@@ -30,7 +30,7 @@ def _loaded(module, *args):
 @pytest.mark.parametrize("module", [
     "bertjax.main", "bertjax.tools.convert", "bertjax.tools.prepare_pretraining_data",
     "bertjax.tools.train_vocab", "bertjax.tools.evaluate_squad", "bertjax.tools.sweep",
-    "bertjax.tools.compile", "bertjax.tools.ship_log", "bertjax.benchmark",
+    "bertjax.tools.compile", "bertjax.tools.ship_log", "bertjax.tools.benchmark",
     "bertjax.tools.benchmark_data"])
 def test_help_loads_no_framework(module):
   assert _loaded(module, "--help") == ""

@@ -1,8 +1,8 @@
 r"""Throughput of the pre-training step (MLM + NSP, AdamW), on random or real data.
 
-  python -m bertjax.benchmark --layers 4 --hidden 512 --heads 8 \
+  python -m bertjax.tools.benchmark --layers 4 --hidden 512 --heads 8 \
       --intermediate 2048 --seq_len 128 --batch 32 --steps 20
-  python -m bertjax.benchmark --size bert_base --batch 256 --data_dir DATA \
+  python -m bertjax.tools.benchmark --size bert_base --batch 256 --data_dir DATA \
       --sequences_per_row 3 --attention auto
 
 Prints one JSON line: tokens_per_s (every token slot, padding included),
