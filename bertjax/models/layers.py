@@ -37,8 +37,8 @@ def activation(name: str) -> Callable[[Array], Array]:
   return {
       # Both GELUs are recomputed in the backward pass from their input (kept
       # anyway): differentiated as they are, they keep their intermediate terms
-      # ([batch, length, intermediate] each), which for BERT-base at 16 x 128 a
-      # chip is 288 MiB (exact) and 576 MiB (tanh) more (`bertjax.tools.compile`).
+      # ([batch, length, intermediate] each) as temporaries a chip
+      # (`bertjax.tools.compile` reports them).
       "gelu": jax.checkpoint(functools.partial(jax.nn.gelu, approximate=False)),
       "gelu_tanh": jax.checkpoint(functools.partial(jax.nn.gelu, approximate=True)),
       "relu": jax.nn.relu,
