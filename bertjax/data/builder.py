@@ -172,8 +172,7 @@ def build_shard(task: dict[str, Any], progress=None) -> dict[str, Any]:
   reported = [0, 0, 0]  # input, documents, tokens
 
   def flush(writer):
-    sentences = [s for document in pending for s in document]
-    ids = tokenizer.encode_pieces(sentences) if sentences else []
+    ids = tokenizer.encode_sentences(pending) if pending else []
     cursor = 0
     for document in pending:
       pieces = [p for p in ids[cursor:cursor + len(document)] if p]

@@ -108,6 +108,14 @@ class Tokenizer(abc.ABC):
     del text_start  # the pieces do not depend on what precedes the word
     return self.encode_pieces(words)
 
+  def encode_sentences(self, documents: Sequence[Sequence[str]]) -> list[list[int]]:
+    """Ids of the pieces of every sentence of `documents` (in order, one list
+    a sentence), each document read as its running text, its sentences
+    joined by a space: a sentence's pieces are those it has in the document.
+    As `encode_words`, this is `encode_pieces` where the pieces do not depend
+    on what precedes them (batched)."""
+    return self.encode_pieces([s for document in documents for s in document])
+
   @abc.abstractmethod
   def save(self, directory: str) -> dict[str, Any]:
     """Writes the vocabulary files to `directory`; returns the settings to restore."""
@@ -486,6 +494,16 @@ class JsonTokenizer(Tokenizer):
     return self.encode_pieces([w if i == 0 and text_start else " " + w
                                for i, w in enumerate(words)])
 
+  def encode_sentences(self, documents: Sequence[Sequence[str]]) -> list[list[int]]:
+    return self.encode_pieces([s if i == 0 else " " + s
+                               for document in documents for i, s in enumerate(document)])
+
+  @property
+  def lowercases(self) -> bool:
+    """Whether the file's normaliser lower-cases the text."""
+    normalizer = self._backend.normalizer
+    return normalizer is not None and normalizer.normalize_str("A\u00c9") == "a\u00e9"
+
   def basic_tokenize(self, text: str) -> list[str]:
     normalizer = self._backend.normalizer
     text = normalizer.normalize_str(text) if normalizer is not None else text
@@ -494,18 +512,54 @@ class JsonTokenizer(Tokenizer):
   def decode(self, ids: Sequence[int]) -> str:
     return self._backend.decode([int(i) for i in ids], skip_special_tokens=True)
 
+  def save_tokenizer_json(self, path: str, second_type_id: int = 1) -> None:
+    """Writes the file as transformers' fast tokenizer is to run it: with
+    bertjax's `[CLS] A [SEP] B [SEP]` as its post-processor, whatever the file
+    had, segment B's tokens of type `second_type_id` (0 for a family without
+    token types: ModernBERT's own file says so)."""
+    import tokenizers
+    from tokenizers import processors
+
+    backend = tokenizers.Tokenizer.from_str(self._backend.to_str())
+    cls, sep = self.special_tokens["cls"], self.special_tokens["sep"]
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{cls} $A {sep}",
+        pair=f"{cls} $A {sep} $B:{second_type_id} {sep}:{second_type_id}",
+        special_tokens=[(cls, self.cls_id), (sep, self.sep_id)])
+    backend.save(path)
+
   def save(self, directory: str) -> dict[str, Any]:
     self._backend.save(os.path.join(directory, "tokenizer.json"))
     return {"type": "tokenizer_json", "file": "tokenizer.json",
             "special_tokens": self.special_tokens}
 
 
-def tokenizer_from_vocab_file(path: str, do_lower_case: bool = True) -> Tokenizer:
-  """A WordPiece tokenizer for a `vocab.txt`, or SentencePiece for a `.model` file."""
-  path = files.local_file(path)  # the tokenizer libraries read local files
-  if path.endswith(".model"):
-    return SentencePieceTokenizer(path, do_lower_case=do_lower_case)
-  return WordPieceTokenizer(path, do_lower_case=do_lower_case)
+def tokenizer_from_vocab_file(path: str, do_lower_case: bool | None = None,
+                              flag: str = "--do_lower_case") -> Tokenizer:
+  """The tokenizer of a vocabulary file: WordPiece for a `vocab.txt`,
+  SentencePiece for a `.model`, the `tokenizers` library's own for a `.json`
+  (`tokenizer.json`: a byte-level BPE as ModernBERT's, or any it reads).
+
+  Args:
+    path: The file, local or on `gs://`.
+    do_lower_case: Whether to lower-case the text (None: true for WordPiece
+      and SentencePiece, BERT's uncased). A `tokenizer.json` lower-cases as
+      its normaliser says: a value that says otherwise is refused.
+    flag: How the user set `do_lower_case`, named in that refusal.
+  """
+  local = files.local_file(path)  # the tokenizer libraries read local files
+  if local.endswith(".json"):
+    tokenizer = JsonTokenizer(local)
+    if do_lower_case is not None and do_lower_case != tokenizer.lowercases:
+      raise errors.UsageError(
+          f"{flag}={str(do_lower_case).lower()}, but {path} "
+          f"{'lower-cases' if tokenizer.lowercases else 'keeps the case of'} the text (its "
+          f"normaliser decides): leave {flag} unset")
+    return tokenizer
+  do_lower_case = True if do_lower_case is None else do_lower_case
+  if local.endswith(".model"):
+    return SentencePieceTokenizer(local, do_lower_case=do_lower_case)
+  return WordPieceTokenizer(local, do_lower_case=do_lower_case)
 
 
 def tokenizer_from_settings(directory: str, settings: dict[str, Any],

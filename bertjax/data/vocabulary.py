@@ -1,8 +1,9 @@
-"""Training vocabularies: BERT's WordPiece or a SentencePiece model, from a corpus.
+"""Training vocabularies from a corpus: BERT's WordPiece, a SentencePiece
+model, or a byte-level BPE (`tokenizer.json`, ModernBERT's kind).
 
 The vocabulary starts with BERT's special tokens ([PAD] [UNK] [CLS] [SEP]
 [MASK]); a SentencePiece model gets them as pieces, so `SentencePieceTokenizer`
-accepts it. An existing output is replaced only when asked (`overwrite`), and
+accepts it, and a BPE as added tokens, as ModernBERT's has them. An existing output is replaced only when asked (`overwrite`), and
 only by a vocabulary that learned more than a handful of tokens: text that
 gives nothing better is an error, and nothing is written. Outputs are written
 under a temporary name and renamed when complete. The command line is
@@ -70,14 +71,17 @@ def sentences(spec: str, file_format: str = "sentences",
 
 
 def train(spec: str, output: str, *, model: str = "wordpiece", vocab_size: int = 30522,
-          do_lower_case: bool = True, file_format: str = "sentences",
+          do_lower_case: bool | None = None, file_format: str = "sentences",
           max_sentences: int | None = None, tfds_data_dir: str | None = None,
           overwrite: bool = False, show_progress: bool = True,
           stats: corpus.CorpusStats | None = None) -> int:
   """Trains a vocabulary on a corpus (the builder's `--input` forms); returns its size.
 
   Args:
-    model: "wordpiece" (a `vocab.txt`) or "sentencepiece" (a `.model`).
+    model: "wordpiece" (a `vocab.txt`), "sentencepiece" (a `.model`) or
+      "bpe" (a byte-level BPE `tokenizer.json`).
+    do_lower_case: Lower-case the text (None: true for WordPiece and
+      SentencePiece, BERT's uncased; false for BPE, cased as ModernBERT's).
     max_sentences: Train on at most this many sentences.
     overwrite: Replace an existing `output` (refused before reading anything).
     show_progress: A progress line per pass over the corpus, with its size.
@@ -88,9 +92,12 @@ def train(spec: str, output: str, *, model: str = "wordpiece", vocab_size: int =
     FileExistsError: `output` exists and not `overwrite`.
     UnusableTextError: the corpus gave no vocabulary worth writing.
   """
-  trainers = {"wordpiece": (train_wordpiece, 2), "sentencepiece": (train_sentencepiece, 1)}
+  trainers = {"wordpiece": (train_wordpiece, 2), "sentencepiece": (train_sentencepiece, 1),
+              "bpe": (train_bpe, 1)}
   if model not in trainers:
     raise errors.UsageError(f"model must be one of {sorted(trainers)}, got {model!r}")
+  if do_lower_case is None:
+    do_lower_case = model != "bpe"
   trainer, passes = trainers[model]  # each checks `output` before reading anything
   accounts: list[corpus.CorpusStats] = []
 
@@ -213,6 +220,49 @@ def train_sentencepiece(texts: Callable[[], Iterable[str]], output: str, vocab_s
     with open(prefix + ".model", "rb") as f:
       _write_atomically(output, f.read())
   return size
+
+
+def train_bpe(texts: Callable[[], Iterable[str]], output: str, vocab_size: int,
+              do_lower_case: bool, *, overwrite: bool = False,
+              source: str = "the corpus") -> int:
+  """Trains a byte-level BPE into the `tokenizer.json` `output`, laid out as
+  ModernBERT's: no normaliser (cased; `do_lower_case` adds one that
+  lower-cases), GPT-2's byte-level pre-tokeniser and decoder (a word after a
+  space is one piece with it, "Ġword"; every byte has a piece, so no text is
+  unknown), BERT's special tokens as added tokens, and `[CLS] A [SEP] B [SEP]`
+  as its post-processor.
+
+  `texts()` yields the corpus (called once). `vocab_size` is an upper bound
+  (as for WordPiece) and holds the 256 byte pieces. Returns the vocabulary's
+  size; raises as `train_wordpiece`.
+  """
+  import tokenizers
+  from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+  if not output.endswith(".json"):
+    raise errors.UsageError(f"--output={output}: a BPE tokenizer file must end in .json "
+                            "(tokenizer.json)")
+  alphabet = pre_tokenizers.ByteLevel.alphabet()
+  if vocab_size <= len(alphabet) + len(SPECIAL_TOKENS):
+    raise errors.UsageError(f"--vocab_size={vocab_size}: a byte-level BPE holds the "
+                            f"{len(alphabet)} byte pieces and {len(SPECIAL_TOKENS)} special "
+                            "tokens before it learns any; ask for more")
+  _check_output(output, overwrite)
+  backend = tokenizers.Tokenizer(models.BPE())
+  if do_lower_case:
+    backend.normalizer = normalizers.Lowercase()
+  backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  backend.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+                                initial_alphabet=alphabet, show_progress=False)
+  backend.train_from_iterator(texts(), trainer)
+  merges = backend.get_vocab_size() - len(alphabet) - len(SPECIAL_TOKENS)
+  _check_size(len(SPECIAL_TOKENS) + merges, vocab_size, source, output)
+  backend.post_processor = processors.TemplateProcessing(
+      single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
+      special_tokens=[(t, backend.token_to_id(t)) for t in ("[CLS]", "[SEP]")])
+  _write_atomically(output, backend.to_str(pretty=True).encode("utf-8"))
+  return backend.get_vocab_size()
 
 
 def _write_atomically(path: str, data: bytes) -> None:

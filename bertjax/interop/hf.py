@@ -24,6 +24,7 @@ from bertjax import errors
 from bertjax.files import read_json
 from bertjax.interop import bert, modernbert
 from bertjax.models import EncoderConfig
+from bertjax.models import family as model_family
 
 logger = logging.getLogger(__name__)
 
@@ -379,7 +380,8 @@ def write_directory(directory: str, config: EncoderConfig, reference_tensors: di
   names = FAMILIES[config.family].MODEL_INPUT_NAMES
   inputs = {"model_input_names": names} if names else {}
   if isinstance(tokenizer, JsonTokenizer):
-    tokenizer.save(directory)
+    tokenizer.save_tokenizer_json(os.path.join(directory, "tokenizer.json"),
+                                  second_type_id=int(model_family.of(config).token_types))
     write_json(os.path.join(directory, TOKENIZER_CONFIG_FILE), {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": config.max_position_embeddings, **inputs, **special})

@@ -54,7 +54,8 @@ if TYPE_CHECKING:  # JAX and grain come in with the loader: imported where measu
 
 _INPUT = paths.DEFINE_path("input", None, "Raw text (files/globs); default: the demo corpus "
                            "written out.", kind="inputs")
-_VOCAB = paths.DEFINE_path("vocab", None, "vocab.txt; default: trained on the input.")
+_VOCAB = paths.DEFINE_path("vocab", None, "vocab.txt, .model or tokenizer.json; default: a "
+                           "WordPiece trained on the input.")
 _REPEAT = flags.DEFINE_integer("repeat", 8, "Copies of the demo corpus in the raw text.")
 _LENGTHS = flags.DEFINE_list("lengths", ["128", "512"], "Sequence lengths for the loader "
                              "(without --config).")
@@ -166,8 +167,11 @@ def main(argv):
 # lines with the Rust tokenizer.
 _TOKENIZERS_ALONE = """
 import sys
-from tokenizers import BertWordPieceTokenizer
-tokenizer = BertWordPieceTokenizer(sys.argv[2], lowercase=True)
+import tokenizers
+if sys.argv[2].endswith(".json"):
+  tokenizer = tokenizers.Tokenizer.from_file(sys.argv[2])
+else:
+  tokenizer = tokenizers.BertWordPieceTokenizer(sys.argv[2], lowercase=True)
 text = open(sys.argv[1], encoding="utf-8").read()
 lines = [line for line in text.split("\\n") if line.strip()]
 print(sum(len(e.ids) for e in tokenizer.encode_batch(lines, add_special_tokens=False)))

@@ -43,9 +43,12 @@ _INPUT = paths.DEFINE_path("input", None, "Files/globs (comma-separated), "
                            "tfds:NAME[:SPLIT] or demo:stdlib.", kind="inputs", required=True)
 _OUTPUT_DIR = paths.DEFINE_path("output_dir", None, "Where to write the shards (local or "
                                 "gs://).", required=True)
-_VOCAB = paths.DEFINE_path("vocab", None, "WordPiece vocab.txt or SentencePiece .model "
-                           "(make one with bertjax.tools.train_vocab).", required=True)
-_DO_LOWER_CASE = flags.DEFINE_bool("do_lower_case", True, "Lower-case the text.")
+_VOCAB = paths.DEFINE_path("vocab", None, "WordPiece vocab.txt, SentencePiece .model or a "
+                           "tokenizer.json (a byte-level BPE as ModernBERT's; make one with "
+                           "bertjax.tools.train_vocab).", required=True)
+_DO_LOWER_CASE = flags.DEFINE_bool("do_lower_case", None, "Lower-case the text (default: true "
+                                   "for vocab.txt and .model; a tokenizer.json as its "
+                                   "normaliser says).")
 _FILE_FORMAT = flags.DEFINE_enum("file_format", "sentences", list(corpus.FILE_FORMATS),
                                  "sentences: one per line, blank line between documents; "
                                  "documents: one document per line.")

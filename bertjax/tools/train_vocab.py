@@ -1,9 +1,12 @@
-r"""Train a WordPiece `vocab.txt` or a SentencePiece model on a corpus.
+r"""Train a WordPiece `vocab.txt`, a SentencePiece model or a byte-level BPE
+`tokenizer.json` (ModernBERT's kind) on a corpus.
 
   python -m bertjax.tools.train_vocab --input='corpus/*.txt' --output=vocab.txt \
       --vocab_size=30522
   python -m bertjax.tools.train_vocab --input=demo:stdlib --output=spm.model \
       --model=sentencepiece --vocab_size=8000
+  python -m bertjax.tools.train_vocab --input=demo:stdlib --output=tokenizer.json \
+      --model=bpe --vocab_size=8000
 
 Inputs are those of `bertjax.tools.prepare_pretraining_data`. The vocabulary
 starts with BERT's special tokens ([PAD] [UNK] [CLS] [SEP] [MASK]); a
@@ -23,12 +26,13 @@ from bertjax.data import corpus, vocabulary
 
 _INPUT = paths.DEFINE_path("input", None, "Files/globs, tfds:NAME[:SPLIT] or demo:stdlib.",
                            kind="inputs", required=True)
-_OUTPUT = paths.DEFINE_path("output", None, "vocab.txt (WordPiece) or NAME.model "
-                            "(SentencePiece).", required=True)
-_MODEL = flags.DEFINE_enum("model", "wordpiece", ["wordpiece", "sentencepiece"],
-                           "Vocabulary type.")
+_OUTPUT = paths.DEFINE_path("output", None, "vocab.txt (WordPiece), NAME.model "
+                            "(SentencePiece) or NAME.json (BPE).", required=True)
+_MODEL = flags.DEFINE_enum("model", "wordpiece", ["wordpiece", "sentencepiece", "bpe"],
+                           "Vocabulary type (bpe: byte-level, as ModernBERT's).")
 _VOCAB_SIZE = flags.DEFINE_integer("vocab_size", 30522, "Tokens in the vocabulary.")
-_DO_LOWER_CASE = flags.DEFINE_bool("do_lower_case", True, "Lower-case the text.")
+_DO_LOWER_CASE = flags.DEFINE_bool("do_lower_case", None, "Lower-case the text (default: "
+                                   "true for wordpiece and sentencepiece, false for bpe).")
 _FILE_FORMAT = flags.DEFINE_enum("file_format", "sentences", list(corpus.FILE_FORMATS),
                                  "Layout of file inputs.")
 _MAX_SENTENCES = flags.DEFINE_integer("max_sentences", 10_000_000,

@@ -274,3 +274,57 @@ def test_static_instances_on_gcs_are_the_local_ones_and_replaced_whole(tmp_path,
   for name in sorted(n for n in os.listdir(local) if n.startswith("instances64-")):
     assert files.read_bytes(files.join(remote, name)) == open(os.path.join(local, name),
                                                               "rb").read(), name
+
+
+def _modernbert_layout_tokenizer(path, texts):
+  """A byte-level BPE laid out as ModernBERT's tokenizer.json is: its learned
+  pieces first, then [UNK] [CLS] [SEP] [PAD] [MASK], then unused tokens to a
+  multiple of 64 ids."""
+  import tokenizers
+  from tokenizers import decoders, models, pre_tokenizers, trainers
+
+  backend = tokenizers.Tokenizer(models.BPE())
+  backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  backend.decoder = decoders.ByteLevel()
+  backend.train_from_iterator(texts, trainers.BpeTrainer(
+      vocab_size=500, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+      show_progress=False))
+  learned = backend.get_vocab_size()
+  backend.add_special_tokens(["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"])
+  size = -(-(learned + 5) // 64) * 64
+  backend.add_tokens([f"[unused{i}]" for i in range(size - learned - 5)])
+  backend.save(str(path))
+  return learned, size
+
+
+def test_a_tokenizer_json_builds_each_document_as_its_running_text(tmp_path):
+  """With a `tokenizer.json` (ModernBERT's kind and layout), a document's
+  sentences hold the pieces `tokenizers` itself gives the document's text, its
+  sentences joined by a space: a sentence after another is encoded after a
+  space ("Ġword"), as in running text. Hard strings included; the special
+  tokens keep their ids at the end of the vocabulary."""
+  import tokenizers
+
+  from bertjax.data.tokenizers import tokenizer_from_vocab_file
+  from tests.data.test_vocabulary import HARD_TEXT
+
+  documents = [HARD_TEXT[i:] + HARD_TEXT[:i] for i in range(len(HARD_TEXT))]
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text("\n\n".join("\n".join(d) for d in documents) + "\n", encoding="utf-8")
+  path = tmp_path / "tokenizer.json"
+  learned, size = _modernbert_layout_tokenizer(path, HARD_TEXT * 20)
+  tokenizer = tokenizer_from_vocab_file(str(path))
+  assert (tokenizer.unk_id, tokenizer.mask_id, tokenizer.vocab_size) == (
+      learned, learned + 4, size)
+  builder.prepare(str(corpus), str(tmp_path / "out"), tokenizer, num_shards=1,
+                  num_workers=1, show_progress=False)
+  backend = tokenizers.Tokenizer.from_file(str(path))
+  expected = sorted(backend.encode(" ".join(d), add_special_tokens=False).ids
+                    for d in documents)
+  built = _documents(tmp_path / "out")
+  assert sorted(sum(d, []) for d in built) == expected
+  assert all(len(d) == len(HARD_TEXT) for d in built)  # the sentences kept apart
+  # The running text's pieces differ from sentence-by-sentence pieces.
+  alone = [backend.encode(s, add_special_tokens=False).ids for s in documents[0]]
+  assert sum(alone, []) != backend.encode(" ".join(documents[0]),
+                                          add_special_tokens=False).ids

@@ -52,6 +52,58 @@ def test_sentencepiece_model(tmp_path):
   assert tokenizer.special_tokens["pad"] == "[PAD]"
 
 
+HARD_TEXT = ["Tabs\tand   runs of  spaces, then a newline-free line.",
+             "Émoji 🦊🚀 and accents: naïve café, Ångström, São Paulo.",
+             "CJK: 東京は日本の首都です。 한국어 텍스트.",
+             "Code: def f(x): return x**2  # comment; a[i] += {'k': 1}",
+             "MiXeD CaSe and numbers 3.14159, 1,000,000 and 2026-12-05."]
+
+
+def test_a_bpe_is_trained_as_modernberts_the_same_in_every_process(tmp_path):
+  """`--model=bpe`: a cased byte-level BPE (every byte a piece, so nothing is
+  unknown) with BERT's special tokens and ModernBERT's [CLS] A [SEP] layout;
+  trained again in another process, the same file byte for byte."""
+  import tokenizers
+
+  corpus_path = tmp_path / "c.txt"
+  corpus_path.write_text("\n".join(HARD_TEXT * 30) + "\n", encoding="utf-8")
+  outputs = []
+  for run in range(2):
+    output = tmp_path / f"tokenizer{run}.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "bertjax.tools.train_vocab", f"--input={corpus_path}",
+         f"--output={output}", "--model=bpe", "--vocab_size=600"],
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert f"(bpe, " in result.stdout
+    outputs.append(output.read_bytes())
+  assert outputs[0] == outputs[1]
+  backend = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer0.json"))
+  assert [backend.id_to_token(i) for i in range(5)] == vocabulary.SPECIAL_TOKENS
+  assert 256 + 5 < backend.get_vocab_size() <= 600
+  for text in HARD_TEXT:
+    encoding = backend.encode(text)
+    assert encoding.tokens[0] == "[CLS]" and encoding.tokens[-1] == "[SEP]"
+    assert "[UNK]" not in encoding.tokens  # byte-level: nothing is unknown
+    assert backend.decode(encoding.ids) == text  # cased, every byte kept
+  assert backend.encode("Paris paris").tokens != backend.encode("paris paris").tokens
+
+
+def test_a_bpe_refuses_a_size_below_its_bytes_and_another_suffix(tmp_path):
+  import pytest
+
+  from bertjax import errors
+
+  corpus = lambda: iter(HARD_TEXT)
+  with pytest.raises(errors.UsageError, match="--vocab_size=200: a byte-level BPE holds the 256"):
+    vocabulary.train_bpe(corpus, str(tmp_path / "t.json"), 200, False)
+  with pytest.raises(errors.UsageError, match="must end in .json"):
+    vocabulary.train_bpe(corpus, str(tmp_path / "vocab.txt"), 600, False)
+  with pytest.raises(vocabulary.UnusableTextError, match="no usable text"):
+    vocabulary.train_bpe(lambda: iter([]), str(tmp_path / "t.json"), 600, False)
+  assert not list(tmp_path.iterdir())
+
+
 def test_continuing_characters_leave_out_what_the_pre_tokeniser_splits():
   import tokenizers
   from tokenizers import models, normalizers, pre_tokenizers
