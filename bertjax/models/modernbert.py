@@ -128,7 +128,10 @@ class ModernLayer(nn.Module):
 
 class PredictionHead(nn.Module):
   """Dense, activation, LayerNorm: what the masked LM and the fine-tuning
-  heads read (transformers' `ModernBertPredictionHead`)."""
+  heads read (transformers' `ModernBertPredictionHead`). Its dense layer
+  starts at `initializer_range`, as in ModernBERT's training code (an input
+  projection there; transformers' `_init_weights` scales it as an output
+  one, which only a model trained from scratch would feel)."""
 
   config: EncoderConfig
 
@@ -137,7 +140,7 @@ class PredictionHead(nn.Module):
     """[..., embed] -> [..., embed], compute dtype."""
     config = self.config
     x = Dense(config, (config.hidden_size, config.hidden_size), ("embed", "mlp"),
-              use_bias=False, stddev=out_stddev(config), name="dense")(x)
+              use_bias=False, name="dense")(x)
     x = activation(config.hidden_act)(x)
     return layer_norm(config, "layer_norm")(x.astype(jnp.float32)).astype(config.dtype)
 

@@ -203,7 +203,8 @@ def test_bfloat16_compute_keeps_float32_parameters_and_logits():
 
 def test_initialisation_follows_modernbert():
   """Projections into the residual stream start at 0.02 / sqrt(2 L), the rest
-  at 0.02, classifiers at 1 / sqrt(hidden); no biases but the decoder's."""
+  at 0.02 (the prediction head's dense layer too, as ModernBERT's training
+  code has it), classifiers at 1 / sqrt(hidden); no biases but the decoder's."""
   model = build_model(config(num_layers=8, hidden_size=64, num_heads=4), "sequence_classification")
   params = nn.meta.unbox(init_params(model, jax.random.key(0)))
   layer = params["bert"]["layers_3"]
@@ -212,6 +213,7 @@ def test_initialisation_follows_modernbert():
   assert std(layer["attention"]["qkv"]["kernel"]) == pytest.approx(0.02 * 0.88, rel=0.05)
   assert std(layer["output"]["kernel"]) == pytest.approx(0.02 / 4 * 0.88, rel=0.05)
   assert std(layer["attention"]["output"]["kernel"]) == pytest.approx(0.02 / 4 * 0.88, rel=0.05)
+  assert std(params["bert"]["head"]["dense"]["kernel"]) == pytest.approx(0.02 * 0.88, rel=0.05)
   assert std(params["classifier"]["kernel"]) == pytest.approx(64 ** -0.5 * 0.88, rel=0.25)
   biases = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(params)
             if "bias" in jax.tree_util.keystr(p)]
