@@ -40,7 +40,7 @@ class Phase:
   batch_size: int
   model_changes: tuple[tuple[str, Any], ...] = ()
   ramp_start: int = 0  # batch-size warmup: the first steps' batch, in its multiples ...
-  ramp_steps: int = 0  # ... up to `batch_size` over these steps (0: none)
+  ramp_steps: int = 0  # ... below `batch_size` over these steps (0: none), then all of it
 
   def model(self, base: EncoderConfig) -> EncoderConfig:
     """The run's model (`base`) as this phase trains it."""
@@ -61,11 +61,15 @@ class Phase:
 
   def parts(self, step: int) -> int:
     """Loader batches of the step after `step` steps: during the batch-size
-    warmup, 1, 2, ... in equal runs of steps, then all of the batch."""
+    warmup, 1, 2, ... up to one short of the whole batch, each in an equal
+    run of steps, then all of the batch. ModernBERT's packer
+    (`BatchSizeWarmupScheduler`) steps through the sizes so: each size until
+    its share of the warmup's tokens (in proportion to the size) is used, the
+    whole batch once all of them are; `ramp_steps` is that many steps."""
     full = self.batch_size // self.loader_batch
     if not self.ramp_steps or step >= self.start + self.ramp_steps:
       return full
-    return 1 + (step - self.start) * full // self.ramp_steps
+    return 1 + (step - self.start) * max(full - 1, 1) // self.ramp_steps
 
 
 def phases(config: ml_collections.ConfigDict) -> list[Phase]:

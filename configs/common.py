@@ -135,8 +135,8 @@ def pretrain_config(size: str = "bert_base") -> ml_collections.ConfigDict:
   config.train.long_max_predictions = 80
   config.train.long_batch_size = -1       # sequences a step from long_from_step; -1: batch_size
   # Batch-size warmup (ModernBERT's): the first phase's batch grows from
-  # batch_ramp_start in steps of it to batch_size over batch_ramp_steps steps,
-  # each size for an equal run of steps (0: the full batch from the start).
+  # batch_ramp_start in steps of it over batch_ramp_steps steps, each size for
+  # an equal run of steps, then is batch_size (0: the full batch from the start).
   config.train.batch_ramp_start = 0
   config.train.batch_ramp_steps = 0
   # Model fields the long phase changes (ModernBERT: its global rotary base);

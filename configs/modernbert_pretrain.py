@@ -15,8 +15,9 @@ recipe of ModernBERT's own training configs, in steps of the same tokens:
   it: warmup-stable-decay (`optimizer.schedule="wsd"`);
 - StableAdamW (update clipping instead of gradient clipping), betas 0.9 and
   0.98, epsilon 1e-6, fully decoupled weight decay 1e-5 off biases and norms;
-- a batch-size warmup, 768 to 4,608 sequences in six steps over the first
-  50B tokens (`train.batch_ramp_start`, `train.batch_ramp_steps`);
+- a batch-size warmup, 768 to 3,840 sequences in steps of 768 over the
+  first 50B tokens, then 4,608 (`train.batch_ramp_start`,
+  `train.batch_ramp_steps`);
 - dropout 0.1 on the attention output only; none on the embeddings, the
   attention probabilities (so "auto" runs the fused kernels) or the
   feed-forward.
@@ -28,6 +29,7 @@ where bertjax differs from ModernBERT's code.
 """
 
 from bertjax.configs import common
+from bertjax.phases import Phase
 
 
 def _steps(tokens: float, sequences: int, length: int) -> int:
@@ -35,12 +37,12 @@ def _steps(tokens: float, sequences: int, length: int) -> int:
 
 
 def _ramped_steps(tokens: float, start: int, batch: int, ramp_steps: int, length: int) -> int:
-  """Steps to train `tokens` tokens when the batch grows from `start` to
-  `batch` in steps of `start` over `ramp_steps` steps (as the trainer does)."""
-  stages = batch // start
+  """Steps to train `tokens` tokens when the batch grows from `start` in
+  steps of it over `ramp_steps` steps, then is `batch` (as the trainer does)."""
+  ramp = Phase(0, 0, ramp_steps, length, 0, batch, ramp_start=start, ramp_steps=ramp_steps)
   done = steps = 0
   while done < tokens and steps < ramp_steps:
-    done += (1 + steps * stages // ramp_steps) * start * length
+    done += ramp.parts(steps) * start * length
     steps += 1
   return steps + max(0, -int((done - tokens) // (batch * length)))
 
@@ -63,11 +65,12 @@ def get_config(arg: str | None = None):
   extension_steps = _steps(250e9, long_batch, 8192)
   decay_steps = _steps(50e9, long_batch, 8192)
   config.train.batch_size = batch
-  # Batch-size warmup: 768 to 4,608 sequences in steps of 768 over the first
-  # 50B tokens (large: 448 to 4,928 over 10B), each size for an equal run of
-  # steps (the steps of those tokens at the mean batch).
+  # Batch-size warmup, as ModernBERT's packer: 768, 1,536, ... 3,840
+  # sequences over the first 50B tokens (large: 448 to 4,480 over 10B), each
+  # size for an equal run of steps, then the whole batch. The sizes' mean is
+  # half the batch, so those tokens take this many steps.
   ramp_start, ramp_tokens = (768, 50e9) if size == "base" else (448, 10e9)
-  ramp_steps = _steps(ramp_tokens, (ramp_start + batch) // 2, 1024)
+  ramp_steps = _steps(ramp_tokens, batch // 2, 1024)
   config.train.batch_ramp_start = ramp_start
   config.train.batch_ramp_steps = ramp_steps
   # 1.719T tokens at 1,024, the warmup's steps carrying fewer.

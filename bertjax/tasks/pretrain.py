@@ -265,9 +265,10 @@ class _Trainer:
                  "rows" if config.data.max_sequences_per_row > 1 else "sequences",
                  "".join(f", {name}={value}" for name, value in phase.model_changes))
     if phase.ramp_steps:
-      logging.info("Batch-size warmup: %d, %d, ... %d a step over steps %d-%d",
-                   phase.ramp_start, 2 * phase.ramp_start, phase.batch_size, phase.start,
-                   phase.start + phase.ramp_steps)
+      largest = phase.parts(phase.start + phase.ramp_steps - 1) * phase.ramp_start
+      logging.info("Batch-size warmup: %d, %d, ... %d a step over steps %d-%d, then %d",
+                   phase.ramp_start, 2 * phase.ramp_start, largest, phase.start,
+                   phase.start + phase.ramp_steps, phase.batch_size)
     # The steps of the phase's model (the same parameters; a phase may change
     # how it computes, e.g. ModernBERT's rotary base), one per batch size of
     # the warmup: each takes the configured micro-batches.

@@ -1,6 +1,6 @@
 """ModernBERT's recipe through `python -m bertjax.main`: configs/modernbert_pretrain.py
 scaled down (L4/H32 on the test vocabulary, two devices), its batch-size
-warmup (2, 4, 6, then 8 rows a step), its two phases (the rotary base raised
+warmup (2, 4, 6 rows a step, then 8), its two phases (the rotary base raised
 and a batch of its own for the long phase), StableAdamW and the
 warmup-stable-decay schedule, exact resume after kill -9 in the warmup and in
 the long phase, and the run's model exported to transformers.
@@ -52,7 +52,7 @@ def _records(workdir):
 def test_the_recipe_runs_both_phases(uninterrupted):
   workdir, log = uninterrupted
   assert "Phase 0: steps 0-50 at length 32, 8 rows a step" in log
-  assert "Batch-size warmup: 2, 4, ... 8 a step over steps 0-24" in log
+  assert "Batch-size warmup: 2, 4, ... 6 a step over steps 0-24, then 8" in log
   for rows in (2, 4, 6, 8):  # one program for each batch size of the warmup
     assert f"Compiled the step for length 32 ({rows} a step)" in log
   assert "Phase 1: steps 50-90 at length 64, 16 rows a step, global_rope_theta=160000.0" in log
@@ -122,13 +122,61 @@ def test_the_run_exports_its_long_phase_model_to_transformers(uninterrupted, tmp
   assert os.path.isdir(ROOT)
 
 
-def test_the_warmup_grows_the_batch_in_equal_runs_of_steps():
+def _packer_sizes(min_size, max_size, warmup_tokens, tokens_per_unit, steps):
+  """The batch size (in units of the first) of each step under ModernBERT's
+  `BatchSizeWarmupScheduler` (src/sequence_packer.py), transcribed: sizes
+  `range(min_size, max_size)`, each until a token threshold in proportion to
+  the sizes so far, then `max_size` once the warmup's tokens are counted;
+  each step counts the tokens of its full rows."""
+  import math
+
+  total = sum(range(min_size, max_size))
+  thresholds, cumsum = [], 0
+  for size in range(min_size, max_size):
+    cumsum += size
+    thresholds.append(math.ceil(warmup_tokens / total * cumsum))
+  sizes, counted = [], 0
+  for _ in range(steps):
+    size = max_size if counted >= warmup_tokens else next(
+        (min_size + i for i, t in enumerate(thresholds) if counted < t), max_size)
+    sizes.append(size)
+    counted += size * tokens_per_unit
+  return sizes
+
+
+@pytest.mark.parametrize("start,batch,stage_steps", [(8, 48, 5), (448, 4928, 3), (4, 8, 7)])
+def test_the_warmup_steps_through_the_sizes_as_modernberts_packer(start, batch, stage_steps):
+  """1, 2, ... of the first batch, each for an equal run of steps, up to one
+  short of the whole batch, which comes once the warmup's tokens are used:
+  step for step the sizes of ModernBERT's packer, with `batch_ramp_steps` as
+  the config computes it from those tokens (their steps at half the batch)."""
   from bertjax.phases import Phase
 
-  phase = Phase(0, 0, 100, 128, 20, 48, ramp_start=8, ramp_steps=30)
-  assert phase.loader_batch == 8
-  assert [phase.parts(step) for step in range(0, 40, 5)] == [1, 2, 3, 4, 5, 6, 6, 6]
+  length, full = 128, batch // start
+  warmup_tokens = sum(range(1, full)) * stage_steps * start * length
+  ramp_steps = round(warmup_tokens / (batch // 2 * length))
+  phase = Phase(0, 0, 10 * ramp_steps, length, 20, batch, ramp_start=start,
+                ramp_steps=ramp_steps)
+  steps = ramp_steps + 10
+  assert phase.loader_batch == start
+  assert [phase.parts(step) for step in range(steps)] == _packer_sizes(
+      1, full, warmup_tokens, start * length, steps)
   assert Phase(1, 100, 200, 512, 80, 48).parts(150) == 1  # no warmup: whole batches
+
+
+def test_the_recipes_warmup_is_modernberts():
+  """ModernBERT-base: 768, ... 3,840 sequences, 4,238-4,239 steps each (50B
+  tokens of 1,024-token rows), then 4,608."""
+  from bertjax.configs import modernbert_pretrain
+  from bertjax.phases import phases
+
+  phase = phases(modernbert_pretrain.get_config())[0]
+  sizes = [phase.parts(step) * phase.loader_batch for step in range(phase.ramp_steps + 1)]
+  runs = {size: sizes.count(size) for size in sorted(set(sizes))}
+  assert list(runs) == [768, 1536, 2304, 3072, 3840, 4608]
+  assert all(4238 <= runs[size] <= 4239 for size in list(runs)[:-1])
+  tokens = sum(sizes[:-1]) * 1024
+  assert tokens == pytest.approx(50e9, rel=1e-4)
 
 
 @pytest.mark.parametrize("changes, says", [
