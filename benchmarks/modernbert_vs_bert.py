@@ -51,7 +51,7 @@ RECIPES = {
                                  "optimizer.learning_rate": 1e-4}),
     "modernbert": ("configs/modernbert_pretrain.py", {
         "model.intermediate_size": 672, "model.local_attention": 128,
-        "model.attention_output_dropout_prob": 0.0, "train.max_predictions": 39,
+        "model.attention_output_dropout_prob": 0.0, "train.max_predictions": 65,
         "train.batch_ramp_steps": 0, "data.build_from": "demo:stdlib",
         "data.max_sequences_per_row": 4, "optimizer.learning_rate": 8e-4}),
 }

@@ -92,6 +92,10 @@ def pretrain_config(size: str = "bert_base") -> ml_collections.ConfigDict:
   # masked and random tokens come from the whole vocabulary; "excluded": no
   # special token ([UNK], [MASK], [PAD] too) is masked or drawn.
   config.data.masking_specials = "original"
+  # "bert": that share of each sequence exactly, [CLS] and [SEP] never;
+  # "modernbert": each token independently at the rate, specials included
+  # (max_predictions then needs room above the mean: bertjax.data.masking).
+  config.data.masking = "bert"
   config.data.short_seq_prob = 0.1
   # Instances shuffled together: a 50,000 window makes a batch of 256 nearly as
   # mixed as a full shuffle at ~11 instances a document, for tens of MiB a
@@ -172,7 +176,9 @@ def pretrain_config(size: str = "bert_base") -> ml_collections.ConfigDict:
   # every_seconds plus one save's time (docs/checkpoints.md).
   config.checkpoint = ml_collections.ConfigDict(dict(every_steps=10_000, every_seconds=600,
                                                      max_to_keep=3, async_save=True))
-  config.eval = ml_collections.ConfigDict(dict(every_steps=10_000, batches=50, batch_size=256))
+  # masked_lm_prob: the held-out documents' masking rate (-1: data.masked_lm_prob).
+  config.eval = ml_collections.ConfigDict(dict(every_steps=10_000, batches=50, batch_size=256,
+                                               masked_lm_prob=-1.0))
   config.log_every_steps = 100
   config.max_consecutive_skips = 10  # non-finite steps in a row before the run stops
   config.divergence = divergence_config()

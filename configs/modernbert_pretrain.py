@@ -5,8 +5,9 @@ r"""ModernBERT pre-training (Warner et al., 2024), base by default.
 
 `--config=configs/modernbert_pretrain.py:large` for ModernBERT-large. The
 recipe of ModernBERT's own training configs, in steps of the same tokens:
-- masked LM alone at 30% (80/10/10), no next-sentence prediction and no
-  token types; no sequence made shorter at random (`data.short_seq_prob=0`;
+- masked LM alone, each token masked independently at 30% (80/10/10; [CLS]
+  and [SEP] too: `data.masking="modernbert"`), evaluated at 15%; no
+  next-sentence prediction and no token types; no sequence made shorter at random (`data.short_seq_prob=0`;
   BERT's 10% is the paper's); rows of up to 8 documents' sequences that do
   not attend to each other (`objective="mlm"`, `data.max_sequences_per_row=8`),
   as its unpadded packing;
@@ -58,6 +59,8 @@ def get_config(arg: str | None = None):
   config.model.attention_output_dropout_prob = 0.1
   config.data.vocab_size = 50368
   config.data.masked_lm_prob = 0.3
+  config.data.masking = "modernbert"  # each token at 30%, [CLS] and [SEP] too
+  config.eval.masked_lm_prob = 0.15  # ModernBERT evaluates at 15%
   config.data.short_seq_prob = 0.0  # every sequence as long as its document allows
   # Packed rows (train.batch_size counts rows): ModernBERT trains on unpadded
   # rows of whole documents that do not see each other.
@@ -78,10 +81,10 @@ def get_config(arg: str | None = None):
   # 1.719T tokens at 1,024, the warmup's steps carrying fewer.
   short_steps = _ramped_steps(1.719e12, ramp_start, batch, ramp_steps, 1024)
   config.train.max_seq_length = 1024
-  config.train.max_predictions = 308      # 30% of 1,024
+  config.train.max_predictions = 381      # 30% of 1,024 and five standard deviations
   config.train.long_from_step = short_steps
   config.train.long_seq_length = 8192
-  config.train.long_max_predictions = 2458  # 30% of 8,192
+  config.train.long_max_predictions = 2665  # 30% of 8,192 and five standard deviations
   config.train.long_batch_size = long_batch
   config.train.long_model = {"global_rope_theta": 160_000.0}
   config.train.total_steps = short_steps + extension_steps + decay_steps

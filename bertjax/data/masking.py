@@ -1,6 +1,7 @@
 """Masked-LM targets for whole batches, vectorised in numpy.
 
-As in the paper and the original code: 15% of the tokens of each sequence
+Two rules (`MaskingConfig.rule`). "bert", as in the paper and the original
+code: 15% of the tokens of each sequence
 (`round(length * masked_lm_prob)`, at least one, at most `max_predictions`) are
 chosen in random order, never [CLS], [SEP] or padding; of them 80% become
 [MASK], 10% a random token and 10% stay as they are. As in the original
@@ -9,6 +10,15 @@ random token is drawn from the whole vocabulary, special tokens included
 (`specials="original"`); `specials="excluded"` chooses and draws no special
 token at all. With whole-word masking a word's pieces are chosen together,
 skipping words that would overflow the budget, as the original does.
+
+"modernbert", as ModernBERT's packer (`SequencePacker.mlm_masking`, itself
+transformers' `DataCollatorForLanguageModeling`): each real token is chosen
+independently at `masked_lm_prob`, [CLS] and [SEP] included, so a sequence's
+count varies (`max_predictions` caps it: `check_length` asks for room for
+five standard deviations); a random replacement is drawn from [0, the largest
+id of the sequence once its [MASK]s are in] (ModernBERT draws below the
+batch's, which with its tokenizer is the same range: [MASK] is its largest
+id in use).
 
 Randomness is a counter-based hash of (seed, instance key, position), so an
 instance's mask depends only on its key: the same in any batch, after any
@@ -27,6 +37,7 @@ from bertjax import errors
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 SPECIALS_RULES = ("original", "excluded")
+RULES = ("bert", "modernbert")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +54,9 @@ class MaskingConfig:
     specials: "original": only [CLS] and [SEP] are never chosen (an [UNK] is,
       like any word) and random tokens come from the whole vocabulary, as
       `create_pretraining_data.py`; "excluded": no special token ([CLS],
-      [SEP], [PAD], [MASK], [UNK]) is chosen or drawn.
+      [SEP], [PAD], [MASK], [UNK]) is chosen or drawn. For the "bert" rule.
+    rule: "bert" (an exact share of each sequence) or "modernbert" (each
+      token independently); see the module's docstring.
   """
 
   masked_lm_prob: float = 0.15
@@ -52,6 +65,7 @@ class MaskingConfig:
   random_rate: float = 0.1
   whole_word: bool = False
   specials: str = "original"
+  rule: str = "bert"
 
   def __post_init__(self):
     if not 0 < self.masked_lm_prob < 1:
@@ -64,10 +78,21 @@ class MaskingConfig:
     if self.specials not in SPECIALS_RULES:
       raise errors.UsageError(f"masking specials must be one of {SPECIALS_RULES}, got "
                               f"{self.specials!r}")
+    if self.rule not in RULES:
+      raise errors.UsageError(f"the masking rule must be one of {RULES}, got {self.rule!r}")
+    if self.rule == "modernbert" and (self.whole_word or self.specials != "original"):
+      raise errors.UsageError("the modernbert masking rule chooses single tokens, specials "
+                              "included: it takes neither whole_word_masking nor "
+                              "masking_specials='excluded'")
 
   def check_length(self, max_seq_length: int) -> None:
-    """Fails if `max_predictions` cannot hold the masked share of a full sequence."""
-    needed = int(np.round(max_seq_length * self.masked_lm_prob))
+    """Fails if `max_predictions` cannot hold the masked share of a full
+    sequence (with the "modernbert" rule, whose count varies, five standard
+    deviations above it)."""
+    mean = max_seq_length * self.masked_lm_prob
+    needed = int(np.round(mean))
+    if self.rule == "modernbert":
+      needed = int(np.ceil(mean + 5 * np.sqrt(mean * (1 - self.masked_lm_prob))))
     if needed > self.max_predictions:
       raise errors.UsageError(
           f"max_predictions={self.max_predictions} is too small for masked_lm_prob="
@@ -141,11 +166,15 @@ class Masker:
     keys = np.asarray(keys, np.uint64) ^ self.seed
     positions = np.arange(length)
     real = positions[None, :] < np.asarray(lengths)[:, None]
-    candidates = real & ~self.is_special[input_ids]
-    budget = np.maximum(1, np.round(np.asarray(lengths) * config.masked_lm_prob)).astype(int)
-    budget = np.minimum(np.minimum(budget, config.max_predictions), candidates.sum(1))
-
     priority = uniform(keys, positions, 1)
+    if config.rule == "modernbert":  # each real token at the rate; the first draws kept
+      candidates = real & (priority < config.masked_lm_prob)
+      budget = np.minimum(candidates.sum(1), config.max_predictions)
+    else:
+      candidates = real & ~self.is_special[input_ids]
+      budget = np.maximum(1, np.round(np.asarray(lengths) * config.masked_lm_prob)).astype(int)
+      budget = np.minimum(np.minimum(budget, config.max_predictions), candidates.sum(1))
+
     if config.whole_word:
       chosen = self._whole_words(input_ids, candidates, priority, budget)
     else:
@@ -164,8 +193,14 @@ class Masker:
 
     action = uniform(keys, masked_positions, 2)
     draw = uniform(keys, masked_positions, 3)
-    random_ids = self.replacements[(draw * len(self.replacements)).astype(np.int64)]
-    new_ids = np.where(action < config.mask_rate, self.mask_id,
+    masks = weights & (action < config.mask_rate)
+    if config.rule == "modernbert":  # below the sequence's largest id, [MASK]s in
+      largest = np.maximum(np.where(real, input_ids, 0).max(1),
+                           np.where(masks.any(1), self.mask_id, 0))
+      random_ids = (draw * (largest[:, None] + 1)).astype(np.int32)
+    else:
+      random_ids = self.replacements[(draw * len(self.replacements)).astype(np.int64)]
+    new_ids = np.where(masks, self.mask_id,
                        np.where(action < config.mask_rate + config.random_rate,
                                 random_ids, masked_ids))
     corrupted = input_ids.copy()

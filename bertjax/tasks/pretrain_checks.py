@@ -55,7 +55,8 @@ def validate(config: ml_collections.ConfigDict, mesh_devices: int) -> tuple[int,
                               f"max_position_embeddings={bert.max_position_embeddings}; raise "
                               "model.max_position_embeddings or shorten the sequences")
     if config.objective != "ltr":
-      masking_config(config, phase.max_predictions).check_length(phase.max_seq_length)
+      for split in ("train", "eval"):
+        masking_config(config, phase.max_predictions, split).check_length(phase.max_seq_length)
   if config.data.static and config.objective == "ltr":
     raise errors.UsageError(
         "data.static masks the data once, for the masked-LM objectives; the ltr "
@@ -86,6 +87,10 @@ def validate(config: ml_collections.ConfigDict, mesh_devices: int) -> tuple[int,
   if not 0 <= eval_percent < 100:
     raise errors.UsageError(f"data.eval_percent={eval_percent} must be in [0, 100): the share of "
                      "documents held out for evaluation")
+  eval_rate = config.eval.masked_lm_prob
+  if eval_rate != -1 and not 0 < eval_rate < 1:
+    raise errors.UsageError(f"eval.masked_lm_prob={eval_rate} must be in (0, 1), or -1 for "
+                            "data.masked_lm_prob's")
   if config.eval.every_steps > 0:
     if eval_percent == 0:
       raise errors.UsageError("data.eval_percent=0 holds no document out, but eval.every_steps="

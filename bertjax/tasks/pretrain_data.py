@@ -67,18 +67,26 @@ def data_identity(config: ml_collections.ConfigDict, data_dir: str) -> str:
   described = {"documents": shards.read_info(data_dir), "objective": config.objective,
                **{name: data[name] for name in (
                    "short_seq_prob", "static", "max_sequences_per_row", "masked_lm_prob",
-                   "mask_rate", "random_rate", "whole_word_masking", "masking_specials")}}
+                   "mask_rate", "random_rate", "whole_word_masking", "masking_specials",
+                   "masking")}}
   digest = hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode())
   return f"{hosts.from_process_0(int(digest.hexdigest()[:7], 16)):07x}"
 
 
-def masking_config(config: ml_collections.ConfigDict, max_predictions: int) -> MaskingConfig:
-  return MaskingConfig(masked_lm_prob=config.data.masked_lm_prob,
+def masking_config(config: ml_collections.ConfigDict, max_predictions: int,
+                   split: str = "train") -> MaskingConfig:
+  """The masking of `split`: the held-out documents are masked at
+  `eval.masked_lm_prob` where it is set (ModernBERT evaluates at 15%)."""
+  rate = config.data.masked_lm_prob
+  if split == "eval" and config.eval.masked_lm_prob > 0:
+    rate = config.eval.masked_lm_prob
+  return MaskingConfig(masked_lm_prob=rate,
                        max_predictions=max_predictions,
                        mask_rate=config.data.mask_rate,
                        random_rate=config.data.random_rate,
                        whole_word=config.data.whole_word_masking,
-                       specials=config.data.masking_specials)
+                       specials=config.data.masking_specials,
+                       rule=config.data.masking)
 
 
 def loader_config(config: ml_collections.ConfigDict, data_dir: str, phase: Phase,
@@ -88,7 +96,7 @@ def loader_config(config: ml_collections.ConfigDict, data_dir: str, phase: Phase
   return loader.LoaderConfig(
       data_dir, objective=config.objective, max_seq_length=phase.max_seq_length,
       batch_size=batch_size // jax.process_count(),
-      masking=masking_config(config, phase.max_predictions),
+      masking=masking_config(config, phase.max_predictions, split),
       short_seq_prob=data.short_seq_prob, seed=config.seed + 1000 * phase.index + seed_offset,
       shuffle_window=data.shuffle_window, worker_count=worker_count, split=split,
       eval_percent=data.eval_percent, host_sharding=data.host_sharding,

@@ -213,3 +213,72 @@ def test_the_original_rule_matches_create_pretraining_data_on_text_with_unks():
   assert unk_t > 0.08 and special_t > 0.1  # what the original does, on this text
   np.testing.assert_allclose(unk_o, unk_t, rtol=0.08)
   np.testing.assert_allclose(special_o, special_t, rtol=0.25)
+
+
+def _modernbert_mlm_masking(seq, mask_prob, mask_token, pad_token, rng, ignore_index=-100):
+  """ModernBERT's `SequencePacker.mlm_masking` (src/sequence_packer.py),
+  transcribed: one uniform a token partitions [MASK] (below 0.8 p), random
+  (0.8 p to 0.9 p) and kept (0.9 p to p); random ids below the batch's
+  largest id once the [MASK]s are in; padding never a label."""
+  labels = np.where(seq == pad_token, ignore_index, seq)
+  rand = rng.random(seq.shape)
+  mask_mask = rand < mask_prob * 0.8
+  random_mask = (rand >= mask_prob * 0.8) & (rand < mask_prob * 0.9)
+  keep_mask = (rand >= mask_prob * 0.9) & (rand < mask_prob)
+  labels = np.where(mask_mask | random_mask | keep_mask, labels, ignore_index)
+  seq = np.where(mask_mask, mask_token, seq)
+  random_words = rng.integers(0, np.max(seq) + 1, size=seq.shape)
+  return np.where(random_mask, random_words, seq), labels
+
+
+def _shares(ids, lengths, chosen, new):
+  """(share of real tokens chosen, of [CLS]/[SEP] chosen, of the chosen
+  turned to [MASK], to another id)."""
+  real = np.arange(ids.shape[1])[None, :] < lengths[:, None]
+  special = real & np.isin(ids, [SPECIAL["cls"], SPECIAL["sep"]])
+  return (chosen[real].mean(), chosen[special].mean(),
+          (new[chosen] == SPECIAL["mask"]).mean(),
+          ((new[chosen] != SPECIAL["mask"]) & (new[chosen] != ids[chosen])).mean())
+
+
+def test_the_modernbert_rule_masks_as_modernberts_packer():
+  """Each token independently at 30%, [CLS] and [SEP] at their share too,
+  80/10/10: the same shares as a transcription of ModernBERT's own masking on
+  the same sequences, and the mean count a sequence is 30% of its tokens."""
+  rng = np.random.default_rng(0)
+  config = MaskingConfig(masked_lm_prob=0.3, max_predictions=65, rule="modernbert")
+  config.check_length(128)
+  masker = Masker(config, VOCAB, SPECIAL)
+  ours, theirs, counts = [], [], []
+  for step in range(16):
+    ids, lengths = _batch(rng)
+    out = masker(ids, lengths, np.arange(step * 512, (step + 1) * 512, dtype=np.uint64))
+    weights = out["masked_weights"].astype(bool)
+    chosen = np.zeros(ids.shape, bool)
+    rows, cols = np.nonzero(weights)
+    chosen[rows, out["masked_positions"][rows, cols]] = True
+    ours.append(_shares(ids, lengths, chosen, out["input_ids"]))
+    counts.append(weights.sum(1) / lengths)
+    # Random replacements stay below the sequence's largest id, [MASK]s in.
+    random = chosen & (out["input_ids"] != SPECIAL["mask"]) & (out["input_ids"] != ids)
+    largest = np.maximum(ids.max(1), SPECIAL["mask"])[:, None].repeat(ids.shape[1], 1)
+    assert (out["input_ids"][random] <= largest[random]).all()
+    masked, labels = _modernbert_mlm_masking(ids, 0.3, SPECIAL["mask"], SPECIAL["pad"], rng)
+    theirs.append(_shares(ids, lengths, labels != -100, masked))
+  ours, theirs = np.mean(ours, 0), np.mean(theirs, 0)
+  assert ours[0] == pytest.approx(0.30, abs=0.005) and theirs[0] == pytest.approx(0.30, abs=0.005)
+  assert ours[1] == pytest.approx(0.30, abs=0.02) and theirs[1] == pytest.approx(0.30, abs=0.02)
+  np.testing.assert_allclose(ours[2:], theirs[2:], atol=0.01)
+  assert ours[2] == pytest.approx(0.8, abs=0.01) and ours[3] == pytest.approx(0.1, abs=0.01)
+  assert np.mean(np.concatenate(counts)) == pytest.approx(0.30, abs=0.005)
+
+
+def test_the_modernbert_rule_needs_room_above_the_mean_and_single_tokens():
+  with pytest.raises(Exception, match="max_predictions=308 is too small .* set max_predictions "
+                     ">= 381"):
+    MaskingConfig(masked_lm_prob=0.3, max_predictions=308, rule="modernbert").check_length(1024)
+  MaskingConfig(masked_lm_prob=0.3, max_predictions=308).check_length(1024)  # the exact rule
+  with pytest.raises(Exception, match="takes neither whole_word_masking"):
+    MaskingConfig(rule="modernbert", whole_word=True)
+  with pytest.raises(Exception, match="the masking rule must be one of"):
+    MaskingConfig(rule="roberta")

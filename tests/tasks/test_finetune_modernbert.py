@@ -31,7 +31,7 @@ def modernbert_run(prepared_dir, tmp_path_factory):
   config.model.update(vocab_size=210, hidden_size=32, num_layers=3, num_heads=2,
                       intermediate_size=48, max_position_embeddings=64, local_attention=8,
                       dtype="float32", vocab_pad_multiple=1)
-  config.train.update(batch_size=8, batch_ramp_steps=0, max_seq_length=32, max_predictions=10,
+  config.train.update(batch_size=8, batch_ramp_steps=0, max_seq_length=32, max_predictions=23,
                       long_from_step=-1, total_steps=20)
   config.optimizer.update(warmup_steps=2, decay_steps=5)
   config.eval.every_steps, config.eval.batch_size = 0, 8

@@ -23,7 +23,7 @@ def _tiny_run(workdir, data_dir, vocab_size):
       "model.intermediate_size": 48, "model.max_position_embeddings": 256,
       "model.local_attention": 8, "model.dtype": "float32", "train.batch_size": 8,
       "train.batch_ramp_steps": 0, "train.total_steps": 6, "train.max_seq_length": 32,
-      "train.max_predictions": 10, "train.long_from_step": -1, "optimizer.warmup_steps": 2,
+      "train.max_predictions": 23, "train.long_from_step": -1, "optimizer.warmup_steps": 2,
       "optimizer.decay_steps": 2, "checkpoint.every_steps": 6, "eval.every_steps": 6,
       "eval.batches": 1, "eval.batch_size": 8}
   return ([sys.executable, "-m", "bertjax.main", "--config=configs/modernbert_pretrain.py",

@@ -350,7 +350,7 @@ def test_one_accumulation_for_every_phase_and_the_warmup(ramp_start, limits):
   config = modernbert_pretrain.get_config()
   config.train.update(batch_size=384, long_batch_size=288, batch_ramp_start=ramp_start,
                       batch_ramp_steps=10 if ramp_start else 0, total_steps=100,
-                      long_from_step=50, long_seq_length=2048, long_max_predictions=614)
+                      long_from_step=50, long_seq_length=2048, long_max_predictions=719)
   config.optimizer.update(warmup_steps=10, decay_steps=10)
   pretrain.validate(config, 8)  # valid as it stands (one step): only accumulation is refused
 
