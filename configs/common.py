@@ -82,6 +82,7 @@ def pretrain_config(size: str = "bert_base") -> ml_collections.ConfigDict:
   config.data.dir = ""            # prepared by bertjax.tools.prepare_pretraining_data
   config.data.build_from = ""     # if set and `dir` is empty: build <workdir>/data from it
   config.data.vocab_size = 30522  # of the vocabulary trained for `build_from`
+  config.data.tokenizer = "wordpiece"  # what it trains for `build_from`: or "bpe" (byte-level)
   config.data.masked_lm_prob = 0.15
   # Of the predicted tokens: replaced by [MASK], by a random token; the rest
   # stay (80/10/10, the paper's Table 8 varies them).
@@ -97,6 +98,9 @@ def pretrain_config(size: str = "bert_base") -> ml_collections.ConfigDict:
   # (max_predictions then needs room above the mean: bertjax.data.masking).
   config.data.masking = "bert"
   config.data.short_seq_prob = 0.1
+  # mlm: a document gives one sequence, its first tokens, the rest left out
+  # (ModernBERT's rule); false: long documents go on in further sequences.
+  config.data.truncate_documents = False
   # Instances shuffled together: a 50,000 window makes a batch of 256 nearly as
   # mixed as a full shuffle at ~11 instances a document, for tens of MiB a
   # loader process (benchmarks/shuffle_mixing.py,

@@ -7,10 +7,12 @@ r"""ModernBERT pre-training (Warner et al., 2024), base by default.
 recipe of ModernBERT's own training configs, in steps of the same tokens:
 - masked LM alone, each token masked independently at 30% (80/10/10; [CLS]
   and [SEP] too: `data.masking="modernbert"`), evaluated at 15%; no
-  next-sentence prediction and no token types; no sequence made shorter at random (`data.short_seq_prob=0`;
-  BERT's 10% is the paper's); rows of up to 8 documents' sequences that do
-  not attend to each other (`objective="mlm"`, `data.max_sequences_per_row=8`),
-  as its unpadded packing;
+  next-sentence prediction and no token types;
+- one sequence a document, its first tokens, the rest left out
+  (`data.truncate_documents`), none made shorter at random
+  (`data.short_seq_prob=0`; BERT's 10% is the paper's); rows of up to 8
+  documents' sequences that do not attend to each other (`objective="mlm"`,
+  `data.max_sequences_per_row=8`), as its unpadded packing;
 - 1,024 tokens with a rotary base of 10,000 in every layer, then context
   extension to 8,192 tokens with the global layers' base raised to 160,000
   (`train.long_model`) and a lower plateau, then a 1-sqrt decay to 0.1% of
@@ -62,6 +64,7 @@ def get_config(arg: str | None = None):
   config.data.masking = "modernbert"  # each token at 30%, [CLS] and [SEP] too
   config.eval.masked_lm_prob = 0.15  # ModernBERT evaluates at 15%
   config.data.short_seq_prob = 0.0  # every sequence as long as its document allows
+  config.data.truncate_documents = True  # one sequence a document, its first tokens
   # Packed rows (train.batch_size counts rows): ModernBERT trains on unpadded
   # rows of whole documents that do not see each other.
   config.data.max_sequences_per_row = 8

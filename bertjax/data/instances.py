@@ -168,19 +168,22 @@ class PackedSequences(grain.IterDataset):
   `short_seq_prob`), running on into the next document after a `[SEP]`
   (`cross_documents`; otherwise a document's last sequence ends with it, for
   rows that pack sequences of several documents apart, `bertjax.data.packing`);
-  a sentence longer than the target is cut into target-length pieces. The
-  parent yields `DocumentRef`s; their stream index (unique per document and
-  epoch) seeds the target lengths and keys the masks.
+  a sentence longer than the target is cut into target-length pieces. With
+  `truncate_documents` (ModernBERT's rule) a document gives one sequence, its
+  first tokens up to the target, the last sentence cut to fit, and the rest
+  of it is left out. The parent yields `DocumentRef`s; their stream index
+  (unique per document and epoch) seeds the target lengths and keys the masks.
   """
 
   def __init__(self, parent: grain.IterDataset, max_seq_length: int,
                short_seq_prob: float, cls_id: int, sep_id: int, seed: int,
-               cross_documents: bool = True):
+               cross_documents: bool = True, truncate_documents: bool = False):
     super().__init__(parent)
     self.max_tokens = max_seq_length - 2
     self.short_seq_prob = short_seq_prob
     self.cls_id, self.sep_id, self.seed = cls_id, sep_id, seed
-    self.cross_documents = cross_documents
+    self.cross_documents = cross_documents and not truncate_documents
+    self.truncate_documents = truncate_documents
 
   def __iter__(self) -> grain.DatasetIterator:
     return _PackingIterator(self._parent.__iter__(), self)
@@ -237,11 +240,13 @@ class _PackingIterator(grain.DatasetIterator):
       if rest <= room:
         tokens.extend(sentence[self._offset:].tolist())
         self._sentence, self._offset = self._sentence + 1, 0
-      elif not tokens:  # a sentence longer than the target: cut it
+      elif not tokens or packer.truncate_documents:  # cut the sentence to fit
         tokens.extend(sentence[self._offset:self._offset + room].tolist())
         self._offset += room
       else:
         break  # the sentence starts the next sequence
+    if packer.truncate_documents:  # the rest of the document is left out
+      self._sentence, self._offset = len(self._document.sentences), 0
     while tokens and tokens[-1] == packer.sep_id:
       tokens.pop()
     ids = np.array([packer.cls_id, *tokens, packer.sep_id], np.int32)

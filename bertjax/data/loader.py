@@ -83,6 +83,9 @@ class LoaderConfig:
       within a document (static ones are packed as they were written).
       `batch_size` counts rows.
     packing_window: Sequences packed together (more: fuller rows).
+    truncate_documents: Dynamic `mlm`: a document gives one sequence, its
+      first `max_seq_length - 2` tokens, and the rest of it is left out
+      (ModernBERT's rule: `instances.PackedSequences`).
     read_ahead: Documents (static instances) read ahead of the pipeline, with
       their instances made, by half as many threads (at most
       `MAX_READ_THREADS`): what hides a streamed read's latency. 0 reads each
@@ -108,6 +111,7 @@ class LoaderConfig:
   max_sequences_per_row: int = 1
   packing_window: int = 2000
   read_ahead: int = -1
+  truncate_documents: bool = False
 
   @property
   def packed(self) -> bool:
@@ -132,6 +136,11 @@ class LoaderConfig:
                               f"{self.host_sharding!r}")
     if self.read_ahead < -1:
       raise errors.UsageError(f"read_ahead must be >= -1, got {self.read_ahead}")
+    if self.truncate_documents and (self.objective != "mlm" or self.static):
+      raise errors.UsageError(
+          "truncate_documents makes one sequence a document for the dynamic mlm objective; "
+          f"objective={self.objective!r}{' with static instances' if self.static else ''} "
+          "makes its own")
     if self.max_sequences_per_row < 1 or self.packing_window < 1:
       raise errors.UsageError(f"max_sequences_per_row={self.max_sequences_per_row} and "
                               f"packing_window={self.packing_window} must be >= 1")
@@ -356,7 +365,8 @@ def make_dataset(config: LoaderConfig, process_index: int = 0,
     stream = document_stream(source, config, process_index, process_count)
     stream = instances.PackedSequences(stream, config.max_seq_length, config.short_seq_prob,
                                        cls_id, sep_id, config.seed,
-                                       cross_documents=not config.packed)
+                                       cross_documents=not config.packed,
+                                       truncate_documents=config.truncate_documents)
   if config.shuffle_window > 1:
     stream = WindowShuffle(stream, config.shuffle_window, config.seed)
   masker = None

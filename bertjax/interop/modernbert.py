@@ -42,6 +42,10 @@ _CONFIG_KEYS = {
     "hidden_activation": ("hidden_act", str, False),
     "embedding_dropout": ("hidden_dropout_prob", float, False),
     "attention_dropout": ("attention_dropout_prob", float, False),
+    # bertjax's own key: transformers applies `attention_dropout` to the
+    # attention probabilities and output alike; ModernBERT's training code,
+    # and bertjax, set the output's apart (0.1 on it alone in the recipe).
+    "attention_output_dropout": ("attention_output_dropout_prob", float, False),
     "mlp_dropout": ("mlp_dropout_prob", float, False),
     "classifier_dropout": ("classifier_dropout", float, False),
     "classifier_pooling": ("classifier_pooling", str, False),
@@ -152,6 +156,9 @@ def config_to_dict(config: EncoderConfig, task: str) -> dict[str, Any]:
       "pad_token_id": config.pad_token_id,
       "embedding_dropout": config.hidden_dropout_prob,
       "attention_dropout": config.attention_dropout_prob,
+      # Set apart only where the model sets it (else it follows the above).
+      **({"attention_output_dropout": config.attention_output_dropout_prob}
+         if config.attention_output_dropout_prob >= 0 else {}),
       "mlp_dropout": config.mlp_dropout_prob,
       "classifier_dropout": config.head_dropout,
       "classifier_pooling": config.classifier_pooling,

@@ -10,7 +10,7 @@ import ml_collections
 from bertjax import errors, sharding
 from bertjax.models import EncoderConfig, family
 from bertjax.phases import Phase, phases
-from bertjax.tasks.pretrain_data import masking_config
+from bertjax.tasks.pretrain_data import masking_config, vocabulary_file
 
 
 def validate(config: ml_collections.ConfigDict, mesh_devices: int) -> tuple[int, ...]:
@@ -21,6 +21,7 @@ def validate(config: ml_collections.ConfigDict, mesh_devices: int) -> tuple[int,
   """
   bert = EncoderConfig.from_run_config(config)  # hidden size vs heads and the like
   family.of(bert).check_objective(config.objective)
+  vocabulary_file(config, "")  # a data.tokenizer it can train
   shape = sharding.mesh_shape([config.mesh.data, config.mesh.fsdp, config.mesh.tensor],
                               mesh_devices)
   accumulation = config.train.accumulation_steps

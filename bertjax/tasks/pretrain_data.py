@@ -36,7 +36,7 @@ def stream_settings(config: ml_collections.ConfigDict) -> dict[str, Any]:
                                      if config.train.get("batch_ramp_steps", 0) > 0 else 0),
           **{f"data.{name}": config.data[name]
              for name in ("eval_percent", "host_sharding", "static", "shuffle_window",
-                          "max_sequences_per_row", "packing_window")}}
+                          "max_sequences_per_row", "packing_window", "truncate_documents")}}
 
 
 def check_stream(saved: dict[str, Any] | None, current: dict[str, Any]) -> None:
@@ -68,7 +68,7 @@ def data_identity(config: ml_collections.ConfigDict, data_dir: str) -> str:
                **{name: data[name] for name in (
                    "short_seq_prob", "static", "max_sequences_per_row", "masked_lm_prob",
                    "mask_rate", "random_rate", "whole_word_masking", "masking_specials",
-                   "masking")}}
+                   "masking", "truncate_documents")}}
   digest = hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode())
   return f"{hosts.from_process_0(int(digest.hexdigest()[:7], 16)):07x}"
 
@@ -102,7 +102,7 @@ def loader_config(config: ml_collections.ConfigDict, data_dir: str, phase: Phase
       eval_percent=data.eval_percent, host_sharding=data.host_sharding,
       static=data.static and split == "train",
       max_sequences_per_row=data.max_sequences_per_row, packing_window=data.packing_window,
-      read_ahead=data.read_ahead)
+      read_ahead=data.read_ahead, truncate_documents=data.truncate_documents)
 
 
 def prepare_data(config: ml_collections.ConfigDict, workdir: str) -> str:
@@ -124,7 +124,7 @@ def prepare_data(config: ml_collections.ConfigDict, workdir: str) -> str:
       error = None
       if jax.process_index() == 0:
         try:
-          _check_still_built_from(workdir, data_dir)
+          _check_still_built_from(config, workdir, data_dir)
         except Exception as e:  # every host stops with it (none waits)
           error = e
       hosts.agree(error, "checking the data against its vocabulary")
@@ -157,13 +157,25 @@ def _complete(data_dir: str) -> bool:
     return False
 
 
-# What `<workdir>/vocab.txt` and `<workdir>/data` are built from (`data.build_from`),
-# written before they are.
+# What the workdir's vocabulary and `<workdir>/data` are built from
+# (`data.build_from`), written before they are.
 _BUILT_FROM_FILE = "built_from.json"
+# The vocabulary a run trains on `data.build_from`, by `data.tokenizer`.
+VOCABULARY_FILES = {"wordpiece": "vocab.txt", "bpe": "tokenizer.json"}
+
+
+def vocabulary_file(config: ml_collections.ConfigDict, workdir: str) -> str:
+  """The vocabulary a run that builds its data trains into its workdir."""
+  kind = config.data.tokenizer
+  if kind not in VOCABULARY_FILES:
+    raise errors.UsageError(f"data.tokenizer={kind!r} is not one of "
+                            f"{', '.join(map(repr, VOCABULARY_FILES))}")
+  return files.join(workdir, VOCABULARY_FILES[kind])
 
 
 def _built_from(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  return {"build_from": config.data.build_from, "vocab_size": config.data.vocab_size}
+  return {"build_from": config.data.build_from, "vocab_size": config.data.vocab_size,
+          "tokenizer": config.data.tokenizer}
 
 
 def _check_built_from(config: ml_collections.ConfigDict, workdir: str, data_dir: str) -> None:
@@ -177,30 +189,33 @@ def _check_built_from(config: ml_collections.ConfigDict, workdir: str, data_dir:
     built = {"build_from": shards.read_info(data_dir).get("input"),
              "vocab_size": wanted["vocab_size"]}
   if built is not None:
+    built.setdefault("tokenizer", "wordpiece")  # recorded before there was a choice
     changed = [f"data.{key}={built.get(key)!r} then, {wanted[key]!r} now" for key in wanted
                if (paths.resolve_inputs(str(built.get(key))) if key == "build_from"
                    else built.get(key))
                != (paths.resolve_inputs(wanted[key]) if key == "build_from" else wanted[key])]
     if changed:
-      raise errors.UsageError(f"{data_dir} and {files.join(workdir, 'vocab.txt')} were built with "
-                              f"other settings ({', '.join(changed)}); give another --workdir, or "
-                              "delete both to rebuild them here")
+      vocab = files.join(workdir, VOCABULARY_FILES.get(built["tokenizer"], "vocab.txt"))
+      raise errors.UsageError(f"{data_dir} and {vocab} were built with other settings "
+                              f"({', '.join(changed)}); give another --workdir, or delete both "
+                              "to rebuild them here")
   if jax.process_index() == 0 and not files.isfile(path):
     files.makedirs(workdir)
     files.write_json(path, wanted)
 
 
-def _check_still_built_from(workdir: str, data_dir: str) -> None:
+def _check_still_built_from(config: ml_collections.ConfigDict, workdir: str,
+                            data_dir: str) -> None:
   """A complete dataset that a run built: its vocabulary must be the run's
-  `vocab.txt`, and a change of the input since is said (the run goes on with
-  the data as built: another stream would not fit its checkpoints)."""
+  (`vocabulary_file`), and a change of the input since is said (the run goes
+  on with the data as built: another stream would not fit its checkpoints)."""
   from bertjax.data import builder
   from bertjax.data.tokenizers import tokenizer_from_vocab_file
 
   info = shards.read_info(data_dir)
-  vocab = files.join(workdir, "vocab.txt")
+  vocab = vocabulary_file(config, workdir)
   if files.isfile(vocab) and info.get("tokenizer_sha256") != builder.tokenizer_sha256(
-      tokenizer_from_vocab_file(vocab, info["tokenizer"].get("do_lower_case", True))):
+      tokenizer_from_vocab_file(vocab, info["tokenizer"].get("do_lower_case"))):
     raise errors.CorruptFileError(
         f"{vocab} is not the vocabulary {data_dir} was built with (it was edited or "
         "replaced since); put the original back, or give a new --workdir to build both anew")
@@ -268,12 +283,14 @@ def _build_on_this_host(config: ml_collections.ConfigDict, workdir: str, data_di
   from bertjax.data import builder, vocabulary
   from bertjax.data.tokenizers import tokenizer_from_vocab_file
 
-  vocab = files.join(workdir, "vocab.txt")
+  vocab = vocabulary_file(config, workdir)
   if not files.isfile(vocab):
-    logging.info("Training a %d-token WordPiece vocabulary on %s", config.data.vocab_size,
+    kind = config.data.tokenizer
+    logging.info("Training a %d-token %s vocabulary on %s", config.data.vocab_size,
+                 "WordPiece" if kind == "wordpiece" else "byte-level BPE",
                  config.data.build_from)
-    vocabulary.train(config.data.build_from, vocab, vocab_size=config.data.vocab_size,
-                     show_progress=False)
+    vocabulary.train(config.data.build_from, vocab, model=kind,
+                     vocab_size=config.data.vocab_size, show_progress=False)
   logging.info("Preparing %s into %s", config.data.build_from, data_dir)
   try:
     stats = builder.prepare(config.data.build_from, data_dir,

@@ -207,3 +207,33 @@ def test_long_sentences_are_cut():
   assert [len(p.token_ids) for p in packed] == [128, 128, 128, 124]  # 126 + 126 + 126 + 122
   np.testing.assert_array_equal(np.concatenate([p.token_ids[1:-1] for p in packed]),
                                 documents[0][0])
+
+
+def _modernbert_sequence(sentences, max_seq_length):
+  """ModernBERT's sequence of a document (src/text_data.py: the tokenizer
+  with truncation=True, max_length): [CLS], the document's first
+  `max_seq_length - 2` tokens, [SEP]."""
+  tokens = np.concatenate(sentences)[:max_seq_length - 2]
+  return np.concatenate([[CLS], tokens, [SEP]]).astype(np.int32)
+
+
+def test_truncated_documents_give_one_sequence_each_as_modernbert():
+  """ModernBERT's rule: one sequence a document, its first tokens (the last
+  sentence cut to fit), the rest left out; and it restores exactly."""
+  documents = _corpus(80, seed=4)
+  make = lambda: instances.PackedSequences(_documents_stream(documents), 64, 0.0, CLS, SEP, 0,
+                                           cross_documents=False, truncate_documents=True)
+  made = list(make())
+  assert len(made) == len(documents)
+  for instance, sentences in zip(made, documents):
+    np.testing.assert_array_equal(instance.token_ids, _modernbert_sequence(sentences, 64))
+  long = sum(sum(len(s) for s in d) >= 62 for d in documents)
+  assert long > 20 and sum(len(i.token_ids) == 64 for i in made) == long  # full when long
+  iterator = iter(make())
+  for _ in range(11):
+    next(iterator)
+  state = iterator.get_state()
+  restored = iter(make())
+  restored.set_state(state)
+  for want in made[11:]:
+    np.testing.assert_array_equal(next(restored).token_ids, want.token_ids)

@@ -201,6 +201,25 @@ def test_one_epoch_of_packed_text_holds_every_token(prepared_dir):
   assert count == shards.read_stats(prepared_dir).tokens
 
 
+def test_truncated_documents_in_packed_rows_give_each_document_once(prepared_dir):
+  """ModernBERT's rule through the loader: packed rows of up to 4 sequences,
+  one sequence a document (its first tokens), so an epoch's sequences are as
+  many as the documents, and none is longer than the row allows."""
+  config = loader.LoaderConfig(prepared_dir, objective="mlm", max_seq_length=32, batch_size=4,
+                               num_epochs=1, shuffle_window=1, short_seq_prob=0.0,
+                               masking=MaskingConfig(masked_lm_prob=0.3, max_predictions=23,
+                                                     rule="modernbert"),
+                               max_sequences_per_row=4, truncate_documents=True,
+                               drop_remainder=False)
+  sequences = 0
+  for batch in loader.make_dataset(config):
+    segments = batch["segment_ids"]
+    sequences += sum(len(set(row[row > 0].tolist())) for row in segments)
+  assert sequences == len(loader.DocumentSource(prepared_dir))
+  with pytest.raises(ValueError, match="truncate_documents makes one sequence a document"):
+    loader.LoaderConfig(prepared_dir, objective="mlm_nsp", truncate_documents=True)
+
+
 def test_config_errors(prepared_dir, tmp_path):
   with pytest.raises(ValueError, match="objective must be one of"):
     loader.LoaderConfig(prepared_dir, objective="clm")

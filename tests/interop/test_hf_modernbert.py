@@ -204,6 +204,29 @@ def test_a_bertjax_model_exports_and_loads_with_the_original_keys(tmp_path):
   assert hf.config_from_dict(original, "config.json") == config.replace(scan_layers=False)
 
 
+def test_the_export_keeps_the_dropout_the_model_trained_with(tmp_path):
+  """The recipe's dropout, 0.1 on the attention output alone, survives the
+  export and the import (transformers' one `attention_dropout` says the
+  probabilities'); transformers loads the file as it is."""
+  import jax
+  import flax.linen as nn
+
+  config = bertjax.EncoderConfig.from_preset(
+      "modernbert_base", num_layers=3, hidden_size=32, num_heads=2, intermediate_size=24,
+      vocab_size=90, pad_token_id=0, max_position_embeddings=64, local_attention=8,
+      attention_dropout_prob=0.0, attention_output_dropout_prob=0.1, mlp_dropout_prob=0.05)
+  model = bertjax.models.build_model(config, "masked_lm")
+  params = nn.meta.unbox(bertjax.models.init_params(model, jax.random.key(0)))
+  bertjax.export_hf(bertjax.Pretrained(config, params, None, "masked_lm"), str(tmp_path / "out"))
+  saved = json.loads((tmp_path / "out" / "config.json").read_text())
+  assert (saved["attention_dropout"], saved["attention_output_dropout"],
+          saved["mlp_dropout"]) == (0.0, 0.1, 0.05)
+  back = hf.config_from_dict(saved, "config.json")
+  assert (back.attention_dropout_prob, back.attention_output_dropout) == (0.0, 0.1)
+  assert back == config
+  transformers.ModernBertForMaskedLM.from_pretrained(tmp_path / "out")
+
+
 def test_a_classifier_starts_from_the_masked_lm_head(tmp_path):
   """As transformers does, a classifier loaded from a masked LM keeps its
   prediction head (ModernBERT's classifiers read it) and only the output layer

@@ -44,6 +44,7 @@ def modernbert_run(prepared_dir, tmp_path_factory):
 def modernbert_hf(tmp_path_factory):
   """transformers' ModernBertModel (L3/H32, random weights) saved with a
   byte-level BPE `tokenizer.json`, as ModernBERT's released directories are."""
+  import torch
   import transformers
 
   directory = tmp_path_factory.mktemp("modernbert_hf")
@@ -52,6 +53,7 @@ def modernbert_hf(tmp_path_factory):
       vocab_size=vocab_size, hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
       intermediate_size=48, max_position_embeddings=128, local_attention=8,
       pad_token_id=3, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)
+  torch.manual_seed(0)  # the same weights in every process: the thresholds below hold for them
   transformers.ModernBertModel(config).save_pretrained(directory)
   return str(directory)
 
