@@ -22,6 +22,7 @@ import secrets
 import shutil
 import socket
 import tempfile
+import time
 from typing import Any, Callable, Iterable, Iterator
 
 from bertjax import errors, paths
@@ -473,8 +474,20 @@ def _local_directory(out_dir: str, overwrite: bool) -> Iterator[str]:
       raise
     shutil.rmtree(retired)
   except BaseException:
-    shutil.rmtree(staging, ignore_errors=True)
+    remove_tree(staging)
     raise
+
+
+def remove_tree(path: str, within_s: float = 2.0) -> None:
+  """Removes the local directory `path`, again while a writer still running
+  (a storage library's threads, which a Ctrl-C in the main thread does not
+  stop) adds files to it, for up to `within_s` seconds."""
+  deadline = time.monotonic() + within_s
+  while True:
+    shutil.rmtree(path, ignore_errors=True)
+    if not os.path.exists(path) or time.monotonic() > deadline:
+      return
+    time.sleep(0.02)
 
 
 @contextlib.contextmanager

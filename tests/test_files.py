@@ -148,3 +148,32 @@ def test_a_json_file_saved_as_utf16_or_32_is_named_so(tmp_path, encoding, name):
     files.read_json(str(path))
   path.write_bytes(b"\xef\xbb\xbf" + b'{"hidden_size": 32}')  # UTF-8 with a mark: read
   assert files.read_json(str(path)) == {"hidden_size": 32}
+
+
+def test_a_staging_directory_is_removed_while_a_writer_still_adds_to_it(tmp_path):
+  """A Ctrl-C stops the main thread, not a storage library's writing threads:
+  the staging directory they still write into is removed all the same (one
+  pass would leave what they add after it)."""
+  import threading
+  import time
+
+  staging = tmp_path / ".out.tmp-host-1-x"
+  staging.mkdir()
+  until = time.monotonic() + 0.3
+
+  def writer():
+    count = 0
+    while time.monotonic() < until:
+      try:
+        (staging / "params").mkdir(parents=True, exist_ok=True)
+        (staging / "params" / str(count)).write_bytes(b"x" * 1000)
+        count += 1
+      except OSError:
+        pass
+
+  thread = threading.Thread(target=writer)
+  thread.start()
+  time.sleep(0.05)
+  files.remove_tree(str(staging))
+  thread.join()
+  assert not staging.exists()

@@ -4,13 +4,15 @@ workers stopped and their staging files removed."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import multiprocessing
 import os
 import queue
 import signal
+import threading
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from bertjax import files, usage
 from bertjax.data.progress import Progress
@@ -52,6 +54,13 @@ def run_tasks(tasks: list[dict[str, Any]], num_workers: int, bar: Progress, dire
   if num_workers <= 1:
     return [function(task, sink) for task in tasks]
   context = multiprocessing.get_context("spawn")
+  with _stopped_once():
+    return _run_in_pool(context, tasks, num_workers, sink, directory, function)
+
+
+def _run_in_pool(context, tasks: list[dict[str, Any]], num_workers: int, sink: "_ListQueue",
+                 directory: str, function: Callable[[dict[str, Any], Any], Any]) -> list[Any]:
+  """`run_tasks` with worker processes."""
   pool = progress = pending = None
   finished = False
   try:
@@ -87,6 +96,33 @@ def run_tasks(tasks: list[dict[str, Any]], num_workers: int, bar: Progress, dire
       del pool, progress, pending
       multiprocessing.active_children()  # forgets the stopped workers
       gc.collect()  # the pool's reference cycles
+
+
+@contextlib.contextmanager
+def _stopped_once() -> Iterator[None]:
+  """The first Ctrl-C (SIGTERM, SIGHUP) ends the build as it ends any command;
+  those after it are absorbed while the build stops. An impatient second
+  Ctrl-C then cannot cut the workers' stopping short (it would land before
+  the clean-up holds the signals, `usage.signals_held`, as easily as in it)."""
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+  previous: dict[int, Any] = {}
+  stopped = []
+
+  def once(signum, frame):
+    if not stopped:
+      stopped.append(signum)
+      previous[signum](signum, frame)  # raises, as the command's handler does
+
+  for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    if callable(signal.getsignal(signum)):  # not ignored (nohup's SIGHUP), not the default
+      previous[signum] = signal.signal(signum, once)
+  try:
+    yield
+  finally:
+    for signum, handler in previous.items():
+      signal.signal(signum, handler)
 
 
 class _ListQueue:
