@@ -534,8 +534,7 @@ class JsonTokenizer(Tokenizer):
             "special_tokens": self.special_tokens}
 
 
-def tokenizer_from_vocab_file(path: str, do_lower_case: bool | None = None,
-                              flag: str = "--do_lower_case") -> Tokenizer:
+def tokenizer_from_vocab_file(path: str, do_lower_case: bool | None = None) -> Tokenizer:
   """The tokenizer of a vocabulary file: WordPiece for a `vocab.txt`,
   SentencePiece for a `.model`, the `tokenizers` library's own for a `.json`
   (`tokenizer.json`: a byte-level BPE as ModernBERT's, or any it reads).
@@ -545,16 +544,15 @@ def tokenizer_from_vocab_file(path: str, do_lower_case: bool | None = None,
     do_lower_case: Whether to lower-case the text (None: true for WordPiece
       and SentencePiece, BERT's uncased). A `tokenizer.json` lower-cases as
       its normaliser says: a value that says otherwise is refused.
-    flag: How the user set `do_lower_case`, named in that refusal.
   """
   local = files.local_file(path)  # the tokenizer libraries read local files
   if local.endswith(".json"):
     tokenizer = JsonTokenizer(local)
     if do_lower_case is not None and do_lower_case != tokenizer.lowercases:
       raise errors.UsageError(
-          f"{flag}={str(do_lower_case).lower()}, but {path} "
+          f"--do_lower_case={str(do_lower_case).lower()}, but {path} "
           f"{'lower-cases' if tokenizer.lowercases else 'keeps the case of'} the text (its "
-          f"normaliser decides): leave {flag} unset")
+          "normaliser decides): leave --do_lower_case unset")
     return tokenizer
   do_lower_case = True if do_lower_case is None else do_lower_case
   if local.endswith(".model"):

@@ -308,3 +308,24 @@ def test_basic_words_of_a_tokenizer_json_follow_its_normaliser(tmp_path):
     ours = JsonTokenizer(str(tmp_path / f"{name}.json"))
     expected = ["cafe", "naive"] if name == "bert" else ["Café", "Naïve"]  # accents stripped
     assert ours.basic_tokenize("Café  Naïve") == expected, name
+
+
+def test_a_tokenizer_json_lower_cases_as_its_normaliser_says(tmp_path):
+  """`--do_lower_case` left unset takes a tokenizer.json as it is; set against
+  what its normaliser does, it is refused, naming the file."""
+  from bertjax import errors
+  from bertjax.data import vocabulary
+  from bertjax.data.tokenizers import tokenizer_from_vocab_file
+
+  texts = lambda: iter(["Paris is in France .", "The Cat sat ."] * 50)
+  cased, lower = str(tmp_path / "cased.json"), str(tmp_path / "lower.json")
+  vocabulary.train_bpe(texts, cased, 400, False)
+  vocabulary.train_bpe(texts, lower, 400, True)
+  assert not tokenizer_from_vocab_file(cased).lowercases
+  assert tokenizer_from_vocab_file(lower).lowercases
+  assert tokenizer_from_vocab_file(lower, do_lower_case=True).lowercases
+  with pytest.raises(errors.UsageError, match=r"--do_lower_case=true, but .*cased.json keeps "
+                     "the case of the text"):
+    tokenizer_from_vocab_file(cased, do_lower_case=True)
+  with pytest.raises(errors.UsageError, match="lower.json lower-cases the text"):
+    tokenizer_from_vocab_file(lower, do_lower_case=False)
