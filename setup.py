@@ -40,6 +40,8 @@ _EXTRAS = {
         "pytest-xdist>=3.6",
         "transformers>=5.0",
         "torch>=2.5",
+        # The optimizer ModernBERT's training code runs (StableAdamW).
+        "torch-optimi>=0.3",
         "scipy>=1.13",
         "scikit-learn>=1.4",
         # conlleval-compatible entity scoring, the NER tests' reference.

@@ -8,7 +8,8 @@ total)` after it (the decay is measured from step 0, as in
 ModernBERT's recipe: StableAdamW (Wortsman et al., 2023, as ModernBERT's
 `optimi`-based code runs it; `scale_by_stable_adam`) with fully decoupled
 weight decay, no gradient clipping, and a warmup-stable-decay schedule
-(`warmup_stable_decay`).
+(`warmup_stable_decay`) whose plateau and weight decay restarts can change
+part-way (`Restart`: ModernBERT's `restart_override`).
 
 The original's `AdamWeightDecayOptimizer` leaves out Adam's bias correction
 (`m / (1 - b1^t)`, `v / (1 - b2^t)`): with b1 = 0.9 and b2 = 0.999 its update
@@ -21,7 +22,7 @@ way, so a checkpoint restores under both.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -48,6 +49,74 @@ def decay_mask(params: Any) -> Any:
   return jax.tree_util.tree_map_with_path(decays, params)
 
 
+class Restart(NamedTuple):
+  """From `step` on, the plateau is `learning_rate` and the weight decay
+  `weight_decay`; the optimizer's moments and count go on (ModernBERT's
+  `restart_override`, which resumes a checkpoint with a new learning rate and
+  weight decay and keeps the rest of the optimizer's state)."""
+  step: int
+  learning_rate: float
+  weight_decay: float
+
+
+def parse_restarts(value: Any, warmup_steps: int, total_steps: int) -> list[Restart]:
+  """`optimizer.restarts` as `Restart`s: a sequence of `(step, learning_rate,
+  weight_decay)`, steps rising, after the warmup and before the end."""
+  key = "optimizer.restarts"
+  example = "((100000, 5e-05, 1e-06),)"
+  if value is None or value == () or value == []:
+    return []
+  if not isinstance(value, (tuple, list)) or any(
+      not isinstance(entry, (tuple, list)) for entry in value):
+    raise errors.UsageError(f"{key}={value!r}: write each restart as (step, learning_rate, "
+                            f"weight_decay) inside a tuple, e.g. {key}='{example}'")
+  restarts = []
+  for i, entry in enumerate(value):
+    if len(entry) != 3 or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                  for x in entry):
+      raise errors.UsageError(f"{key}[{i}]={tuple(entry)!r} is not (step, learning_rate, "
+                              f"weight_decay), e.g. {key}='{example}'")
+    step, learning_rate, weight_decay = entry
+    if step != int(step):
+      raise errors.UsageError(f"{key}[{i}]: the step {step!r} is not a whole number")
+    restart = Restart(int(step), float(learning_rate), float(weight_decay))
+    if not warmup_steps <= restart.step < total_steps:
+      raise errors.UsageError(f"{key}[{i}]: step {restart.step} must be in [warmup_steps, "
+                              f"total_steps) = [{warmup_steps}, {total_steps})")
+    if restarts and restart.step <= restarts[-1].step:
+      raise errors.UsageError(f"{key}[{i}]: step {restart.step} does not come after "
+                              f"{key}[{i - 1}]'s {restarts[-1].step}")
+    if restart.learning_rate <= 0 or restart.weight_decay < 0:
+      raise errors.UsageError(f"{key}[{i}]: need learning_rate > 0 and weight_decay >= 0, got "
+                              f"{restart.learning_rate:g} and {restart.weight_decay:g}")
+    restarts.append(restart)
+  return restarts
+
+
+def _plateau_changes(long_from_step: int, long_peak: float | None,
+                     restarts: Sequence[Restart]) -> list[tuple[int, str, float]]:
+  """(step, setting, learning rate) of each change of the plateau, in order;
+  a restart wins a tie with the long phase."""
+  changes = []
+  if long_peak is not None and long_peak >= 0 and long_from_step >= 0:
+    changes.append((long_from_step, "optimizer.long_learning_rate", long_peak))
+  changes += [(restart.step, f"optimizer.restarts[{i}]'s learning rate", restart.learning_rate)
+              for i, restart in enumerate(restarts)]
+  return sorted(changes, key=lambda change: change[0])
+
+
+def _piecewise(initial: float, changes: Sequence[tuple[int, float]]) -> optax.Schedule:
+  """`initial`, then each change's value from its step on (later ones win)."""
+  def schedule(step):
+    step = jnp.asarray(step, jnp.float32)
+    value = jnp.asarray(initial, jnp.float32)
+    for start, new in changes:  # in order of their steps
+      value = jnp.where(step >= start, new, value)
+    return value
+
+  return schedule
+
+
 def learning_rate_schedule(peak: float, warmup_steps: int, total_steps: int) -> optax.Schedule:
   """Linear warmup to `peak`, then linear decay to 0 at `total_steps`."""
   if total_steps < 1 or warmup_steps < 0 or warmup_steps > total_steps:
@@ -65,8 +134,8 @@ def learning_rate_schedule(peak: float, warmup_steps: int, total_steps: int) -> 
 
 def warmup_stable_decay(peak: float, warmup_steps: int, total_steps: int, decay_steps: int, *,
                         shape: str = "1-sqrt", final_fraction: float = 0.0,
-                        long_from_step: int = -1, long_peak: float | None = None
-                        ) -> optax.Schedule:
+                        long_from_step: int = -1, long_peak: float | None = None,
+                        restarts: Sequence[Restart] = ()) -> optax.Schedule:
   """Warmup-stable-decay (trapezoidal): linear warmup to `peak`, constant, then
   a decay over the last `decay_steps` steps to `final_fraction` of the plateau.
 
@@ -74,7 +143,8 @@ def warmup_stable_decay(peak: float, warmup_steps: int, total_steps: int, decay_
   for t of T decay steps (its code's `one_minus_sqrt`); "linear" falls in a
   straight line. From `long_from_step` on (the context-extension phase) the
   plateau is `long_peak` (ModernBERT-base: 8e-4, then 3e-4 at 8,192 tokens),
-  and the decay starts from it.
+  and from each restart's step on, the restart's learning rate (ModernBERT-
+  large: 5e-4, then 5e-5); the decay starts from the plateau of its step.
   """
   if total_steps < 1 or not 0 <= warmup_steps <= total_steps:
     raise errors.UsageError(f"need 0 <= warmup_steps ({warmup_steps}) <= total_steps "
@@ -86,12 +156,13 @@ def warmup_stable_decay(peak: float, warmup_steps: int, total_steps: int, decay_
     raise errors.UsageError(f"optimizer.decay_shape={shape!r} is not one of {DECAY_SHAPES}")
   if not 0 <= final_fraction <= 1:
     raise errors.UsageError(f"optimizer.final_fraction={final_fraction} must be in [0, 1]")
-  long_peak = peak if long_peak is None or long_peak < 0 else long_peak
+  plateau_of = _piecewise(peak, [(start, rate) for start, _, rate in
+                                 _plateau_changes(long_from_step, long_peak, restarts)])
   decay_start = total_steps - decay_steps
 
   def schedule(step):
     step = jnp.asarray(step, jnp.float32)
-    plateau = jnp.where((long_from_step >= 0) & (step >= long_from_step), long_peak, peak)
+    plateau = plateau_of(step)
     progress = jnp.clip((step - decay_start) / max(decay_steps, 1), 0.0, 1.0)
     left = 1.0 - (jnp.sqrt(progress) if shape == "1-sqrt" else progress)
     decayed = plateau * (final_fraction + (1.0 - final_fraction) * left)
@@ -115,7 +186,7 @@ def _layer_axes(path, x) -> tuple[int, ...]:
 
 
 def scale_by_stable_adam(b1: float = 0.9, b2: float = 0.98, eps: float = 1e-6,
-                         decay: float = 0.0, decay_mask: Any = None
+                         decay: optax.ScalarOrSchedule = 0.0, decay_mask: Any = None
                          ) -> optax.GradientTransformation:
   """StableAdamW's update before the learning rate, as ModernBERT's optimizer.
 
@@ -129,9 +200,10 @@ def scale_by_stable_adam(b1: float = 0.9, b2: float = 0.98, eps: float = 1e-6,
 
   Args:
     b1, b2, eps: Adam's moments and epsilon.
-    decay: Weight decay per unit of learning rate: ModernBERT's fully
-      decoupled decay `wd` at a peak `lr` is `decay = wd / lr` here, so that
-      times the schedule it decays by `wd` a step at the peak.
+    decay: Weight decay per unit of learning rate, or a schedule of the step
+      (restarts): ModernBERT's fully decoupled decay `wd` at a peak `lr` is
+      `decay = wd / lr` here, so that times the schedule it decays by `wd` a
+      step at the peak.
     decay_mask: Which weights decay (`decay_mask`), a pytree or a function of
       the parameters.
   """
@@ -142,6 +214,7 @@ def scale_by_stable_adam(b1: float = 0.9, b2: float = 0.98, eps: float = 1e-6,
   def update(updates, state, params=None):
     if params is None and decay:
       raise ValueError("scale_by_stable_adam with weight decay needs the parameters")
+    decay_now = decay(state.count) if callable(decay) else decay
     count = optax.safe_int32_increment(state.count)
     t = count.astype(jnp.float32)
     debias = lambda b: (b ** t - b) / (b ** t - 1)
@@ -156,7 +229,7 @@ def scale_by_stable_adam(b1: float = 0.9, b2: float = 0.98, eps: float = 1e-6,
       rms = jnp.sqrt(jnp.mean(ratio, axis=axes, keepdims=True))
       out = m / (jnp.sqrt(v) + eps)
       if decay and decays:
-        out = out + decay * p
+        out = out + decay_now * p
       return out / jnp.maximum(1.0, rms)
 
     if mask is None:
@@ -196,7 +269,7 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6, *,
 
 
 def create_optimizer(name: str, learning_rate: optax.ScalarOrSchedule, *,
-                     weight_decay: float = 0.01, b1: float = 0.9, b2: float = 0.999,
+                     weight_decay: optax.ScalarOrSchedule = 0.01, b1: float = 0.9, b2: float = 0.999,
                      eps: float = 1e-6, max_grad_norm: float | None = 1.0,
                      bias_correction: bool = True,
                      peak_learning_rate: float | None = None) -> optax.GradientTransformation:
@@ -205,23 +278,31 @@ def create_optimizer(name: str, learning_rate: optax.ScalarOrSchedule, *,
   Args:
     name: "adamw", "lamb" or "stableadamw".
     learning_rate: A value or a schedule of the step.
-    weight_decay: Decoupled weight decay of kernels and embeddings.
+    weight_decay: Decoupled weight decay of kernels and embeddings; a
+      schedule of the step for StableAdamW only (restarts).
     b1, b2, eps: Adam's moments and epsilon (1e-6 in the original code).
     max_grad_norm: Clip the global gradient norm to this (None: no clipping).
     bias_correction: Adam's bias correction of the moments; the original
       code has none (`scale_by_adam`). StableAdamW debiases its betas instead.
     peak_learning_rate: StableAdamW: the learning rate at which the weights
-      decay by `weight_decay` a step (fully decoupled; ModernBERT's).
+      decay by `weight_decay` a step (fully decoupled; ModernBERT's). It stays
+      the first peak through restarts, as ModernBERT's `max_lr` does: its
+      optimizer takes it from the learning rate it was built with, and a
+      restart restores it with the rest of the checkpoint.
   """
   if name not in OPTIMIZERS:
     raise errors.UsageError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
+  if callable(weight_decay) and name != "stableadamw":
+    raise ValueError(f"{name} takes a constant weight decay")
   chain = [optax.clip_by_global_norm(max_grad_norm)] if max_grad_norm else []
   adam = scale_by_adam(b1, b2, eps, bias_correction=bias_correction)
   if name == "stableadamw":
     if not peak_learning_rate:
       raise errors.UsageError("stableadamw's fully decoupled weight decay needs the peak "
                               "learning rate")
-    chain += [scale_by_stable_adam(b1, b2, eps, weight_decay / peak_learning_rate, decay_mask),
+    decay = (weight_decay / peak_learning_rate if not callable(weight_decay)
+             else lambda count: weight_decay(count) / peak_learning_rate)
+    chain += [scale_by_stable_adam(b1, b2, eps, decay, decay_mask),
               optax.scale_by_learning_rate(learning_rate)]
   elif name == "adamw":
     # optax.adamw's own chain (same state), with the Adam scaling chosen here.
@@ -235,6 +316,21 @@ def create_optimizer(name: str, learning_rate: optax.ScalarOrSchedule, *,
               optax.masked(optax.scale_by_trust_ratio(), decay_mask),
               optax.scale_by_learning_rate(learning_rate)]
   return optax.chain(*chain)
+
+
+def learning_rate_setting(config: Any, step: int) -> tuple[str, float]:
+  """The setting that gives `step` its plateau, and its value: what to lower
+  when a run diverges there."""
+  opt = config.optimizer
+  setting = ("optimizer.learning_rate", opt.learning_rate)
+  if opt.get("schedule", "linear") != "wsd":
+    return setting
+  restarts = parse_restarts(opt.get("restarts", ()), opt.warmup_steps, config.train.total_steps)
+  for start, name, rate in _plateau_changes(config.train.long_from_step,
+                                            opt.get("long_learning_rate", -1.0), restarts):
+    if step >= start:
+      setting = (name, rate)
+  return setting
 
 
 def make_optimizer(config: Any) -> tuple[optax.GradientTransformation, optax.Schedule]:
@@ -253,15 +349,31 @@ def make_optimizer(config: Any) -> tuple[optax.GradientTransformation, optax.Sch
         f"only; with optimizer.schedule={schedule_name!r} the long phase keeps "
         "optimizer.learning_rate's schedule: set --config.optimizer.schedule=wsd, or leave "
         "long_learning_rate at -1")
+  restarts = parse_restarts(opt.get("restarts", ()), opt.warmup_steps, config.train.total_steps)
+  if restarts and schedule_name != "wsd":
+    raise errors.UsageError(
+        f"optimizer.restarts is read by the wsd schedule only; with optimizer.schedule="
+        f"{schedule_name!r} set --config.optimizer.schedule=wsd, or leave restarts empty")
+  for i, restart in enumerate(restarts):
+    if opt.name != "stableadamw" and restart.weight_decay != opt.weight_decay:
+      raise errors.UsageError(
+          f"optimizer.restarts[{i}] changes the weight decay ({opt.weight_decay:g} to "
+          f"{restart.weight_decay:g}), which stableadamw alone takes part-way; with "
+          f"optimizer.name={opt.name!r} give each restart weight_decay={opt.weight_decay:g}")
   if schedule_name == "wsd":
     schedule = warmup_stable_decay(
         opt.learning_rate, opt.warmup_steps, config.train.total_steps, opt.decay_steps,
         shape=opt.decay_shape, final_fraction=opt.final_fraction,
-        long_from_step=config.train.long_from_step, long_peak=opt.long_learning_rate)
+        long_from_step=config.train.long_from_step, long_peak=opt.long_learning_rate,
+        restarts=restarts)
   else:
     schedule = learning_rate_schedule(opt.learning_rate, opt.warmup_steps,
                                       config.train.total_steps)
-  optimizer = create_optimizer(opt.name, schedule, weight_decay=opt.weight_decay,
+  weight_decay = opt.weight_decay
+  if any(restart.weight_decay != opt.weight_decay for restart in restarts):
+    weight_decay = _piecewise(opt.weight_decay, [(r.step, r.weight_decay) for r in restarts])
+
+  optimizer = create_optimizer(opt.name, schedule, weight_decay=weight_decay,
                                b1=opt.b1, b2=opt.b2, eps=opt.eps,
                                max_grad_norm=opt.max_grad_norm,
                                bias_correction=opt.bias_correction,

@@ -164,6 +164,10 @@ def pretrain_config(size: str = "bert_base") -> ml_collections.ConfigDict:
   config.optimizer.decay_shape = "1-sqrt"
   config.optimizer.final_fraction = 0.0
   config.optimizer.long_learning_rate = -1.0
+  # Restarts of the wsd plateau, ModernBERT's `restart_override`: a tuple of
+  # (step, learning_rate, weight_decay), each from its step on; the moments
+  # go on, and stableadamw's decay stays measured against learning_rate.
+  config.optimizer.restarts = ()
   config.optimizer.weight_decay = 0.01    # not on LayerNorm and biases
   config.optimizer.b1 = 0.9
   config.optimizer.b2 = 0.999

@@ -28,8 +28,9 @@ recipe of ModernBERT's own training configs, in steps of the same tokens:
 Base: 4,608 sequences of 1,024 tokens a step (4.7M tokens), lr 8e-4 after a
 3B-token warmup, 1.719T tokens; then 576 sequences of 8,192 (the same tokens
 a step) at 3e-4 for 250B tokens and a 50B-token decay. Large: 4,928 / 616
-sequences, lr 5e-4 then 5e-5, 2B tokens of warmup. docs/modernbert.md says
-where bertjax differs from ModernBERT's code.
+sequences, lr 5e-4 for 900B tokens, then 5e-5 with weight decay 1e-6
+(`optimizer.restarts`, its restart), 2B tokens of warmup. docs/modernbert.md
+says where bertjax differs from ModernBERT's code.
 """
 
 from bertjax.configs import common
@@ -97,6 +98,12 @@ def get_config(arg: str | None = None):
   config.optimizer.long_learning_rate = 3e-4 if size == "base" else 5e-5
   config.optimizer.warmup_steps = _ramped_steps(3e9 if size == "base" else 2e9, ramp_start,
                                                batch, ramp_steps, 1024)
+  if size == "large":
+    # ModernBERT-large's restart: its loss stalled at 5e-4, so its run went
+    # back to 900B tokens and went on at 5e-5 with a weight decay of 1e-6
+    # (`restart_override`: the moments kept), which the later phases keep.
+    restart = _ramped_steps(900e9, ramp_start, batch, ramp_steps, 1024)
+    config.optimizer.restarts = ((restart, 5e-5, 1e-6),)
   config.optimizer.schedule = "wsd"
   config.optimizer.decay_steps = decay_steps
   config.optimizer.decay_shape = "1-sqrt"

@@ -297,3 +297,136 @@ def test_a_long_phase_rate_the_schedule_would_not_read_is_refused():
     optim.make_optimizer(config)
   config.optimizer.schedule = "wsd"
   optim.make_optimizer(config)
+
+
+def _restart_config(**optimizer):
+  """A scaled-down ModernBERT schedule: warmup 2, plateau 8e-2, a restart at
+  step 4, then 1-sqrt to 10% over the last 2 of 8 steps."""
+  from bertjax.configs import modernbert_pretrain
+
+  config = modernbert_pretrain.get_config()
+  config.train.total_steps = 8
+  config.train.long_from_step = -1
+  config.optimizer.update({**dict(learning_rate=8e-2, long_learning_rate=-1.0, warmup_steps=2,
+                                 decay_steps=2, final_fraction=0.1, weight_decay=0.2,
+                                 restarts=((4, 3e-2, 0.05),)), **optimizer})
+  return config
+
+
+@pytest.mark.filterwarnings("ignore:You are using weight_decay")  # large, to be seen
+def test_a_restart_is_modernberts_restart_override():
+  """bertjax's StableAdamW through a restart against the optimizer
+  ModernBERT's training code runs (`optimi.StableAdamW`, decoupled decay),
+  restarted as that code restarts: its state saved and loaded into one built
+  with the new learning rate (torch's `set_optimizer_state_dict`, as Composer
+  loads it), then `restart_override`'s new learning rate and weight decay on
+  the groups that decay. The moments go on, and the decay stays measured
+  against the first peak (`max_lr` comes back with the checkpoint)."""
+  torch = pytest.importorskip("torch")
+  optimi = pytest.importorskip("optimi")
+  from torch.distributed.checkpoint.state_dict import (get_optimizer_state_dict,
+                                                       set_optimizer_state_dict)
+
+  rng = np.random.default_rng(2)
+  params = {"kernel": rng.normal(size=(6, 5)), "bias": rng.normal(size=5),
+            "embedding": rng.normal(size=(7, 5))}
+  grads = [{k: rng.normal(size=x.shape) * (30.0 if t == 5 else 1.0) for k, x in params.items()}
+           for t in range(8)]
+
+  # Composer's warmup-stable-decay, written out: the restart's rate from step 4.
+  def rate(t):
+    if t < 2:
+      return 8e-2 * t / 2
+    return 8e-2 if t < 4 else 3e-2 if t < 6 else 3e-2 * (0.1 + 0.9 * (1 - np.sqrt((t - 6) / 2)))
+
+  model = torch.nn.ParameterDict({k: torch.nn.Parameter(torch.tensor(v, dtype=torch.float32))
+                                  for k, v in params.items()})
+
+  def build(lr, weight_decay):
+    groups = [{"params": [model["kernel"], model["embedding"]]},
+              {"params": [model["bias"]], "weight_decay": 0.0}]
+    return optimi.StableAdamW(groups, lr=lr, betas=(0.9, 0.98), eps=1e-6,
+                              weight_decay=weight_decay, decouple_lr=True)
+
+  reference = build(8e-2, 0.2)
+  for t, g in enumerate(grads):
+    if t == 4:  # the restart: resume a checkpoint with the next stage's settings
+      saved = get_optimizer_state_dict(model, reference)
+      reference = build(3e-2, 0.05)
+      set_optimizer_state_dict(model, reference, optim_state_dict=saved)
+      for group in reference.param_groups:
+        group["lr"] = 3e-2
+        group["weight_decay"] = 0.05 if group["weight_decay"] > 0 else 0.0
+    for group in reference.param_groups:
+      group["lr"] = rate(t)
+    for k, p in model.items():
+      p.grad = torch.tensor(g[k], dtype=torch.float32)
+    reference.step()
+  assert reference.param_groups[0]["max_lr"] == 8e-2  # the first peak, restored
+
+  optimizer, schedule = optim.make_optimizer(_restart_config())
+  np.testing.assert_allclose([float(schedule(t)) for t in range(8)],
+                             [rate(t) for t in range(8)], rtol=1e-6)
+  ours = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
+  state = optimizer.init(ours)
+  for g in grads:
+    updates, state = optimizer.update(jax.tree.map(jnp.float32, g), state, ours)
+    ours = optax.apply_updates(ours, updates)
+  for k, p in model.items():
+    np.testing.assert_allclose(ours[k], p.detach().numpy(), rtol=2e-5, atol=1e-6, err_msg=k)
+
+
+def test_restarts_change_the_plateau_from_their_step():
+  schedule = optim.warmup_stable_decay(
+      1e-3, 10, 100, 20, long_from_step=50, long_peak=4e-4,
+      restarts=[optim.Restart(30, 6e-4, 0.0), optim.Restart(50, 2e-4, 0.0),
+                optim.Restart(90, 1e-4, 0.0)])
+  for step, expected in [(29, 1e-3), (30, 6e-4), (49, 6e-4), (50, 2e-4),  # a tie: the restart's
+                         (80, 2e-4), (85, 2e-4 * (1 - np.sqrt(5 / 20))),
+                         (90, 1e-4 * (1 - np.sqrt(10 / 20)))]:
+    np.testing.assert_allclose(float(schedule(step)), expected, rtol=1e-5, err_msg=str(step))
+
+
+def test_the_setting_that_gives_a_step_its_rate():
+  """What a diverged run's advice tells the user to lower."""
+  from bertjax.configs import modernbert_pretrain
+
+  config = modernbert_pretrain.get_config("large")
+  restart = config.optimizer.restarts[0][0]
+  assert optim.learning_rate_setting(config, restart - 1) == ("optimizer.learning_rate", 5e-4)
+  assert optim.learning_rate_setting(config, restart) == (
+      "optimizer.restarts[0]'s learning rate", 5e-5)
+  assert optim.learning_rate_setting(config, config.train.long_from_step) == (
+      "optimizer.long_learning_rate", 5e-5)
+
+
+@pytest.mark.parametrize("changes, says", [
+    ({"restarts": (4, 3e-2, 0.05)}, r"write each restart as \(step, learning_rate, weight_decay"),
+    ({"restarts": ((4, 3e-2),)}, r"restarts\[0\]=\(4, 0.03\) is not \(step, learning_rate"),
+    ({"restarts": ((4.5, 3e-2, 0.1),)}, "the step 4.5 is not a whole number"),
+    ({"restarts": ((1, 3e-2, 0.1),)}, r"step 1 must be in \[warmup_steps, total_steps\) = \[2, 8\)"),
+    ({"restarts": ((8, 3e-2, 0.1),)}, r"step 8 must be in \[warmup_steps"),
+    ({"restarts": ((5, 3e-2, 0.1), (5, 1e-2, 0.1))}, r"restarts\[1\]: step 5 does not come after"),
+    ({"restarts": ((5, 0.0, 0.1),)}, "need learning_rate > 0"),
+    ({"schedule": "linear"}, "optimizer.restarts is read by the wsd schedule only"),
+    ({"name": "adamw"}, r"restarts\[0\] changes the weight decay \(0.2 to 0.05\), which "
+                        "stableadamw alone takes part-way"),
+])
+def test_restarts_that_cannot_run_are_refused(changes, says):
+  with pytest.raises(errors.UsageError, match=says):
+    optim.make_optimizer(_restart_config(**changes))
+
+
+def test_the_large_recipe_restarts_at_900b_tokens():
+  """ModernBERT-large: 5e-4 for 900B tokens (its batch-size warmup's fewer
+  tokens counted), then 5e-5 with weight decay 1e-6 to the end."""
+  from bertjax.configs import modernbert_pretrain
+  from bertjax.phases import phases
+
+  config = modernbert_pretrain.get_config("large")
+  ((restart, rate, weight_decay),) = config.optimizer.restarts
+  assert (rate, weight_decay) == (5e-5, 1e-6)
+  phase = phases(config)[0]
+  tokens = sum(phase.parts(step) * phase.loader_batch for step in range(restart)) * 1024
+  assert tokens == pytest.approx(900e9, abs=4928 * 1024)
+  assert modernbert_pretrain.get_config().optimizer.restarts == ()  # base: none

@@ -81,6 +81,7 @@ class _Trainer:
     self.clock = preemption.SaveClock(config.checkpoint.every_seconds)
     self.last_eval: dict[str, float] = {}
     self.last_eval_step = 0
+    self.last_step = 0  # the last step whose metrics came back
     logging.info("Mesh %s over %d devices (%s); peak %s TFLOP/s per device (%s)",
                  dict(self.mesh.shape), len(devices), devices[0].device_kind,
                  "unknown" if self.peak is None else f"{self.peak:.3f}", peak_source)
@@ -164,15 +165,12 @@ class _Trainer:
     resume = f"step {max(good)}" if good else "step 0 (no checkpoint)"
     aside = (f" (step {', '.join(map(str, diverged))}, saved as the loss left its range, goes "
              "to checkpoints_diverged/)" if diverged else "")
-    opt = self.config.optimizer
-    # The rate of the phase that diverged: the long phase's own, where it has one.
-    long_phase = (self.guard is not None and (self.guard.of or {}).get("phase", 0) > 0
-                  and opt.get("schedule", "linear") == "wsd"
-                  and opt.get("long_learning_rate", -1.0) > 0)
-    name = "long_learning_rate" if long_phase else "learning_rate"
-    return (f"a rerun resumes from {resume}{aside}: lower optimizer.{name} (now "
-            f"{opt[name]:g}) or check the data first (the bound: "
-            "--config.divergence.factor)")
+    # The rate of the steps that diverged: the long phase's or a restart's, where set.
+    start = self.guard.diverged_from() if self.guard is not None else None
+    setting, rate = optim.learning_rate_setting(
+        self.config, self.last_step if start is None else start)
+    return (f"a rerun resumes from {resume}{aside}: lower {setting} (now {rate:g}) or check "
+            "the data first (the bound: --config.divergence.factor)")
 
   def _diverged_steps(self, steps: list[int]) -> list[int]:
     """The saved steps that hold weights out of range: a save lands one step
@@ -512,6 +510,7 @@ class _Trainer:
     """
     config = self.config
     values = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
+    self.last_step = step
     # The loss of the weights before the step: those a checkpoint would hold,
     # whether or not the step's update was skipped.
     self.guard.update(step, values["loss"], self._advice, values["grad_norm"])

@@ -2,8 +2,8 @@
 scaled down (L4/H32 on the test vocabulary, two devices), its batch-size
 warmup (2, 4, 6 rows a step, then 8), its two phases (the rotary base raised
 and a batch of its own for the long phase), StableAdamW and the
-warmup-stable-decay schedule, exact resume after kill -9 in the warmup and in
-the long phase, and the run's model exported to transformers.
+warmup-stable-decay schedule with a restart, exact resume after kill -9 in
+the warmup and in the long phase, and the run's model exported to transformers.
 """
 
 import json
@@ -16,7 +16,7 @@ import pytest
 
 from tests.tasks.test_pretrain import ROOT, _env, _losses, _run, _saved_steps, _start_and_stop
 
-TOTAL, SWITCH, DECAY, RAMP = 90, 50, 20, 24
+TOTAL, SWITCH, DECAY, RAMP, RESTART = 90, 50, 20, 24, 40
 
 
 def _args(workdir, prepared_dir, **overrides):
@@ -32,6 +32,7 @@ def _args(workdir, prepared_dir, **overrides):
       "train.long_seq_length": 64, "train.long_max_predictions": 38,
       "optimizer.warmup_steps": 10, "optimizer.decay_steps": DECAY,
       "optimizer.learning_rate": 2e-3, "optimizer.long_learning_rate": 1e-3,
+      "optimizer.restarts": f"(({RESTART}, 1.5e-3, 2e-5),)",
       "checkpoint.every_steps": 15, "eval.every_steps": 45, "eval.batches": 2,
       "eval.batch_size": 8, "log_every_steps": 1, **overrides}
   return ([sys.executable, "-m", "bertjax.main", "--config=configs/modernbert_pretrain.py",
@@ -66,9 +67,11 @@ def test_the_recipe_runs_both_phases(uninterrupted):
   per_row = [train[s]["train/sequences_per_s"] * 32 / train[s]["train/tokens_per_s"]
              for s in range(5, SWITCH)]
   assert np.median(per_row) == pytest.approx(1.0) and max(per_row) > 1.05
-  # Warmup to 2e-3, the plateau, 1e-3 from the switch, then 1-sqrt to 0.1% of it.
+  # Warmup to 2e-3, the plateau, 1.5e-3 from the restart, 1e-3 from the
+  # switch, then 1-sqrt to 0.1% of it.
   rate = lambda step: train[step + 1]["train/learning_rate"]  # logged: the step's own
-  assert rate(5) == pytest.approx(1e-3) and rate(30) == pytest.approx(2e-3)
+  assert rate(5) == pytest.approx(1e-3) and rate(RESTART - 1) == pytest.approx(2e-3)
+  assert rate(RESTART) == pytest.approx(1.5e-3) and rate(SWITCH - 1) == pytest.approx(1.5e-3)
   assert rate(SWITCH) == pytest.approx(1e-3) and rate(TOTAL - DECAY) == pytest.approx(1e-3)
   assert rate(TOTAL - 5) == pytest.approx(1e-3 * (0.001 + 0.999 * (1 - np.sqrt(15 / 20))))
   first, last = (np.mean([train[s]["train/loss"] for s in steps])
