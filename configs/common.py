@@ -42,11 +42,13 @@ def model_config(size: str, **overrides) -> ml_collections.ConfigDict:
   # exact recipe; "auto" then runs XLA's attention.
   # vocab_pad_multiple: the word table padded to whole tiles (30,592 rows for
   # 30,522 words); the padding rows are never predicted nor exported.
+  # residual_dtype "": the stream between layers in `dtype` ("float32" keeps
+  # it there, as PyTorch's autocast does, at twice its memory).
   fields = dict(vocab_size=30522, vocab_pad_multiple=128, hidden_act="gelu_tanh",
                 max_position_embeddings=512,
                 type_vocab_size=2, hidden_dropout_prob=0.1, attention_dropout_prob=0.0,
-                dtype="bfloat16", scan_layers=True, remat_policy="none",
-                attention_impl="auto")
+                dtype="bfloat16", residual_dtype="", scan_layers=True,
+                remat_policy="none", attention_impl="auto")
   return ml_collections.ConfigDict({**fields, **PRESETS[size], **overrides})
 
 
@@ -272,6 +274,7 @@ def finetune_config(task: str) -> ml_collections.ConfigDict:
 
   config.model = ml_collections.ConfigDict()
   config.model.dtype = "bfloat16"           # computation; parameters stay float32
+  config.model.residual_dtype = ""          # the stream between layers: "" is dtype
   # The paper's fine-tuning dropout (A.3; run_classifier.py's bert_config).
   # Attention dropout runs on XLA's attention. Negative: the checkpoint's own.
   config.model.hidden_dropout_prob = 0.1

@@ -24,7 +24,9 @@ recipe of ModernBERT's own training configs, in steps of the same tokens:
   `train.batch_ramp_steps`);
 - dropout 0.1 on the attention output only; none on the embeddings, the
   attention probabilities (so "auto" runs the fused kernels) or the
-  feed-forward.
+  feed-forward;
+- bfloat16 matmuls with the residual stream in float32
+  (`model.residual_dtype`), as its autocast mixed precision.
 Base: 4,608 sequences of 1,024 tokens a step (4.7M tokens), lr 8e-4 after a
 3B-token warmup, 1.719T tokens; then 576 sequences of 8,192 (the same tokens
 a step) at 3e-4 for 250B tokens and a 50B-token decay. Large: 4,928 / 616
@@ -60,6 +62,9 @@ def get_config(arg: str | None = None):
   config.model.vocab_pad_multiple = 64  # 50,368 words = 787 x 64: whole tiles already
   config.model.global_rope_theta = 10_000.0   # 160,000 from the context extension on
   config.model.attention_output_dropout_prob = 0.1
+  # bfloat16 matmuls, the residual stream in float32: PyTorch's autocast,
+  # ModernBERT's mixed precision.
+  config.model.residual_dtype = "float32"
   config.data.vocab_size = 50368
   config.data.masked_lm_prob = 0.3
   config.data.masking = "modernbert"  # each token at 30%, [CLS] and [SEP] too

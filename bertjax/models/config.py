@@ -42,7 +42,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 # `EncoderConfig` fields that change how the weights are computed, not which
 # weights there are: the ones a model loaded for use takes from its user
 # (`bertjax.load_pretrained`'s overrides), not from the run that trained it.
-COMPUTATION_FIELDS = ("dtype", "scan_layers", "remat_policy", "attention_impl",
+COMPUTATION_FIELDS = ("dtype", "residual_dtype", "scan_layers", "remat_policy", "attention_impl",
                       "return_hidden_states", "hidden_dropout_prob",
                       "attention_dropout_prob", "classifier_dropout")
 
@@ -82,6 +82,10 @@ class EncoderConfig:
       `attention_mask`, not by id.
     dtype: Compute dtype of matmuls and activations. Parameters, softmax,
       LayerNorm and losses stay float32.
+    residual_dtype: The dtype of the residual stream, what each layer passes
+      to the next ("": `dtype`). "float32" with a bfloat16 `dtype` rounds
+      only the matmuls' inputs, as PyTorch's autocast (ModernBERT's mixed
+      precision) does, at twice the stream's memory.
     scan_layers: Run the layers with `nn.scan` (parameters stacked on a leading
       "layers" axis): one compiled layer, fast compiles for deep models.
     remat_policy: Rematerialisation of each layer in the backward pass.
@@ -134,6 +138,7 @@ class EncoderConfig:
   initializer_range: float = 0.02
   pad_token_id: int = 0
   dtype: str = "float32"
+  residual_dtype: str = ""
   scan_layers: bool = False
   remat_policy: str = "none"
   attention_impl: str = "auto"
@@ -155,6 +160,11 @@ class EncoderConfig:
   def embedding_rows(self) -> int:
     """Rows of the word embedding table: `vocab_size` padded (`vocab_pad_multiple`)."""
     return -(-self.vocab_size // self.vocab_pad_multiple) * self.vocab_pad_multiple
+
+  @property
+  def stream_dtype(self) -> str:
+    """The residual stream's dtype (`residual_dtype`, or `dtype`)."""
+    return self.residual_dtype or self.dtype
 
   @property
   def head_dim(self) -> int:
@@ -207,6 +217,8 @@ class EncoderConfig:
     _check_choice("classifier_pooling", self.classifier_pooling, POOLINGS)
     self._validate_family()
     _check_choice("dtype", self.dtype, DTYPES)
+    if self.residual_dtype:
+      _check_choice("residual_dtype", self.residual_dtype, DTYPES)
     _check_choice("remat_policy", self.remat_policy, REMAT_POLICIES)
     _check_choice("attention_impl", self.attention_impl, ATTENTION_IMPLEMENTATIONS)
     if self.attention_impl == "cudnn" and self.dtype == "float32":

@@ -190,7 +190,7 @@ class Embeddings(nn.Module):
 
   def __call__(self, input_ids: Array, token_type_ids: Array, position_ids: Array,
                deterministic: bool) -> Array:
-    """Embeds [batch, length] ids into [batch, length, embed] (compute dtype)."""
+    """Embeds [batch, length] ids into [batch, length, embed] (the stream's dtype)."""
     spec = family.of(self.config)
     x = self.word_embeddings(input_ids)
     if not spec.rotary:
@@ -199,7 +199,7 @@ class Embeddings(nn.Module):
       x = x + self.token_type_embeddings(token_type_ids)
     x = self.layer_norm(x)
     x = self.dropout(x, deterministic=deterministic)
-    x = x.astype(self.config.dtype)
+    x = x.astype(self.config.stream_dtype)
     return nn.with_logical_constraint(x, BATCH_LENGTH_EMBED)
 
   def attend(self, query: Array) -> Array:
@@ -312,7 +312,7 @@ class TransformerLayer(nn.Module):
     attended = SelfAttention(config, name="attention")(x, segments, deterministic)
     attended = dropout(attended, deterministic=deterministic)
     x = layer_norm(config, "attention_layer_norm")(
-        x.astype(jnp.float32) + attended.astype(jnp.float32)).astype(config.dtype)
+        x.astype(jnp.float32) + attended.astype(jnp.float32)).astype(config.stream_dtype)
     x = nn.with_logical_constraint(x, BATCH_LENGTH_EMBED)
 
     hidden = dense(config, config.hidden_size, config.intermediate_size, ("embed", "mlp"),
@@ -323,5 +323,5 @@ class TransformerLayer(nn.Module):
                    "output")(hidden)
     hidden = dropout(hidden, deterministic=deterministic)
     x = layer_norm(config, "output_layer_norm")(
-        x.astype(jnp.float32) + hidden.astype(jnp.float32)).astype(config.dtype)
+        x.astype(jnp.float32) + hidden.astype(jnp.float32)).astype(config.stream_dtype)
     return nn.with_logical_constraint(x, BATCH_LENGTH_EMBED)

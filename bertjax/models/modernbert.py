@@ -98,7 +98,7 @@ class ModernLayer(nn.Module):
       rotary: The (global, local) rotations of the tokens' positions.
     """
     config = self.config
-    dtype = jnp.dtype(config.dtype)
+    dtype, stream = jnp.dtype(config.dtype), jnp.dtype(config.stream_dtype)
 
     h = x
     if self.attention_norm:
@@ -108,7 +108,7 @@ class ModernLayer(nn.Module):
         h, segments, deterministic, rotary[1] if self.local else rotary[0])
     attended = nn.Dropout(config.attention_output_dropout)(attended,
                                                            deterministic=deterministic)
-    x = (x.astype(jnp.float32) + attended.astype(jnp.float32)).astype(dtype)
+    x = (x.astype(jnp.float32) + attended.astype(jnp.float32)).astype(stream)
     x = nn.with_logical_constraint(x, BATCH_LENGTH_EMBED)
 
     h = layer_norm(config, "mlp_norm")(x.astype(jnp.float32)).astype(dtype)
@@ -122,7 +122,7 @@ class ModernLayer(nn.Module):
     hidden = nn.Dropout(config.mlp_dropout_prob)(hidden, deterministic=deterministic)
     hidden = Dense(config, (config.intermediate_size, config.hidden_size), ("mlp", "embed"),
                    use_bias=False, stddev=out_stddev(config), name="output")(hidden)
-    x = (x.astype(jnp.float32) + hidden.astype(jnp.float32)).astype(dtype)
+    x = (x.astype(jnp.float32) + hidden.astype(jnp.float32)).astype(stream)
     return nn.with_logical_constraint(x, BATCH_LENGTH_EMBED)
 
 

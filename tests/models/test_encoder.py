@@ -127,6 +127,24 @@ def test_bfloat16_compute_keeps_float32_params_and_logits(params):
   assert {x.dtype for x in jax.tree.leaves(grads)} == {jnp.dtype("float32")}
 
 
+@pytest.mark.parametrize("scan", [False, True])
+def test_a_float32_residual_stream(params, scan):
+  """`residual_dtype="float32"`: the LayerNorms' outputs, which each layer
+  passes on, stay float32 (those of the embeddings equal float32's to the
+  bit) while the matmuls run in bfloat16, as under PyTorch's autocast."""
+  config = CONFIG.replace(dtype="bfloat16", residual_dtype="float32", scan_layers=scan)
+  bert = to_layout({"bert": params["bert"]}, scan, config)["bert"]
+  kept = _encode(config, bert)
+  exact = _encode(CONFIG, params["bert"])
+  rounded = _encode(config.replace(residual_dtype=""), bert)
+  assert kept.hidden_states.dtype == jnp.float32 and kept.sequence_output.dtype == jnp.float32
+  assert rounded.hidden_states.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(kept.hidden_states[0], exact.hidden_states[0])
+  kept_error, rounded_error = (np.abs(np.asarray(x.sequence_output, np.float32)
+                                      - exact.sequence_output).mean() for x in (kept, rounded))
+  assert 0 < kept_error < rounded_error
+
+
 def test_dropout_is_random_per_rng_and_off_when_deterministic(params):
   first = _loss(CONFIG, params, deterministic=False, rng=jax.random.key(1))
   again = _loss(CONFIG, params, deterministic=False, rng=jax.random.key(1))

@@ -201,6 +201,31 @@ def test_bfloat16_compute_keeps_float32_parameters_and_logits():
   np.testing.assert_allclose(logits, exact, atol=0.1)
 
 
+@pytest.mark.parametrize("scan", [False, True])
+def test_a_float32_residual_stream_rounds_only_the_matmuls(scan):
+  """`residual_dtype="float32"` with bfloat16 compute: every layer passes a
+  float32 stream on (the embeddings' output, which no matmul makes, equals
+  float32's to the bit), where by default the stream is rounded to bfloat16."""
+  exact_config = config(return_hidden_states=True)
+  params = params_of(build_model(exact_config))
+  ids, mask = inputs()
+
+  def hidden_states(**changes):
+    changed = exact_config.replace(scan_layers=scan, **changes)
+    return build_model(changed).apply({"params": to_layout(params, scan, changed)}, ids,
+                                      mask)["hidden_states"]
+
+  exact = hidden_states()
+  kept = hidden_states(dtype="bfloat16", residual_dtype="float32")
+  rounded = hidden_states(dtype="bfloat16")
+  assert kept.dtype == jnp.float32 and rounded.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(kept[0], exact[0])
+  assert not np.array_equal(np.asarray(rounded[0], np.float32), exact[0])
+  assert np.abs(kept[1:] - exact[1:]).max() > 0  # the matmuls are bfloat16's
+  with pytest.raises(errors.UsageError, match="residual_dtype='float64' is not one of"):
+    config(residual_dtype="float64")
+
+
 def test_initialisation_follows_modernbert():
   """Projections into the residual stream start at 0.02 / sqrt(2 L), the rest
   at 0.02 (the prediction head's dense layer too, as ModernBERT's training
