@@ -115,8 +115,8 @@ def loader_workers(*, platform: str, length: int, flops_per_row: float, local_de
   On CPUs the pipeline runs in the training process (0). Accelerators consume
   up to `local_devices * peak * 0.6 / flops_per_row` rows a second; the rule
   takes twice that over one process's rate of such rows (`loader_rows_per_s`,
-  rows of `sequences_per_row` sequences: for packed rows pass the most a row
-  holds, to size for the costliest rows), at least 1 and at most the host's
+  rows of `sequences_per_row` sequences: for packed rows, as many as the
+  data's documents fill), at least 1 and at most the host's
   cores less two (the trainer and the prefetch thread). An accelerator without
   a peak in `bertjax.flops` gets 4.
 

@@ -10,9 +10,10 @@ recipe of ModernBERT's own training configs, in steps of the same tokens:
   next-sentence prediction and no token types;
 - one sequence a document, its first tokens, the rest left out
   (`data.truncate_documents`), none made shorter at random
-  (`data.short_seq_prob=0`; BERT's 10% is the paper's); rows of up to 8
-  documents' sequences that do not attend to each other (`objective="mlm"`,
-  `data.max_sequences_per_row=8`), as its unpadded packing;
+  (`data.short_seq_prob=0`; BERT's 10% is the paper's); rows packed with
+  as many documents' sequences as fit, which do not attend to each other
+  (`objective="mlm"`, `data.max_sequences_per_row=256`), as its unpadded
+  packing;
 - 1,024 tokens with a rotary base of 10,000 in every layer, then context
   extension to 8,192 tokens with the global layers' base raised to 160,000
   (`train.long_model`) and a lower plateau, then a 1-sqrt decay to 0.1% of
@@ -72,8 +73,11 @@ def get_config(arg: str | None = None):
   config.data.short_seq_prob = 0.0  # every sequence as long as its document allows
   config.data.truncate_documents = True  # one sequence a document, its first tokens
   # Packed rows (train.batch_size counts rows): ModernBERT trains on unpadded
-  # rows of whole documents that do not see each other.
-  config.data.max_sequences_per_row = 8
+  # micro-batches of whole documents that do not see each other, as many as
+  # fit. A row of 8,192 tokens holds a dozen web pages on average, and a cap
+  # of 8 would leave about half of it padding; 256 leaves well under 1% at
+  # both lengths (docs/benchmarks.md). Masked LM keeps nothing per sequence.
+  config.data.max_sequences_per_row = 256
 
   batch, long_batch = (4608, 576) if size == "base" else (4928, 616)
   extension_steps = _steps(250e9, long_batch, 8192)

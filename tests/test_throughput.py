@@ -66,3 +66,24 @@ def test_loader_processes_follow_what_the_devices_consume():
   # One process's rate, the fit of the measured 12,665 (128) and 8,811 (512).
   assert throughput.loader_sequences_per_s(128) == pytest.approx(12_665, rel=0.02)
   assert throughput.loader_sequences_per_s(512) == pytest.approx(8_811, rel=0.02)
+
+
+def test_packed_rows_are_sized_by_the_datas_documents(prepared_dir, tmp_path):
+  """The loader is sized for rows of as many sequences as documents of the
+  prepared data's mean length fill, at most `data.max_sequences_per_row`."""
+  from bertjax.configs import modernbert_pretrain
+  from bertjax.data import shards
+  from bertjax.tasks.pretrain_data import sequences_per_row
+
+  config = modernbert_pretrain.get_config()
+  stats = shards.read_stats(prepared_dir)
+  mean = stats.tokens / stats.documents_used + 2
+  assert stats.documents_used == 120
+  assert sequences_per_row(config, prepared_dir, 1024) == pytest.approx(1024 / mean)
+  assert sequences_per_row(config, prepared_dir, 8) == 1.0  # documents longer than a row
+  config.data.max_sequences_per_row = 2
+  assert sequences_per_row(config, prepared_dir, 1024) == 2.0
+  config.data.max_sequences_per_row = 256
+  assert sequences_per_row(config, str(tmp_path), 1024) == 256.0  # no counts: the most
+  config.data.static = True
+  assert sequences_per_row(config, prepared_dir, 1024) == 256.0

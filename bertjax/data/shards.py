@@ -24,7 +24,6 @@ read, `bertjax.data.streaming`), or from a host's copy (`reading_directory`).
 from __future__ import annotations
 
 import contextlib
-import glob
 import hashlib
 import json
 import os
@@ -438,10 +437,13 @@ def local_directory(directory: str, names: Callable[[str], bool] | None = None) 
   return files.local_copy(directory, lambda name: ".tmp" not in name and wanted(name))
 
 
-def read_stats(directory: str, kind: str = "documents") -> CorpusStats:
-  """The builder's counts over all finished shards."""
+def read_stats(directory: str, kind: str = "documents", limit: int | None = None
+               ) -> CorpusStats:
+  """The builder's counts over the finished shards (local or remote), or over
+  the first `limit` of them (a sample)."""
   total = CorpusStats()
-  for path in sorted(glob.glob(os.path.join(directory, f"{kind}-*.stats.json"))):
-    with open(path, encoding="utf-8") as f:
-      total.merge(CorpusStats.from_dict(json.load(f)))
+  names = sorted(name for name in files.listdir(directory)
+                 if name.startswith(f"{kind}-") and name.endswith(".stats.json"))
+  for name in names[:limit]:
+    total.merge(CorpusStats.from_dict(files.read_json(files.join(directory, name))))
   return total

@@ -26,7 +26,8 @@ from bertjax.models import EncoderConfig
 from bertjax.phases import Phase, phases
 from bertjax.tasks.pretrain_checks import stage_accumulation, validate
 from bertjax.tasks.pretrain_data import (check_stream, check_vocabulary, data_identity,
-                                         loader_config, prepare_data, stream_settings)
+                                         loader_config, prepare_data, sequences_per_row,
+                                         stream_settings)
 from bertjax.tasks.pretrain_stop import (HANGUP_EXIT_CODE, INTERRUPTED_EXIT_CODE,
                                          PREEMPTED_EXIT_CODE, exit_unsaved, save_on_stop)
 
@@ -320,7 +321,8 @@ class _Trainer:
         flops_per_row=phase.max_seq_length * flops.flops_per_token(
             phase.model(self.bert), phase.max_seq_length, phase.max_predictions),
         local_devices=jax.local_device_count(), peak_tflops=self.peak,
-        cpus=os.cpu_count() or 1, sequences_per_row=self.config.data.max_sequences_per_row)
+        cpus=os.cpu_count() or 1,
+        sequences_per_row=sequences_per_row(self.config, self.data_dir, phase.max_seq_length))
     logging.info("Input pipeline: %d worker process(es) for length %d (data.worker_count=-1: "
                  "bertjax.throughput.loader_workers)", workers, phase.max_seq_length)
     return workers

@@ -89,6 +89,32 @@ def masking_config(config: ml_collections.ConfigDict, max_predictions: int,
                        rule=config.data.masking)
 
 
+# Shards whose counts estimate a corpus's document length (a sample: on GCS
+# each is a read).
+_SAMPLED_SHARDS = 16
+
+
+def sequences_per_row(config: ml_collections.ConfigDict, data_dir: str, length: int) -> float:
+  """The sequences a packed row of `length` tokens holds on average, for
+  sizing the loader (`throughput.loader_workers`): at most
+  `data.max_sequences_per_row`, and as many as sequences of the prepared
+  documents' mean length fill (its shards' counts; static instances and data
+  without counts: the most a row may hold)."""
+  most = config.data.max_sequences_per_row
+  if most <= 1 or config.data.static:
+    return float(most)
+  try:
+    stats = shards.read_stats(data_dir, limit=_SAMPLED_SHARDS)
+  except (OSError, errors.Error) as e:
+    logging.warning("Sizing the loader for %d sequences a row: %s's counts are unreadable "
+                    "(%s)", most, data_dir, e)
+    return float(most)
+  if not stats.documents_used:
+    return float(most)
+  mean = min(stats.tokens / stats.documents_used + 2, length)  # with [CLS] and [SEP]
+  return min(float(most), length / mean)
+
+
 def loader_config(config: ml_collections.ConfigDict, data_dir: str, phase: Phase,
                   split: str, batch_size: int, seed_offset: int = 0,
                   worker_count: int = 0) -> loader.LoaderConfig:
