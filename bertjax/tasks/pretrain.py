@@ -268,6 +268,13 @@ class _Trainer:
       logging.info("Batch-size warmup: %d, %d, ... %d a step over steps %d-%d, then %d",
                    phase.ramp_start, 2 * phase.ramp_start, largest, phase.start,
                    phase.start + phase.ramp_steps, phase.batch_size)
+    opt = config.optimizer
+    for i, restart in enumerate(optim.parse_restarts(opt.get("restarts", ()), opt.warmup_steps,
+                                                     config.train.total_steps)):
+      if phase.start <= restart.step < phase.end:
+        logging.info("Restart at step %d (optimizer.restarts[%d]): learning rate %g, weight "
+                     "decay %g, the optimizer's moments kept", restart.step, i,
+                     restart.learning_rate, restart.weight_decay)
     # The steps of the phase's model (the same parameters; a phase may change
     # how it computes, e.g. ModernBERT's rotary base), one per batch size of
     # the warmup: each takes the configured micro-batches.

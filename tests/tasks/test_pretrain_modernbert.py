@@ -56,6 +56,8 @@ def test_the_recipe_runs_both_phases(uninterrupted):
   assert "Batch-size warmup: 2, 4, ... 6 a step over steps 0-24, then 8" in log
   for rows in (2, 4, 6, 8):  # one program for each batch size of the warmup
     assert f"Compiled the step for length 32 ({rows} a step)" in log
+  assert ("Restart at step 40 (optimizer.restarts[0]): learning rate 0.0015, weight decay 2e-05, "
+          "the optimizer's moments kept") in log
   assert "Phase 1: steps 50-90 at length 64, 16 rows a step, global_rope_theta=160000.0" in log
   assert "Compiled the step for length 64 (16 a step)" in log
   train = {r["step"]: r for r in _records(workdir) if "train/loss" in r}
