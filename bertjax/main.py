@@ -14,6 +14,8 @@ Configs (each file's docstring is its command; docs/configs.md lists them all):
   configs/squad.py:<version>       v1.1 or v2.0
   configs/swag.py, configs/ner.py  SWAG, CoNLL-2003 NER
   configs/ner_features.py:<row>    the feature-based approach (Table 7)
+  configs/modernbert_demo.py       a tiny ModernBERT with its own BPE, on a CPU
+  configs/modernbert_pretrain.py   ModernBERT's recipe; :large for ModernBERT-large
 Any config field is a flag: --config.train.batch_size=512, --config.mesh.fsdp=4.
 
 Run the same command on every host of a TPU pod slice; `jax.distributed` finds

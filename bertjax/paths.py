@@ -116,8 +116,9 @@ def DEFINE_path(name: str, default: str | None, help: str, *, kind: str = "path"
       or "inputs" (a corpus source: files and globs, `demo:`, `tfds:`).
     **kwargs: As for `flags.DEFINE_string` (`required=True`).
   """
-  # The flag belongs to the command that defines it (absl's --helpshort).
-  caller = sys._getframe(1)  # pylint: disable=protected-access
-  kwargs.setdefault("module_name", caller.f_globals["__name__"])
+  # The flag belongs to the command that defines it (its --help lists it):
+  # absl names a command run as `python -m` by its file, as here.
+  caller = sys._getframe(1).f_globals["__name__"]  # pylint: disable=protected-access
+  kwargs.setdefault("module_name", sys.argv[0] if caller == "__main__" else caller)
   return flags.DEFINE(_PathParser(_RESOLVERS[kind]), name, default, help,
                       serializer=flags.ArgumentSerializer(), **kwargs)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
 from typing import Any, Mapping
 
 import jax
@@ -81,19 +83,27 @@ def say_pretraining_is_done(workdir: str, step: int, held_out: Mapping[str, floa
   if jax.process_index() != 0:
     return
   figures = "  ".join(f"{k} {v:.4f}" for k, v in held_out.items())
+  q, stem = shlex.quote, workdir.rstrip("/")
   lines = [
       f"Done: {step} steps. Checkpoint {files.join(workdir, 'checkpoints', str(step))}, "
       f"metrics {files.join(workdir, 'metrics.jsonl')}.",
       (f"Held-out at step {held_out_step}: {figures}" if figures
        else "Held-out: not evaluated in this session (eval.every_steps)"),
-      f"Look:      tensorboard --logdir {files.join(workdir, 'tensorboard')}",
-      f"Convert:   python -m bertjax.tools.convert --input={workdir} --to=hf "
-      f"--output={workdir.rstrip('/')}_hf",
+      f"Look:      {tensorboard_command(files.join(workdir, 'tensorboard'))}",
+      f"Convert:   python -m bertjax.tools.convert --input={q(workdir)} --to=hf "
+      f"--output={q(stem + '_hf')}",
       f"Fine-tune: python -m bertjax.main --config=configs/glue.py:sst2 "
-      f"--config.init_checkpoint={workdir} --config.data.dir=glue_data/SST-2 "
-      f"--workdir={workdir.rstrip('/')}_sst2",
+      f"--config.init_checkpoint={q(workdir)} --config.data.dir=glue_data/SST-2 "
+      f"--workdir={q(stem + '_sst2')}",
   ]
   metrics.log("\n".join(lines))
+
+
+def tensorboard_command(logdir: str) -> str:
+  """The shell command that shows `logdir` in TensorBoard, installing it first
+  where it is not on the PATH (bertjax does not depend on it)."""
+  command = f"tensorboard --logdir {shlex.quote(logdir)}"
+  return command if shutil.which("tensorboard") else f"pip install tensorboard && {command}"
 
 
 def say_fine_tuning_is_done(workdir: str, results: Mapping[str, Any]) -> None:
@@ -114,9 +124,9 @@ def say_fine_tuning_is_done(workdir: str, results: Mapping[str, Any]) -> None:
                    and name != "config.json" or name in ("submission", "model"))
   lines.append(f"Wrote to {workdir}: {', '.join(written)}")
   if "tensorboard" in files.listdir(workdir):
-    lines.append(f"Look:    tensorboard --logdir {files.join(workdir, 'tensorboard')}")
+    lines.append(f"Look:    {tensorboard_command(files.join(workdir, 'tensorboard'))}")
   if "model" in written:
     model = files.join(workdir, "model")
-    lines.append(f"Convert: python -m bertjax.tools.convert --input={model} "
-                 f"--output={model}_hf  (Hugging Face format)")
+    lines.append("Convert (to Hugging Face's format): python -m bertjax.tools.convert "
+                 f"--input={shlex.quote(model)} --output={shlex.quote(model + '_hf')}")
   metrics.log("\n".join(lines))

@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import difflib
+import importlib.util
 import logging as std_logging
 import os
 import re
@@ -272,10 +273,38 @@ def _redeliver_swallowed_interrupts() -> None:
   sys.unraisablehook = hook
 
 
+# How the docs and the commands bertjax prints name a shipped config.
+_SHIPPED_CONFIG = re.compile(r"^configs/(\w+\.py)(:.*)?$")
+
+
+def shipped_configs(argv: list[str]) -> list[str]:
+  """`argv` with `--config=configs/NAME.py[:arg]` read from the installed
+  configs (`bertjax.configs`) where no such file is under the working
+  directory: the commands in the docs, and those bertjax prints, run from any
+  directory."""
+  def shipped(value: str) -> str:
+    match = _SHIPPED_CONFIG.match(value)
+    if match is None or os.path.exists(value.split(":", 1)[0]):
+      return value
+    from bertjax import configs  # pylint: disable=import-outside-toplevel
+    installed = os.path.join(os.path.dirname(os.path.abspath(configs.__file__)), match.group(1))
+    return installed + (match.group(2) or "") if os.path.exists(installed) else value
+
+  out = list(argv)
+  for i, arg in enumerate(out):
+    if arg.startswith("--config="):
+      out[i] = "--config=" + shipped(arg[len("--config="):])
+    elif arg == "--config" and i + 1 < len(out):  # --config PATH
+      out[i + 1] = shipped(out[i + 1])
+  return out
+
+
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing (pass as `app.run(main, flags_parser=usage.parse_flags)`),
-  with a flag mistake, an unknown `--config.*` field included, as one line, and
-  a config's path fields resolved (`bertjax.paths.resolve_config`)."""
+  with a flag mistake, an unknown `--config.*` field included, as one line, a
+  shipped config found from any directory (`shipped_configs`), and a config's
+  path fields resolved (`bertjax.paths.resolve_config`)."""
+  argv = shipped_configs(argv)
   try:
     remaining = flags.FLAGS(argv)
     if "config" in flags.FLAGS and flags.FLAGS["config"].present:
@@ -297,6 +326,8 @@ def parse_flags(argv: list[str]) -> list[str]:
     fail(f"--config: {where}: {e.msg} ({type(e).__name__}); correct the config file")
   except Exception as e:  # pylint: disable=broad-except
     frame, e = _config_file_frame(e, argv)
+    if isinstance(e, errors.Error):  # the config's own refusal (an unknown argument)
+      fail(f"--config: {e}")
     shape = _config_file_shape(e, argv) if frame is None else None
     if shape:
       fail(shape)
@@ -365,6 +396,40 @@ def _config_file_frame(error: BaseException, argv: list[str]):
   return None, given
 
 
+def _field_elsewhere(path: str, argv: list[str]) -> str | None:
+  """The field of `argv`'s config that a mistaken `--config.<path>` most
+  likely means: one of the same name in another section (`train.learning_rate`
+  for `optimizer.learning_rate`), else the nearest path. (The config file is
+  loaded again: config_flags has not kept it when an override fails.)"""
+  given = [arg.split("=", 1)[1] for arg in argv[1:] if arg.startswith("--config=")]
+  if not given:
+    return None
+  file, _, argument = given[-1].partition(":")
+  try:
+    spec = importlib.util.spec_from_file_location("_bertjax_config_hint", file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config(argument) if argument else module.get_config()
+  except Exception:  # pylint: disable=broad-except  (the hint is a nicety)
+    return None
+  if not isinstance(config, ml_collections.ConfigDict):
+    return None
+
+  def leaves(node: ml_collections.ConfigDict, prefix: str) -> Iterator[str]:
+    for key, value in node.items():
+      if isinstance(value, ml_collections.ConfigDict) and len(value):
+        yield from leaves(value, f"{prefix}{key}.")
+      else:
+        yield f"{prefix}{key}"
+
+  fields = list(leaves(config, ""))
+  same_name = [field for field in fields if field.split(".")[-1] == path.split(".")[-1]]
+  if len(same_name) == 1:
+    return same_name[0]
+  close = difflib.get_close_matches(path, fields, 1, cutoff=0.75)
+  return close[0] if close else None
+
+
 def _flag_error(e: BaseException, argv: list[str]) -> str:
   """The line of a flag mistake (config_flags words several of them as
   tracebacks or as errors of the config file's own)."""
@@ -387,9 +452,12 @@ def _flag_error(e: BaseException, argv: list[str]) -> str:
       suggestion = re.search(r"(.+)", close[0]) if close else None
     given = [arg.split("=")[0] for arg in argv[1:] if arg.startswith("--config.")
              and name in arg.split("=")[0].split(".")]
-    return (f"{given[0] if given else '--config'}: the config has no field {name!r}"
-            + (f" (did you mean {suggestion.group(1)!r}?)" if suggestion else "")
-            + "; docs/configs.md lists the fields")
+    hint = f" (did you mean {suggestion.group(1)!r}?)" if suggestion else ""
+    elsewhere = _field_elsewhere(given[0][len("--config."):], argv) if given else None
+    if elsewhere:
+      hint = f" (did you mean --config.{elsewhere}?)"
+    return (f"{given[0] if given else '--config'}: the config has no field {name!r}{hint}"
+            "; docs/configs.md lists the fields")
   if len(message) > 1 and message[0] == message[-1] == "'":
     message = message[1:-1]
   # config_flags folds a config file's own traceback into its message: keep

@@ -27,6 +27,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shlex
 import struct
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
@@ -128,8 +129,9 @@ def rebuild_advice(directory: str, shard: str | None = None) -> str:
   except (OSError, ValueError):
     info = {}
   where = url or directory
-  command = (f"python -m bertjax.tools.prepare_pretraining_data --input={info.get('input')!r} "
-             f"--output_dir={where} ... (the flags that built it)")
+  command = ("python -m bertjax.tools.prepare_pretraining_data "
+             f"--input={shlex.quote(str(info.get('input')))} --output_dir={shlex.quote(where)} "
+             "... (the flags that built it)")
   if shard is None:
     return f"rebuild the dataset ({command} --overwrite)"
   return (f"delete {stats_path(shard)} and rerun {command}, or the pre-training run that "

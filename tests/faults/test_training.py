@@ -403,7 +403,9 @@ def test_a_data_build_cut_short_is_completed_by_the_rerun(tmp_path, monkeypatch)
 
 @pytest.mark.parametrize("flag,says", [
     ("--config.train.bogus=1", "--config.train.bogus: the config has no field 'bogus'"),
-    ("--config.train.batch_sise=8", "did you mean 'batch_size'?"),
+    ("--config.train.batch_sise=8", "did you mean --config.train.batch_size?"),
+    # A field of another section: the name as it is there.
+    ("--config.train.learning_rate=1e-4", "did you mean --config.optimizer.learning_rate?"),
     ("--config.data.dir=/no/such/dir", "/no/such/dir"),
 ])
 def test_usage_errors_are_one_line(prepared_dir, tmp_path, flag, says):
