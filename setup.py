@@ -42,6 +42,8 @@ _EXTRAS = {
         "torch>=2.5",
         # The optimizer ModernBERT's training code runs (StableAdamW).
         "torch-optimi>=0.3",
+        # bertjax.tools.plot draws with it.
+        "matplotlib>=3.8",
         "scipy>=1.13",
         "scikit-learn>=1.4",
         # conlleval-compatible entity scoring, the NER tests' reference.
@@ -64,6 +66,8 @@ _EXTRAS = {
     ],
     # Only to read Google's original TF1 checkpoints (bert_model.ckpt.*).
     "tf": ["tensorflow-cpu>=2.18"],
+    # A run's curves as a PNG (bertjax.tools.plot), and TensorBoard.
+    "plot": ["matplotlib>=3.8", "tensorboard>=2.18"],
     # The accelerator builds of JAX (the base install is CPU-only). libtpu also
     # lets `bertjax.tools.compile` compile for TPU topologies on any machine.
     "tpu": ["jax[tpu]>=0.10"],

@@ -11,6 +11,7 @@ it was.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shlex
@@ -65,6 +66,32 @@ def check_workdir(config: Any, workdir: str) -> None:
                             f"{ours!r} run: give another --workdir")
 
 
+# The settings whose change on a rerun changes the rest of a run's schedule:
+# said (the steps trained keep what they had), not refused.
+SCHEDULE_FIELDS = ("train.total_steps", "train.batch_size", "train.long_from_step",
+                   "train.long_batch_size", "optimizer.learning_rate",
+                   "optimizer.warmup_steps", "optimizer.schedule", "optimizer.decay_steps",
+                   "optimizer.long_learning_rate", "optimizer.final_fraction",
+                   "optimizer.weight_decay", "optimizer.restarts")
+
+
+def schedule_changes(config: Any, workdir: str) -> list[str]:
+  """What a rerun changes of the schedule its workdir's `config.json` was
+  saved with: `"train.total_steps 2000 -> 3000"`, ... (none for a new run)."""
+  path = files.join(workdir, CONFIG_FILE)
+  if not files.isfile(path):
+    return []
+  saved = json.loads(files.read_text(path))
+  now = json.loads(json.dumps(config.to_dict(), default=str))  # tuples as JSON has them
+  changes = []
+  for field in SCHEDULE_FIELDS:
+    section, name = field.split(".")
+    before, after = (saved.get(section) or {}).get(name), (now.get(section) or {}).get(name)
+    if before is not None and after is not None and before != after:
+      changes.append(f"{field} {before} -> {after}")
+  return changes
+
+
 def save_config(config: Any, workdir: str) -> None:
   """Writes a run's resolved config to `<workdir>/config.json` (process 0 only),
   atomically: readers see the old file or the new one."""
@@ -82,13 +109,16 @@ def say_pretraining_is_done(workdir: str, step: int, held_out: Mapping[str, floa
   it and fine-tune from it."""
   if jax.process_index() != 0:
     return
+  if not held_out:  # a rerun of a finished run: its last evaluation, as recorded
+    held_out, held_out_step = last_evaluation(workdir)
   figures = "  ".join(f"{k} {v:.4f}" for k, v in held_out.items())
   q, stem = shlex.quote, workdir.rstrip("/")
   lines = [
       f"Done: {step} steps. Checkpoint {files.join(workdir, 'checkpoints', str(step))}, "
       f"metrics {files.join(workdir, 'metrics.jsonl')}.",
       (f"Held-out at step {held_out_step}: {figures}" if figures
-       else "Held-out: not evaluated in this session (eval.every_steps)"),
+       else "Held-out: not evaluated (eval.every_steps)"),
+      f"Plot:      {plot_command(workdir)}",
       f"Look:      {tensorboard_command(files.join(workdir, 'tensorboard'))}",
       f"Convert:   python -m bertjax.tools.convert --input={q(workdir)} --to=hf "
       f"--output={q(stem + '_hf')}",
@@ -99,11 +129,39 @@ def say_pretraining_is_done(workdir: str, step: int, held_out: Mapping[str, floa
   metrics.log("\n".join(lines))
 
 
+def last_evaluation(workdir: str) -> tuple[dict[str, float], int]:
+  """The last held-out figures a run's `metrics.jsonl` holds, without their
+  `eval/` prefix, and their step ({} and 0 where it holds none)."""
+  figures: dict[str, float] = {}
+  step = 0
+  path = files.join(workdir, "metrics.jsonl")
+  if not files.isfile(path):
+    return figures, step
+  for line in files.read_text(path).splitlines():
+    try:
+      record = json.loads(line)
+    except ValueError:  # a line cut short by a kill
+      continue
+    found = {k[len("eval/"):]: v for k, v in record.items() if k.startswith("eval/")}
+    if found and isinstance(record.get("step"), int):
+      figures, step = found, record["step"]
+  return figures, step
+
+
 def tensorboard_command(logdir: str) -> str:
   """The shell command that shows `logdir` in TensorBoard, installing it first
   where it is not on the PATH (bertjax does not depend on it)."""
   command = f"tensorboard --logdir {shlex.quote(logdir)}"
   return command if shutil.which("tensorboard") else f"pip install tensorboard && {command}"
+
+
+def plot_command(workdir: str) -> str:
+  """The shell command that draws a run's curves (`bertjax.tools.plot`) to
+  `<workdir>/curves.png`, installing matplotlib first where it is missing."""
+  command = (f"python -m bertjax.tools.plot --runs={shlex.quote(workdir)} "
+             f"--output={shlex.quote(files.join(workdir, 'curves.png'))}")
+  installed = importlib.util.find_spec("matplotlib") is not None
+  return command if installed else f"pip install matplotlib && {command}"
 
 
 def say_fine_tuning_is_done(workdir: str, results: Mapping[str, Any]) -> None:

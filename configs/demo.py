@@ -9,7 +9,9 @@ prediction to have something to go on), without dropout (a model this small
 underfits; the paper's 0.1 is for BERT-base and -large). MLM and NSP accuracy
 on held-out documents are logged every 500 steps; measured figures are in
 docs/benchmarks.md. `--config=configs/demo.py:no_nsp` and `:ltr` run the
-ablations; `--config.train.total_steps=N` shortens the run.
+ablations; `--config.train.total_steps=N` shortens the run
+(above its 300 warmup steps, or with `--config.optimizer.warmup_steps`
+lowered too).
 """
 
 from bertjax.configs import common

@@ -31,6 +31,9 @@ def test_the_next_steps_paste_back_with_any_path(monkeypatch, tmp_path):
   fine_tune = _command(lines, "Fine-tune:")
   assert f"--config.init_checkpoint={workdir}" in fine_tune
   assert f"--workdir={workdir}_sst2" in fine_tune
+  assert _command(lines, "Plot:")[-4:] == [
+      "-m", "bertjax.tools.plot", f"--runs={workdir}",
+      f"--output={os.path.join(workdir, 'curves.png')}"]
   look = _command(lines, "Look:")
   assert look[-3:] == ["tensorboard", "--logdir", os.path.join(workdir, "tensorboard")]
 
@@ -60,3 +63,26 @@ def test_a_shipped_config_is_found_from_any_directory(monkeypatch, tmp_path):
   (tmp_path / "configs" / "glue.py").write_text("")
   assert usage.shipped_configs(["main", "--config=configs/glue.py:sst2"]) == [
       "main", "--config=configs/glue.py:sst2"]
+
+
+def test_a_rerun_says_what_it_changes_of_the_schedule(monkeypatch, tmp_path):
+  from bertjax.configs import modernbert_pretrain
+
+  config = modernbert_pretrain.get_config("large")
+  workdir = str(tmp_path)
+  assert runs.schedule_changes(config, workdir) == []  # a new run
+  runs.save_config(config, workdir)
+  assert runs.schedule_changes(config, workdir) == []  # restarts' tuples read back as lists
+  config.train.total_steps += 1000
+  config.optimizer.restarts = ((200_000, 5e-5, 1e-6),)
+  assert runs.schedule_changes(config, workdir) == [
+      f"train.total_steps {config.train.total_steps - 1000} -> {config.train.total_steps}",
+      "optimizer.restarts [[180332, 5e-05, 1e-06]] -> [[200000, 5e-05, 1e-06]]"]
+
+
+def test_a_rerun_of_a_finished_run_shows_its_last_held_out_figures(monkeypatch, tmp_path):
+  (tmp_path / "metrics.jsonl").write_text(
+      '{"step": 500, "eval/mlm_accuracy": 0.25}\n{"step": 600, "train/loss": 2.0}\n'
+      '{"step": 1000, "eval/mlm_accuracy": 0.5, "eval/mlm_loss": 3.0}\n{"step": 10')
+  lines = _printed(monkeypatch, runs.say_pretraining_is_done, str(tmp_path), 1000, {}, 0)
+  assert "Held-out at step 1000: mlm_accuracy 0.5000  mlm_loss 3.0000" in lines

@@ -109,6 +109,10 @@ class _Trainer:
       self.guard = divergence.DivergenceGuard.from_config(
           config.divergence, restored_data,
           of=None if restored_data is None else {"phase": restored_data["phase"], "data": data})
+      changes = runs.schedule_changes(config, self.workdir) if restored_data else []
+      if changes:
+        logging.warning("This rerun changes the run's schedule from step %d on (the steps "
+                        "trained keep theirs): %s", int(state.step), "; ".join(changes))
       # Checked and restored: now the workdir's config.json may say what it holds.
       runs.save_config(config, self.workdir)
       self.shardings = shardings
@@ -380,7 +384,9 @@ class _Trainer:
       # Evaluated before the step's stop and save: a stop request during the
       # evaluation ends it (unrecorded) and is acted on at this step, and a
       # rerun from this step's checkpoint misses none of its lines.
-      evaluating = config.eval.every_steps > 0 and step % config.eval.every_steps == 0
+      # Every run ends with one, whatever its length.
+      evaluating = config.eval.every_steps > 0 and (
+          step % config.eval.every_steps == 0 or step == config.train.total_steps)
       if evaluating and not self.stop.stop_now():
         if pending is not None:  # timed before evaluating
           result = self._report(*pending, length, last=True) or result

@@ -100,9 +100,13 @@ def validate(config: ml_collections.ConfigDict, mesh_devices: int) -> tuple[int,
     if config.eval.batches < 1:
       raise errors.UsageError(f"eval.batches must be >= 1 to evaluate, got {config.eval.batches} "
                               "(--config.eval.every_steps=0 turns evaluation off)")
-  if not 0 <= config.optimizer.warmup_steps <= config.train.total_steps:
-    raise errors.UsageError(f"optimizer.warmup_steps={config.optimizer.warmup_steps} must be in "
-                            f"[0, train.total_steps={config.train.total_steps}]")
+  warmup, total = config.optimizer.warmup_steps, config.train.total_steps
+  if warmup < 0:
+    raise errors.UsageError(f"optimizer.warmup_steps={warmup} must be >= 0")
+  if warmup >= total:  # a shortened run: the learning rate would end at its peak
+    raise errors.UsageError(
+        f"optimizer.warmup_steps={warmup} is the whole run (train.total_steps={total}): set "
+        "--config.optimizer.warmup_steps below it (the paper warms up over 1% of the steps)")
   return shape
 
 

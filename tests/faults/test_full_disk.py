@@ -125,13 +125,15 @@ def test_a_checkpoint_save_on_a_full_disk_stops_in_one_line_and_the_rerun_resume
 
   disk = small_disk("16m")
   workdir = os.path.join(disk.path, "run")
-  args = _tiny(workdir, prepared_dir, **{"train.total_steps": 20, "eval.every_steps": 0})
+  args = _tiny(workdir, prepared_dir, **{"train.total_steps": 20, "eval.every_steps": 0,
+                                         "optimizer.warmup_steps": 5})
   first = subprocess.run(args, cwd=ROOT, env=_env(), capture_output=True, text=True,
                          timeout=600)
   assert first.returncode == 0, first.stderr[-3000:]
   step_size = _size(os.path.join(workdir, "checkpoints", "20"))
   disk.fill(leave=step_size // 2)  # room for metrics lines, not for a checkpoint
-  longer = _tiny(workdir, prepared_dir, **{"train.total_steps": 40, "eval.every_steps": 0})
+  longer = _tiny(workdir, prepared_dir, **{"train.total_steps": 40, "eval.every_steps": 0,
+                                           "optimizer.warmup_steps": 5})
   result = subprocess.run(longer, cwd=ROOT, env=_env(), capture_output=True, text=True,
                           timeout=600)
   assert result.returncode == 2, result.stderr[-3000:]

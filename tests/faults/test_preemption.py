@@ -74,7 +74,8 @@ def test_sigterm_with_a_short_grace_exits_at_once_and_loses_at_most_the_interval
   assert resumes % 1_000_000  # saved by the clock, not by steps
   # No step half-written is taken for a finished one: the rerun resumes there.
   result = subprocess.run(_tiny(workdir, prepared_dir, **{
-      "train.total_steps": resumes + 5, "eval.every_steps": 0}), cwd=ROOT, env=_env(),
+      "train.total_steps": resumes + 5, "eval.every_steps": 0,
+      "optimizer.warmup_steps": min(20, resumes)}), cwd=ROOT, env=_env(),
                           capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-3000:]
   assert f"at step {resumes}" in result.stderr

@@ -103,8 +103,9 @@ def test_a_stop_before_the_first_step_ends_the_run_at_once(prepared_dir, tmp_pat
   ends it there, as any command ends: no step is trained to be saved, the
   checkpoints are as they were, and the rerun goes on from them."""
   workdir = str(tmp_path / "run")
-  _run(_tiny(workdir, prepared_dir, **{"train.total_steps": 20}), _env())
-  args = _tiny(workdir, prepared_dir, **{"train.total_steps": 40})
+  _run(_tiny(workdir, prepared_dir, **{"train.total_steps": 20, "optimizer.warmup_steps": 5}),
+       _env())
+  args = _tiny(workdir, prepared_dir, **{"train.total_steps": 40, "optimizer.warmup_steps": 5})
   stderr = _stopped_when(_SLOW_COMPILE, args, tmp_path, "test: compiling", signum)
   name = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}[signum]
   errors = [line for line in stderr.splitlines() if line.startswith("error: ")]

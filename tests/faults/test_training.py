@@ -640,16 +640,17 @@ def test_a_mistyped_learning_rate_stops_before_its_weights_are_saved(finished_ru
 
 def test_a_run_in_relative_paths_from_another_directory_resumes_and_converts(prepared_dir,
                                                                             tmp_path):
-  """What a new user types: a config by its path from elsewhere, a relative
-  workdir and data directory, a rerun through the same relative path, then a
-  conversion of the run with relative paths."""
+  """What a new user types: a shipped config as the docs name it
+  (`configs/demo.py`, not there), a relative workdir and data directory, a
+  rerun through the same relative path, then a conversion of the run with
+  relative paths."""
   import shutil
 
   home = tmp_path / "home"
   home.mkdir()
   shutil.copytree(prepared_dir, home / "data")
-  args = [a.replace("--config=configs/", f"--config={ROOT}/configs/")
-          for a in _tiny("runs/demo", "data", **{"train.total_steps": 20})]
+  args = _tiny("runs/demo", "data", **{"train.total_steps": 20, "optimizer.warmup_steps": 5})
+  assert "--config=configs/demo.py" in args and not (home / "configs").exists()
   first = subprocess.run(args, cwd=home, env=_env(), capture_output=True, text=True,
                          timeout=600)
   assert first.returncode == 0, first.stderr[-3000:]
