@@ -478,16 +478,23 @@ def _local_directory(out_dir: str, overwrite: bool) -> Iterator[str]:
     raise
 
 
-def remove_tree(path: str, within_s: float = 2.0) -> None:
+def remove_tree(path: str, within_s: float = 3.0, quiet_s: float = 0.5) -> None:
   """Removes the local directory `path`, again while a writer still running
   (a storage library's threads, which a Ctrl-C in the main thread does not
-  stop) adds files to it, for up to `within_s` seconds."""
+  stop) adds files to it or makes it anew: done once it has stayed away for
+  `quiet_s`, or after `within_s` seconds."""
   deadline = time.monotonic() + within_s
-  while True:
+  gone_since = None
+  while time.monotonic() < deadline:
     shutil.rmtree(path, ignore_errors=True)
-    if not os.path.exists(path) or time.monotonic() > deadline:
-      return
+    if os.path.exists(path):
+      gone_since = None
+    else:
+      gone_since = gone_since or time.monotonic()
+      if time.monotonic() - gone_since >= quiet_s:
+        return
     time.sleep(0.02)
+  shutil.rmtree(path, ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -8,8 +8,8 @@ total)` after it (the decay is measured from step 0, as in
 ModernBERT's recipe: StableAdamW (Wortsman et al., 2023, as ModernBERT's
 `optimi`-based code runs it; `scale_by_stable_adam`) with fully decoupled
 weight decay, no gradient clipping, and a warmup-stable-decay schedule
-(`warmup_stable_decay`) whose plateau and weight decay restarts can change
-part-way (`Restart`: ModernBERT's `restart_override`).
+(`warmup_stable_decay`) whose plateau and weight decay can change part-way
+(`Restart`: ModernBERT's `restart_override`).
 
 The original's `AdamWeightDecayOptimizer` leaves out Adam's bias correction
 (`m / (1 - b1^t)`, `v / (1 - b2^t)`): with b1 = 0.9 and b2 = 0.999 its update

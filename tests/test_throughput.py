@@ -85,5 +85,7 @@ def test_packed_rows_are_sized_by_the_datas_documents(prepared_dir, tmp_path):
   assert sequences_per_row(config, prepared_dir, 1024) == 2.0
   config.data.max_sequences_per_row = 256
   assert sequences_per_row(config, str(tmp_path), 1024) == 256.0  # no counts: the most
-  config.data.static = True
+  config.data.truncate_documents = False  # a document's sequences: not counted
+  assert sequences_per_row(config, prepared_dir, 1024) == 256.0
+  config.data.truncate_documents, config.data.static = True, True
   assert sequences_per_row(config, prepared_dir, 1024) == 256.0

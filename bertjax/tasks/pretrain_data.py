@@ -96,12 +96,14 @@ _SAMPLED_SHARDS = 16
 
 def sequences_per_row(config: ml_collections.ConfigDict, data_dir: str, length: int) -> float:
   """The sequences a packed row of `length` tokens holds on average, for
-  sizing the loader (`throughput.loader_workers`): at most
-  `data.max_sequences_per_row`, and as many as sequences of the prepared
-  documents' mean length fill (its shards' counts; static instances and data
-  without counts: the most a row may hold)."""
+  sizing the loader (`throughput.loader_workers`). With one sequence a
+  document (`data.truncate_documents`), as many as documents of the prepared
+  data's mean length fill (its shards' counts), at most
+  `data.max_sequences_per_row`; otherwise (a document's sequences fill rows
+  of their own but its last) and for data without counts, the most a row may
+  hold."""
   most = config.data.max_sequences_per_row
-  if most <= 1 or config.data.static:
+  if most <= 1 or config.data.static or not config.data.get("truncate_documents", False):
     return float(most)
   try:
     stats = shards.read_stats(data_dir, limit=_SAMPLED_SHARDS)
