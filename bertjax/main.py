@@ -24,9 +24,6 @@ and --process_id). Rerunning a pre-training command resumes from the last
 checkpoint in its workdir (docs/checkpoints.md).
 """
 
-import glob
-import os
-
 from absl import flags, logging
 from ml_collections import config_flags
 
@@ -57,14 +54,6 @@ _STORAGE_WAIT_S = flags.DEFINE_float(
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-def _on_cloud_tpu() -> bool:
-  """Whether this is a Cloud TPU VM, judged without starting JAX's backend
-  (`jax.distributed.initialize` must come before that)."""
-  return (any(name in os.environ for name in ("TPU_WORKER_ID", "TPU_WORKER_HOSTNAMES",
-                                              "TPU_ACCELERATOR_TYPE"))
-          or bool(glob.glob("/dev/accel*")) or os.path.isdir("/dev/vfio/devices"))
-
-
 def main(argv):
   del argv  # settings go in --config.<field>=<value>
   preemption.GRACE_S, outage.WAIT_S = _GRACE_SECONDS.value, _STORAGE_WAIT_S.value
@@ -75,7 +64,7 @@ def main(argv):
   if _COORDINATOR.value or _NUM_PROCESSES.value:
     jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                                initialization_timeout=_INITIALIZATION_TIMEOUT_S.value)
-  elif _DISTRIBUTED.value or _on_cloud_tpu():
+  elif _DISTRIBUTED.value or usage.tpu_chips_here():
     # Finds the other hosts of a pod slice (or cluster) itself.
     jax.distributed.initialize(initialization_timeout=_INITIALIZATION_TIMEOUT_S.value)
   logging.info("Process %d of %d, %d local / %d global devices", jax.process_index(),

@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import difflib
+import glob
 import importlib.util
 import logging as std_logging
 import os
@@ -103,6 +104,31 @@ def run(fn: Callable[[], T],
 _running = False  # whether `run` is running a command (a Ctrl-C is its to end)
 
 
+def tpu_chips_here() -> bool:
+  """Whether this machine is a Cloud TPU VM (or a GKE TPU node), judged
+  without starting JAX."""
+  return (any(name in os.environ for name in ("TPU_WORKER_ID", "TPU_WORKER_HOSTNAMES",
+                                              "TPU_ACCELERATOR_TYPE"))
+          or bool(glob.glob("/dev/accel*")) or os.path.isdir("/dev/vfio/devices"))
+
+
+# JAX's GPU plugins: where one is installed, JAX chooses among the platforms.
+_GPU_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm7_plugin")
+
+
+def keep_jax_off_absent_tpus() -> None:
+  """On a machine without TPU chips, JAX runs on its CPU even where libtpu is
+  installed (the `[tpu]` extra, which the compile tool needs): left to choose,
+  JAX starts the TPU runtime, which prints errors about the TPU it does not
+  find (and, with two processes, about a lock file). A `JAX_PLATFORMS` of the
+  user's own, a TPU machine, and a GPU plugin are left as they are."""
+  if ("JAX_PLATFORMS" in os.environ or tpu_chips_here()
+      or importlib.util.find_spec("libtpu") is None
+      or any(importlib.util.find_spec(name) for name in _GPU_PLUGINS)):
+    return
+  os.environ["JAX_PLATFORMS"] = "cpu"
+
+
 def run_main(main: Callable[[list[str]], Any], *,
              interrupted: str | Callable[[], str] = "nothing was left half-written") -> None:
   """Runs a command's `main(argv)` as every bertjax command runs (see above).
@@ -114,6 +140,7 @@ def run_main(main: Callable[[list[str]], Any], *,
   """
 
   stop_as_ctrl_c()
+  keep_jax_off_absent_tpus()  # before anything starts JAX
 
   def checked(argv: list[str]) -> Any:
     from bertjax import metrics

@@ -74,6 +74,11 @@ flags.register_multi_flags_validator(
 
 def main(argv):
   del argv
+  if not usage.tpu_chips_here():
+    # libtpu describes "this host" before any topology; off a TPU VM, these
+    # spare it a metadata server it cannot reach and the errors it prints.
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", _TOPOLOGY.value)
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
   import jax  # here, not above: --help and a flag mistake answer without JAX's start
 
   # The chips are libtpu's description of the slice: never claim a local TPU

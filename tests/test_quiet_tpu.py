@@ -1,0 +1,59 @@
+"""The `[tpu]` extra on a machine without TPU chips: commands run on the CPU
+without the TPU runtime's errors about the TPU it does not find."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bertjax import usage
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NOISE = ("TPU_WORKER_HOSTNAMES", "host bounds", "libtpu", "E0000", "InitGoogle")
+
+needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                                  reason="libtpu (the [tpu] extra) is not installed")
+
+
+def _env():
+  env = {k: v for k, v in os.environ.items()
+         if k != "JAX_PLATFORMS" and not k.startswith("TPU_")}
+  return env
+
+
+@needs_libtpu
+def test_a_command_on_a_cpu_machine_prints_no_tpu_errors(tmp_path):
+  result = subprocess.run(
+      [sys.executable, "-m", "bertjax.main", "--config=configs/glue.py:sst2",
+       f"--workdir={tmp_path / 'run'}", f"--config.data.dir={tmp_path / 'none'}"],
+      cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+  assert "Process 0 of 1" in result.stderr  # JAX started (on the CPU)
+  assert not [line for line in result.stderr.splitlines() if any(n in line for n in NOISE)], (
+      result.stderr[-3000:])
+
+
+@needs_libtpu
+def test_the_compile_tool_prints_no_tpu_errors(tmp_path):
+  result = subprocess.run(
+      [sys.executable, "-m", "bertjax.tools.compile", "--config=configs/demo.py",
+       "--topology=v5litepod-8", "--eval=false"],
+      cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert '"device_kind": "TPU v5 lite"' in result.stdout
+  assert not [line for line in result.stderr.splitlines() if any(n in line for n in NOISE)], (
+      result.stderr[-3000:])
+
+
+def test_the_platforms_are_left_to_the_user_and_to_tpu_machines(monkeypatch):
+  monkeypatch.setattr(importlib.util, "find_spec",
+                      lambda name: object() if name == "libtpu" else None)
+  for env, chips, expected in [({}, False, "cpu"), ({"JAX_PLATFORMS": "tpu"}, False, "tpu"),
+                               ({}, True, None)]:
+    monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+    for key, value in env.items():
+      monkeypatch.setenv(key, value)
+    monkeypatch.setattr(usage, "tpu_chips_here", lambda chips=chips: chips)
+    usage.keep_jax_off_absent_tpus()
+    assert os.environ.get("JAX_PLATFORMS") == expected
