@@ -83,6 +83,9 @@ class _Trainer:
     self.last_eval: dict[str, float] = {}
     self.last_eval_step = 0
     self.last_step = 0  # the last step whose metrics came back
+    # A line 10 steps into each session too: its speed and ETA within a
+    # minute on a CPU, not after the first `log_every_steps`.
+    self.early_log_step = 10
     logging.info("Mesh %s over %d devices (%s); peak %s TFLOP/s per device (%s)",
                  dict(self.mesh.shape), len(devices), devices[0].device_kind,
                  "unknown" if self.peak is None else f"{self.peak:.3f}", peak_source)
@@ -102,6 +105,7 @@ class _Trainer:
       abstract = train.abstract_train_state(self.model, self.optimizer, config.seed)
       shardings = train.state_shardings(abstract, self.mesh, self.rules)
       state, restored_data = self._restore_or_init(abstract, shardings)
+      self.early_log_step = int(state.step) + 10
       self._check_resumed_stream(state, restored_data)
       # The range of losses goes on from the checkpoint's when they are of the
       # same phase and data (those saved before they said so: of its phase).
@@ -535,7 +539,7 @@ class _Trainer:
           f"gradients (up to step {step}); {self._advice()}, or raise max_consecutive_skips")
     work = {name: values.pop(name) for name in _WORK}
     self.meter.add(work["real_tokens"], work["sequences"], work["model_flops"])
-    if not last and step % config.log_every_steps:
+    if not last and step % config.log_every_steps and step != self.early_log_step:
       return None
     # Steps up to `step` are done (its metrics arrived): time per finished step.
     rates = self.meter.take(step, whole_interval=last)

@@ -397,3 +397,24 @@ def test_profile_switch_writes_a_trace(prepared_dir, tmp_path):
   pretrain.run(config, str(tmp_path))
   traces = [os.path.join(d, f) for d, _, files in os.walk(tmp_path / "profile") for f in files]
   assert any(f.endswith(".xplane.pb") for f in traces), traces
+
+
+def test_a_run_says_how_fast_it_goes_10_steps_in_and_ends_with_a_held_out_evaluation(
+    prepared_dir, tmp_path):
+  """The first line comes 10 steps into each session (not after the first
+  `log_every_steps`), and a run whose length is no multiple of
+  `eval.every_steps` is evaluated at its last step all the same."""
+  from bertjax.tasks import pretrain
+
+  config = _demo_config(prepared_dir, **{"train.total_steps": 25, "log_every_steps": 100,
+                                         "eval.every_steps": 100, "eval.batches": 1,
+                                         "checkpoint.every_steps": 20})
+  workdir = str(tmp_path)
+  pretrain.run(config, workdir)
+  records = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+  assert [r["step"] for r in records if "train/eta_s" in r] == [10, 25]
+  assert [r["step"] for r in records if "eval/mlm_accuracy" in r] == [25]
+  config.train.total_steps = 40  # a rerun goes on from step 25's checkpoint
+  pretrain.run(config, workdir)
+  records = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+  assert [r["step"] for r in records if "train/eta_s" in r] == [10, 25, 35, 40]
