@@ -407,6 +407,8 @@ def format_line(step: int, total: int, values: Mapping[str, float]) -> str:
       parts.append(f"{name.replace('_per_s', '/s')} {values[name]:{spec}}")
   if "eta_s" in values:
     parts.append(f"eta {_duration(values['eta_s'])}")
+  if "cost_left" in values:
+    parts.append(f"cost left {values['cost_left']:,.2f}")
   if values.get("skipped_total"):
     parts.append(f"skipped {int(values['skipped_total'])}")
   return "  ".join(parts)

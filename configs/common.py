@@ -190,6 +190,10 @@ def pretrain_config(size: str = "bert_base") -> ml_collections.ConfigDict:
   config.eval = ml_collections.ConfigDict(dict(every_steps=10_000, batches=50, batch_size=256,
                                                masked_lm_prob=-1.0))
   config.log_every_steps = 100
+  # What a chip-hour costs you (on-demand, spot or committed, in your
+  # currency; a device is a chip from TPU v4 on): above 0, each progress line
+  # says what the rest of the run costs at its measured speed.
+  config.price_per_chip_hour = 0.0
   config.max_consecutive_skips = 10  # non-finite steps in a row before the run stops
   config.divergence = divergence_config()
   # Capture a profiler trace (<workdir>/profile) for num_steps from start_step.

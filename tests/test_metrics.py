@@ -44,6 +44,8 @@ def test_console_line():
                                          "skipped_total": 2.0})
   assert line == ("step 100/1000  loss 2.0000  mlm_accuracy 0.500  tokens/s 1234  "
                   "mfu 42.0%  eta 1h01m  skipped 2")
+  priced = metrics.format_line(100, 1000, {"eta_s": 3700, "cost_left": 12345.678})
+  assert priced == "step 100/1000  eta 1h01m  cost left 12,345.68"
 
 
 def test_orbax_info_lines_are_quiet_at_the_default_verbosity():

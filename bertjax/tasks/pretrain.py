@@ -559,6 +559,9 @@ class _Trainer:
                       "raise data.worker_count (now %d) or check the data's storage", step,
                       100 * rates.input_wait_share, self.workers)
     values["eta_s"] = seconds_per_step * (self.total_steps - step)
+    price = config.get("price_per_chip_hour", 0.0)
+    if price > 0:  # the devices' hours left at this speed, at the user's price
+      values["cost_left"] = values["eta_s"] / 3600 * jax.device_count() * price
     values["max_seq_length"] = length
     if jax.process_index() == 0:
       metrics.log(metrics.format_line(step, self.total_steps, values))

@@ -100,6 +100,9 @@ def validate(config: ml_collections.ConfigDict, mesh_devices: int) -> tuple[int,
     if config.eval.batches < 1:
       raise errors.UsageError(f"eval.batches must be >= 1 to evaluate, got {config.eval.batches} "
                               "(--config.eval.every_steps=0 turns evaluation off)")
+  if config.get("price_per_chip_hour", 0.0) < 0:
+    raise errors.UsageError(f"price_per_chip_hour={config.price_per_chip_hour} must be >= 0 "
+                            "(0: no cost on the progress lines)")
   warmup, total = config.optimizer.warmup_steps, config.train.total_steps
   if warmup < 0:
     raise errors.UsageError(f"optimizer.warmup_steps={warmup} must be >= 0")

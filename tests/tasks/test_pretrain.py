@@ -406,13 +406,19 @@ def test_a_run_says_how_fast_it_goes_10_steps_in_and_ends_with_a_held_out_evalua
   `eval.every_steps` is evaluated at its last step all the same."""
   from bertjax.tasks import pretrain
 
+  import jax
+
   config = _demo_config(prepared_dir, **{"train.total_steps": 25, "log_every_steps": 100,
                                          "eval.every_steps": 100, "eval.batches": 1,
-                                         "checkpoint.every_steps": 20})
+                                         "checkpoint.every_steps": 20,
+                                         "price_per_chip_hour": 2.5})
   workdir = str(tmp_path)
   pretrain.run(config, workdir)
   records = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
   assert [r["step"] for r in records if "train/eta_s" in r] == [10, 25]
+  first = next(r for r in records if "train/eta_s" in r)  # the rest of the run, priced
+  assert first["train/cost_left"] == pytest.approx(
+      first["train/eta_s"] / 3600 * jax.device_count() * 2.5)
   assert [r["step"] for r in records if "eval/mlm_accuracy" in r] == [25]
   config.train.total_steps = 40  # a rerun goes on from step 25's checkpoint
   pretrain.run(config, workdir)
