@@ -73,8 +73,8 @@ def choose(arg: str | None, choices, config_file: str, what: str) -> str:
 def pretrain_config(size: str = "bert_base") -> ml_collections.ConfigDict:
   """The paper's pre-training recipe (section A.2) for a model size."""
   config = ml_collections.ConfigDict()
-  config.task = "pretrain"
-  config.seed = 0
+  config.task = "pretrain"  # which job bertjax.main runs
+  config.seed = 0  # the initialisation, the data order and the masks
   # "mlm_nsp" (the paper), "mlm_pairs" (No NSP), "mlm" (No NSP, packed text),
   # "ltr" (LTR & No NSP).
   config.objective = "mlm_nsp"
@@ -85,12 +85,12 @@ def pretrain_config(size: str = "bert_base") -> ml_collections.ConfigDict:
   config.data.build_from = ""     # if set and `dir` is empty: build <workdir>/data from it
   config.data.vocab_size = 30522  # of the vocabulary trained for `build_from`
   config.data.tokenizer = "wordpiece"  # what it trains for `build_from`: or "bpe" (byte-level)
-  config.data.masked_lm_prob = 0.15
+  config.data.masked_lm_prob = 0.15  # the share of tokens predicted
   # Of the predicted tokens: replaced by [MASK], by a random token; the rest
   # stay (80/10/10, the paper's Table 8 varies them).
   config.data.mask_rate = 0.8
-  config.data.random_rate = 0.1
-  config.data.whole_word_masking = False
+  config.data.random_rate = 0.1  # (the rest of the predicted tokens stay as they are)
+  config.data.whole_word_masking = False  # mask a word's pieces together
   # "original": as create_pretraining_data.py, only [CLS] and [SEP] are never
   # masked and random tokens come from the whole vocabulary; "excluded": no
   # special token ([UNK], [MASK], [PAD] too) is masked or drawn.
@@ -99,7 +99,7 @@ def pretrain_config(size: str = "bert_base") -> ml_collections.ConfigDict:
   # "modernbert": each token independently at the rate, specials included
   # (max_predictions then needs room above the mean: bertjax.data.masking).
   config.data.masking = "bert"
-  config.data.short_seq_prob = 0.1
+  config.data.short_seq_prob = 0.1  # sequences made shorter at random, as the original
   # mlm: a document gives one sequence, its first tokens, the rest left out
   # (ModernBERT's rule); false: long documents go on in further sequences.
   config.data.truncate_documents = False
@@ -132,64 +132,70 @@ def pretrain_config(size: str = "bert_base") -> ml_collections.ConfigDict:
   # training documents' instances, written beside the documents for each
   # phase's length before the run (and reused after); evaluation masks anew.
   config.data.static = False
-  config.data.static_dupe_factor = 10
+  config.data.static_dupe_factor = 10  # copies, each masked its own way
 
   config.train = ml_collections.ConfigDict()
   config.train.batch_size = 256           # sequences per step, all hosts together
   config.train.accumulation_steps = 1     # micro-batches per step
-  config.train.total_steps = 1_000_000
+  config.train.total_steps = 1_000_000   # optimizer steps, both phases
   config.train.max_seq_length = 128       # "90% of the steps"
-  config.train.max_predictions = 20
+  config.train.max_predictions = 20      # masked positions a row predicts at most
   config.train.long_from_step = 900_000   # then 512 "for the remaining 10%"
-  config.train.long_seq_length = 512
-  config.train.long_max_predictions = 80
+  config.train.long_seq_length = 512     # the long phase's sequence length
+  config.train.long_max_predictions = 80  # the long phase's
   config.train.long_batch_size = -1       # sequences a step from long_from_step; -1: batch_size
   # Batch-size warmup (ModernBERT's): the first phase's batch grows from
   # batch_ramp_start in steps of it over batch_ramp_steps steps, each size for
   # an equal run of steps, then is batch_size (0: the full batch from the start).
   config.train.batch_ramp_start = 0
-  config.train.batch_ramp_steps = 0
+  config.train.batch_ramp_steps = 0  # the warmup's steps (0: none)
   # Model fields the long phase changes (ModernBERT: its global rotary base);
   # none that changes a parameter's shape.
   config.train.long_model = ml_collections.ConfigDict()
 
   config.optimizer = ml_collections.ConfigDict()
   config.optimizer.name = "adamw"         # or "lamb", "stableadamw"
-  config.optimizer.learning_rate = 1e-4
-  config.optimizer.warmup_steps = 10_000
+  config.optimizer.learning_rate = 1e-4   # the peak
+  config.optimizer.warmup_steps = 10_000  # linear, from 0 to the peak
   # "linear": the paper's (warmup, then a straight line to 0 at the end);
   # "wsd": warmup, stable, then `decay_shape` over the last `decay_steps`
   # to `final_fraction` of the plateau, which is `long_learning_rate` from
   # train.long_from_step on (-1: learning_rate).
   config.optimizer.schedule = "linear"
-  config.optimizer.decay_steps = 0
-  config.optimizer.decay_shape = "1-sqrt"
-  config.optimizer.final_fraction = 0.0
-  config.optimizer.long_learning_rate = -1.0
+  config.optimizer.decay_steps = 0         # wsd: the decay's steps, at the end
+  config.optimizer.decay_shape = "1-sqrt"  # wsd: or "linear"
+  config.optimizer.final_fraction = 0.0    # wsd: of the plateau, at the end
+  config.optimizer.long_learning_rate = -1.0  # wsd: the long phase's plateau (-1: the peak)
   # Restarts of the wsd plateau, ModernBERT's `restart_override`: a tuple of
   # (step, learning_rate, weight_decay), each from its step on; the moments
   # go on, and stableadamw's decay stays measured against learning_rate.
   config.optimizer.restarts = ()
   config.optimizer.weight_decay = 0.01    # not on LayerNorm and biases
-  config.optimizer.b1 = 0.9
-  config.optimizer.b2 = 0.999
-  config.optimizer.eps = 1e-6
-  config.optimizer.max_grad_norm = 1.0
+  config.optimizer.b1 = 0.9               # Adam's first moment's decay
+  config.optimizer.b2 = 0.999             # Adam's second moment's decay
+  config.optimizer.eps = 1e-6             # Adam's epsilon
+  config.optimizer.max_grad_norm = 1.0    # global-norm clipping (0: none)
   # The original's AdamWeightDecayOptimizer has no bias correction (optim.py).
   config.optimizer.bias_correction = False
 
+  # The device mesh's axes (-1: the devices left); docs/configs.md#the-mesh.
   config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
-  config.logical_axis_rules = LOGICAL_AXIS_RULES
+  config.logical_axis_rules = LOGICAL_AXIS_RULES  # logical axes -> mesh axes
 
   # Saves every `every_steps` steps and every `every_seconds` of wall clock
   # (0: by steps only), whichever comes first: a preemption loses at most
   # every_seconds plus one save's time (docs/checkpoints.md).
-  config.checkpoint = ml_collections.ConfigDict(dict(every_steps=10_000, every_seconds=600,
-                                                     max_to_keep=3, async_save=True))
-  # masked_lm_prob: the held-out documents' masking rate (-1: data.masked_lm_prob).
-  config.eval = ml_collections.ConfigDict(dict(every_steps=10_000, batches=50, batch_size=256,
-                                               masked_lm_prob=-1.0))
-  config.log_every_steps = 100
+  config.checkpoint = ml_collections.ConfigDict(dict(
+      every_steps=10_000,  # a save every this many steps
+      every_seconds=600,  # and every this many seconds of wall clock (0: by steps only)
+      max_to_keep=3,  # the newest saves kept
+      async_save=True))  # written while the next steps train
+  config.eval = ml_collections.ConfigDict(dict(
+      every_steps=10_000,  # a held-out evaluation every this many steps, and at the last
+      batches=50,  # held-out batches an evaluation reads
+      batch_size=256,  # sequences a held-out batch
+      masked_lm_prob=-1.0))  # the held-out documents' masking rate (-1: data.masked_lm_prob)
+  config.log_every_steps = 100  # a progress line every this many steps
   # What a chip-hour costs you (on-demand, spot or committed, in your
   # currency; a device is a chip from TPU v4 on): above 0, each progress line
   # says what the rest of the run costs at its measured speed.
@@ -265,16 +271,16 @@ def finetune_config(task: str) -> ml_collections.ConfigDict:
   original code's optimizer.
   """
   config = ml_collections.ConfigDict()
-  config.task = task
+  config.task = task  # which job bertjax.main runs
   config.seed = 0  # the new output layer's initialisation and the data order
   # A bertjax pre-training workdir or model directory, a Hugging Face directory
   # or a Google TF checkpoint directory.
   config.init_checkpoint = ""
-  config.max_seq_length = 128
+  config.max_seq_length = 128  # tokens an example is cut or padded to
 
   config.data = ml_collections.ConfigDict()
   config.data.source = "tsv"  # the official files in `dir`, or "tfds" (`dir`: TFDS data_dir)
-  config.data.dir = ""
+  config.data.dir = ""  # the task's files
 
   config.model = ml_collections.ConfigDict()
   config.model.dtype = "bfloat16"           # computation; parameters stay float32
@@ -285,20 +291,21 @@ def finetune_config(task: str) -> ml_collections.ConfigDict:
   config.model.attention_dropout_prob = 0.1
 
   config.train = ml_collections.ConfigDict()
-  config.train.learning_rate = 2e-5
-  config.train.batch_size = 32
-  config.train.epochs = 3.0
-  config.train.warmup_proportion = 0.1
-  config.train.weight_decay = 0.01
-  config.train.eps = 1e-6
-  config.train.max_grad_norm = 1.0
+  config.train.learning_rate = 2e-5       # the peak (the paper sweeps 5e-5 to 2e-5)
+  config.train.batch_size = 32            # examples a step
+  config.train.epochs = 3.0               # passes over the training set
+  config.train.warmup_proportion = 0.1    # of the steps, linear from 0; then to 0 at the end
+  config.train.weight_decay = 0.01        # decoupled, not on LayerNorm and biases
+  config.train.eps = 1e-6                 # Adam's epsilon
+  config.train.max_grad_norm = 1.0        # global-norm clipping
   config.train.bias_correction = False  # as run_classifier.py's optimizer (optim.py)
-  config.train.eval_batch_size = 64
+  config.train.eval_batch_size = 64       # examples a dev or test batch
 
+  # The device mesh's axes (-1: the devices left); docs/configs.md#the-mesh.
   config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
-  config.logical_axis_rules = LOGICAL_AXIS_RULES
-  config.log_every_steps = 50
-  config.max_consecutive_skips = 10
+  config.logical_axis_rules = LOGICAL_AXIS_RULES  # logical axes -> mesh axes
+  config.log_every_steps = 50  # a progress line every this many steps
+  config.max_consecutive_skips = 10  # non-finite steps in a row before the run stops
   config.divergence = divergence_config()
   return config  # each task's config file adds its fields, then returns it `locked`
 
@@ -319,11 +326,15 @@ def divergence_config() -> ml_collections.ConfigDict:
   x the median of the last `window` steps' losses is out of range, and no
   checkpoint is saved while the last loss is (0: off). `steps` such steps in a
   row either moved to a new level, which re-bases the range, or stop the run."""
+  # A new level (a shift, re-based on): every loss of those steps at most
+  # `max_shift` x the median (0: never re-base), the median of their later
+  # half at most `max_rise` x that of the earlier (not still rising), and
+  # their gradient norms finite and at most `max_grad_ratio` x the median
+  # norm of the range.
   return ml_collections.ConfigDict(dict(
-      factor=3.0, steps=20, window=100,
-      # A new level (a shift, re-based on): every loss of those steps at most
-      # `max_shift` x the median (0: never re-base), the median of their later
-      # half at most `max_rise` x that of the earlier (not still rising), and
-      # their gradient norms finite and at most `max_grad_ratio` x the median
-      # norm of the range.
-      max_shift=10.0, max_rise=1.2, max_grad_ratio=10.0))
+      factor=3.0,  # a loss above this x the recent median is out of range (0: off)
+      steps=20,  # out-of-range steps in a row before the guard decides
+      window=100,  # the recent losses the median is taken over
+      max_shift=10.0,  # a new level: every loss at most this x the median
+      max_rise=1.2,  # a new level: its later half's median at most this x the earlier's
+      max_grad_ratio=10.0))  # a new level: gradient norms at most this x the median norm

@@ -17,6 +17,7 @@ from bertjax.configs import common
 
 def get_config(arg: str | None = None):
   config = common.finetune_config("glue")
+  # The GLUE task: the config's argument.
   config.data.task = common.choose(arg, TASKS, "configs/glue.py", "a GLUE task")
   config.data.tfds_name = ""  # with data.source="tfds": default glue/<task>
   # Several examples a row (the batch stays 32 examples): the same function of

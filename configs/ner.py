@@ -17,10 +17,10 @@ def get_config(arg: str | None = None):
   del arg  # no variants
   config = common.finetune_config("ner")
   config.data.source = "files"     # or "tfds": the *_file fields are then TFDS splits
-  config.data.tfds_name = "conll2003"
-  config.data.train_file = "eng.train"
-  config.data.dev_file = "eng.testa"
-  config.data.test_file = "eng.testb"
+  config.data.tfds_name = "conll2003"  # with data.source="tfds"
+  config.data.train_file = "eng.train"  # CoNLL-2003's files in data.dir
+  config.data.dev_file = "eng.testa"   # evaluated during and after training
+  config.data.test_file = "eng.testb"  # predicted and scored at the end
   config.document_context = True  # the neighbouring sentences of the document as context
   # Several sentences a row where they leave room (without document context):
   # the same function of each, with less padding (bertjax.data.example_packing).

@@ -18,15 +18,17 @@ from bertjax.configs import common
 
 def get_config(arg: str | None = None):
   config = common.finetune_config("ner_features")
+  # Table 7's row: the config's argument.
   config.variant = common.choose(arg, VARIANTS, "configs/ner_features.py", "a Table 7 variant")
   config.data.source = "files"     # or "tfds": the *_file fields are then TFDS splits
-  config.data.tfds_name = "conll2003"
-  config.data.train_file = "eng.train"
-  config.data.dev_file = "eng.testa"
-  config.data.test_file = "eng.testb"
-  config.document_context = True
-  config.extract_batch_size = 64
+  config.data.tfds_name = "conll2003"  # with data.source="tfds"
+  config.data.train_file = "eng.train"  # CoNLL-2003's files in data.dir
+  config.data.dev_file = "eng.testa"   # evaluated during and after training
+  config.data.test_file = "eng.testb"  # predicted and scored at the end
+  config.document_context = True  # the neighbouring sentences of the document as context
+  config.extract_batch_size = 64  # sentences a batch while the activations are taken
   config.model.dtype = "float32"   # the stored activations are float16 either way
+  # The BiLSTM over the frozen activations: its units each way, layers and dropout.
   config.lstm = dict(hidden_size=768, num_layers=2, dropout_rate=0.1)
   config.train.learning_rate = 1e-3
   config.train.epochs = 5

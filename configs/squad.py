@@ -23,22 +23,23 @@ VERSIONS = ("v1.1", "v2.0")
 
 def get_config(arg: str | None = None):
   config = common.finetune_config("squad")
+  # The SQuAD version: the config's argument.
   config.data.version = common.choose(arg, VERSIONS, "configs/squad.py", "the SQuAD version")
   config.data.source = "json"    # or "tfds": the *_file fields are then TFDS splits
   config.data.tfds_name = ""     # default squad/<version>; data.dir is the TFDS data_dir
-  config.data.train_file = ""    # SQuAD JSON
+  config.data.train_file = ""    # the training file (SQuAD JSON)
   config.data.predict_file = ""  # the dev file: predicted and scored
   config.data.test_file = ""     # predicted only
   config.max_seq_length = 384
-  config.doc_stride = 128
-  config.max_query_length = 64
-  config.n_best_size = 20
-  config.max_answer_length = 30
+  config.doc_stride = 128        # tokens between the starts of a context's windows
+  config.max_query_length = 64   # question tokens kept
+  config.n_best_size = 20        # start and end candidates a window
+  config.max_answer_length = 30  # tokens an answer may span
   # v2.0: answer null when s_null - best span score > this. Unset: tuned on the
   # dev file after training (or with tune_null_threshold), else the model's
   # stored value, else 0. A value given here is used as it is.
   config.null_score_diff_threshold = config_dict.placeholder(float)
-  config.tune_null_threshold = False
+  config.tune_null_threshold = False  # v2.0: tune it on the dev file even when the model has one
   # Table 5's "+ BiLSTM": a randomly initialised BiLSTM between the encoder and
   # the span layer (the paper adds it to the LTR model).
   config.model.span_bilstm = False
