@@ -7,7 +7,7 @@ The meanings come from the configs themselves: the comment on a field's line
 or the comment block above it in the config files (`configs/`), the model's
 fields from `EncoderConfig`'s docstring, the divergence guard's from
 `configs/common.py`'s `divergence_config`. docs/configs.md's field tables are
-this command's `--markdown` output for the shipped configs.
+this command's `--docs` output for the shipped configs.
 """
 
 from __future__ import annotations
