@@ -8,6 +8,7 @@ r"""Runs a bertjax job: `python -m bertjax.main --config=CONFIG --workdir=DIR`.
 
 Configs (each file's docstring is its command; docs/configs.md lists them all):
   configs/demo.py                  a tiny BERT pre-trained on an offline corpus, on a CPU
+  configs/demo_finetune.py         the demo's model fine-tuned on an offline task
   configs/base_pretrain.py         BERT-base, the paper's recipe; :no_nsp :ltr :static :lamb
   configs/large_pretrain.py        BERT-large; :size=<preset> for the other sizes
   configs/glue.py:<task>           cola sst2 mrpc stsb qqp mnli qnli rte wnli

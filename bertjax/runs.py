@@ -103,16 +103,25 @@ def save_config(config: Any, workdir: str) -> None:
 
 
 def say_pretraining_is_done(workdir: str, step: int, held_out: Mapping[str, float],
-                            held_out_step: int) -> None:
+                            held_out_step: int, demo: bool = False) -> None:
   """A pre-training run's last lines (process 0): where its checkpoint and
   metrics are, its held-out figures, and the commands that look at it, convert
-  it and fine-tune from it."""
+  it and fine-tune from it (`demo`: on the offline task of the demo corpus,
+  configs/demo_finetune.py; otherwise on GLUE's SST-2, whose files the user
+  brings)."""
   if jax.process_index() != 0:
     return
   if not held_out:  # a rerun of a finished run: its last evaluation, as recorded
     held_out, held_out_step = last_evaluation(workdir)
   figures = "  ".join(f"{k} {v:.4f}" for k, v in held_out.items())
   q, stem = shlex.quote, workdir.rstrip("/")
+  if demo:
+    fine_tune = (f"python -m bertjax.main --config=configs/demo_finetune.py "
+                 f"--config.init_checkpoint={q(workdir)} --workdir={q(stem + '_topics')}")
+  else:
+    fine_tune = (f"python -m bertjax.main --config=configs/glue.py:sst2 "
+                 f"--config.init_checkpoint={q(workdir)} --config.data.dir=glue_data/SST-2 "
+                 f"--workdir={q(stem + '_sst2')}  # the GLUE SST-2 files: docs/finetuning.md")
   lines = [
       f"Done: {step} steps. Checkpoint {files.join(workdir, 'checkpoints', str(step))}, "
       f"metrics {files.join(workdir, 'metrics.jsonl')}.",
@@ -122,9 +131,7 @@ def say_pretraining_is_done(workdir: str, step: int, held_out: Mapping[str, floa
       f"Look:      {tensorboard_command(files.join(workdir, 'tensorboard'))}",
       f"Convert:   python -m bertjax.tools.convert --input={q(workdir)} --to=hf "
       f"--output={q(stem + '_hf')}",
-      f"Fine-tune: python -m bertjax.main --config=configs/glue.py:sst2 "
-      f"--config.init_checkpoint={q(workdir)} --config.data.dir=glue_data/SST-2 "
-      f"--workdir={q(stem + '_sst2')}",
+      f"Fine-tune: {fine_tune}",
   ]
   metrics.log("\n".join(lines))
 

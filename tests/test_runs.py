@@ -29,13 +29,23 @@ def test_the_next_steps_paste_back_with_any_path(monkeypatch, tmp_path):
       "python", "-m", "bertjax.tools.convert", f"--input={workdir}", "--to=hf",
       f"--output={workdir}_hf"]
   fine_tune = _command(lines, "Fine-tune:")
-  assert f"--config.init_checkpoint={workdir}" in fine_tune
-  assert f"--workdir={workdir}_sst2" in fine_tune
+  assert fine_tune[fine_tune.index("--config=configs/glue.py:sst2") + 1:] == [
+      f"--config.init_checkpoint={workdir}", "--config.data.dir=glue_data/SST-2",
+      f"--workdir={workdir}_sst2", "#", "the", "GLUE", "SST-2", "files:", "docs/finetuning.md"]
   assert _command(lines, "Plot:")[-4:] == [
       "-m", "bertjax.tools.plot", f"--runs={workdir}",
       f"--output={os.path.join(workdir, 'curves.png')}"]
   look = _command(lines, "Look:")
   assert look[-3:] == ["tensorboard", "--logdir", os.path.join(workdir, "tensorboard")]
+
+
+def test_the_demo_fine_tunes_on_its_offline_task(monkeypatch, tmp_path):
+  workdir = str(tmp_path / "my demo")
+  lines = _printed(monkeypatch, runs.say_pretraining_is_done, workdir, 100,
+                   {"mlm_accuracy": 0.5}, 100, True)
+  assert _command(lines, "Fine-tune:") == [
+      "python", "-m", "bertjax.main", "--config=configs/demo_finetune.py",
+      f"--config.init_checkpoint={workdir}", f"--workdir={workdir}_topics"]
 
 
 def test_tensorboard_is_installed_first_where_it_is_missing(monkeypatch):

@@ -6,6 +6,7 @@ WordPiece tokens on any machine (`demo:stdlib`)."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import os
 import sysconfig
@@ -34,6 +35,53 @@ def _stdlib_documents() -> tuple[Document, ...]:
 
 
 def _parse_stdlib() -> Iterator[Document]:
+  # One document per file, and one per help topic.
+  key, document = None, []
+  for docstring in stdlib_docstrings():
+    if docstring.document != key:
+      if document:
+        yield document
+      key, document = docstring.document, []
+    document += docstring.sentences
+  if document:
+    yield document
+
+
+# The language reference's help topics, as a file of the standard library.
+TOPICS = "pydoc_data/topics.py"
+
+
+@dataclasses.dataclass(frozen=True)
+class Docstring:
+  """One docstring's prose.
+
+  Attributes:
+    module: Its file, relative to the standard library's directory
+      ("email/message.py"), or "pydoc_data/topics.py" for a help topic.
+    name: Its place in the file: "" for the module's own docstring, the
+      qualified name of its class or function ("Message.get_payload"), or the
+      help topic ("if").
+    sentences: Its sentences of prose (at least one).
+  """
+
+  module: str
+  name: str
+  sentences: list[str]
+
+  @property
+  def document(self) -> str:
+    """The demo corpus document it belongs to: its file, or its help topic."""
+    return f"{self.module}:{self.name}" if self.module == TOPICS else self.module
+
+
+def stdlib_docstrings() -> Iterator[Docstring]:
+  """Every docstring of the standard library with prose in it, file by file.
+
+  Files in sorted order, each file's docstrings in source order (module,
+  classes, functions); then the language reference's help topics (what
+  `help("if")` shows), one docstring per topic. Test packages and files that
+  do not parse are left out.
+  """
   root = sysconfig.get_paths()["stdlib"]
   skipped_parts = {"test", "tests", "idle_test", "site-packages", "dist-packages",
                    "lib2to3", "__pycache__", "turtledemo"}
@@ -47,16 +95,12 @@ def _parse_stdlib() -> Iterator[Document]:
         tree = ast.parse(f.read())
     except (SyntaxError, UnicodeDecodeError, ValueError):
       continue
-    nodes = [node for node in ast.walk(tree) if isinstance(
-        node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
-    nodes.sort(key=lambda node: getattr(node, "lineno", 0))
-    document = [sentence for node in nodes
-                for sentence in _prose_sentences(ast.get_docstring(node) or "")]
-    if document:
-      yield document
-  # The language reference's help topics (what `help("if")` shows), one
-  # document per topic.
-  topics_path = os.path.join(root, "pydoc_data", "topics.py")
+    module = os.path.relpath(path, root).replace(os.sep, "/")
+    for name, node in sorted(_named_nodes(tree), key=lambda item: getattr(item[1], "lineno", 0)):
+      sentences = _prose_sentences(ast.get_docstring(node) or "")
+      if sentences:
+        yield Docstring(module, name, sentences)
+  topics_path = os.path.join(root, TOPICS)
   if os.path.isfile(topics_path):
     with open(topics_path, encoding="utf-8") as f:
       tree = ast.parse(f.read())
@@ -64,9 +108,25 @@ def _parse_stdlib() -> Iterator[Document]:
       if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
         for key, value in zip(node.value.keys, node.value.values):
           if isinstance(value, ast.Constant) and isinstance(value.value, str):
-            document = _prose_sentences(value.value)
-            if document:
-              yield document
+            sentences = _prose_sentences(value.value)
+            if sentences:
+              topic = key.value if isinstance(key, ast.Constant) else ""
+              yield Docstring(TOPICS, str(topic), sentences)
+
+
+def _named_nodes(tree: ast.Module) -> Iterator[tuple[str, ast.AST]]:
+  """(qualified name, node) of the module and its classes and functions."""
+  yield "", tree
+  stack: list[tuple[str, ast.AST]] = [("", tree)]
+  while stack:
+    prefix, parent = stack.pop()
+    for node in ast.iter_child_nodes(parent):
+      if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+        name = f"{prefix}{node.name}"
+        yield name, node
+        stack.append((f"{name}.", node))
+      elif not isinstance(node, ast.expr):
+        stack.append((prefix, node))  # inside an if, a try, a with: same scope
 
 
 def _prose_sentences(docstring: str) -> list[str]:

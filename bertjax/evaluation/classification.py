@@ -81,6 +81,7 @@ GLUE_METRICS: dict[str, dict[str, MetricFn]] = {
     "rte": {"accuracy": accuracy},
     "wnli": {"accuracy": accuracy},
     "ax": {"matthews_corr": matthews_corrcoef},  # the diagnostic set, scored on the server
+    "stdlib_topics": {"accuracy": accuracy},  # the demo's task (bertjax.data.stdlib_topics)
 }
 
 

@@ -24,15 +24,28 @@ import numpy as np
 
 from bertjax import errors, files, metrics, runs
 from bertjax.data import glue as glue_data
+from bertjax.data import stdlib_topics
 from bertjax.evaluation import classification
 from bertjax.pretrained import Pretrained, save_pretrained
 from bertjax.tasks import finetune
+
+
+def task_spec(config: ml_collections.ConfigDict) -> glue_data.TaskSpec:
+  """The task `config.data` names: a GLUE task, or the demo's (`data.source="demo"`)."""
+  if config.data.source == "demo":
+    if config.data.task != stdlib_topics.NAME:
+      raise errors.UsageError(f"config.data.source='demo' has one task, {stdlib_topics.NAME!r}, "
+                              f"not {config.data.task!r}")
+    return stdlib_topics.SPEC
+  return glue_data.task_spec(config.data.task)
 
 
 def read_split(config: ml_collections.ConfigDict, spec: glue_data.TaskSpec,
                split: str) -> list[glue_data.Example] | None:
   """A split's examples from `config.data`, or None if the source lacks it."""
   source = config.data.source
+  if source == "demo":
+    return stdlib_topics.read_split(split) if split in spec.files else None
   if source == "tsv":
     task_dir = glue_data.split_directory(spec, config.data.dir, split)
     if task_dir is None:
@@ -53,7 +66,8 @@ def read_split(config: ml_collections.ConfigDict, spec: glue_data.TaskSpec,
     except (FileNotFoundError, ValueError) as e:  # not prepared, or no such split
       logging.warning("%s: no %s predictions (%s)", spec.name, split, e)
       return None
-  raise errors.UsageError(f"config.data.source must be 'tsv' or 'tfds', got {source!r}")
+  raise errors.UsageError(
+      f"config.data.source must be 'tsv', 'tfds' or 'demo', got {source!r}")
 
 
 def featurize(examples: Sequence[glue_data.Example], spec: glue_data.TaskSpec,
@@ -106,7 +120,7 @@ def write_predictions(path: str, examples: Sequence[glue_data.Example],
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Fine-tunes, evaluates and predicts one GLUE task; returns the final dev metrics."""
-  spec = glue_data.task_spec(config.data.task)
+  spec = task_spec(config)
   train_examples = read_split(config, spec, "train")
   eval_splits = {"dev": read_split(config, spec, "dev")}
   if spec.name == "mnli":

@@ -162,7 +162,8 @@ class _Trainer:
         raise
       self.checkpointer.close()
     runs.say_pretraining_is_done(self.workdir, int(state.step), self.last_eval,
-                                 self.last_eval_step)
+                                 self.last_eval_step,
+                                 demo=self.config.data.build_from.startswith("demo:"))
     return result
 
   def _advice(self) -> str:

@@ -112,6 +112,34 @@ def test_fine_tunes_from_a_pretraining_run(pretrained_run, tmp_path, absl_caplog
   assert tuned.task == "sequence_classification" and tuned.labels == ["0", "1"]
 
 
+def test_fine_tunes_on_the_demo_task_offline(pretrained_run, tmp_path):
+  """configs/demo_finetune.py: the standard library's sentences by area, read
+  offline; a short run writes what a GLUE run writes, without a test set.
+  (The demo's own model learns it: docs/benchmarks.md; the tests' model has a
+  210-word vocabulary, so this run checks the path, not the learning.)"""
+  import bertjax
+  from bertjax.configs import demo_finetune
+  from bertjax.data import stdlib_topics
+  from bertjax.tasks import glue
+
+  config = tiny_config(demo_finetune.get_config(), pretrained_run, 32, **{"train.epochs": 0.05})
+  workdir = str(tmp_path / "run")
+  result = glue.run(config, workdir)
+  dev = stdlib_topics.read_split("dev")
+  assert result["task"] == "stdlib_topics" and 0.0 <= result["dev"]["accuracy"] <= 100.0
+  assert result["epochs"][0]["step"] == int(len(stdlib_topics.read_split("train")) / 32 * 0.05)
+  rows = open(os.path.join(workdir, "dev_predictions.tsv")).read().splitlines()
+  assert len(rows) == len(dev) + 1
+  assert {row.split("\t")[1] for row in rows[1:]} <= set(stdlib_topics.AREAS)
+  assert not os.path.exists(os.path.join(workdir, "submission"))
+  assert bertjax.load_pretrained(os.path.join(workdir, "model")).labels == list(
+      stdlib_topics.AREAS)
+  config.data.task = "sst2"
+  with pytest.raises(ValueError, match="config.data.source='demo' has one task, "
+                                       "'stdlib_topics', not 'sst2'"):
+    glue.run(config, str(tmp_path / "other"))
+
+
 def test_a_left_to_right_model_fine_tunes(prepared_dir, tmp_path):
   """Table 5's "LTR & No NSP" row: the causal model keeps its mask and its
   classifier reads the last token, which has seen the whole input ([CLS], under

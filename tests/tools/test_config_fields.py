@@ -12,7 +12,7 @@ from bertjax.tools import config_fields
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHIPPED = ["base_pretrain", "base_pretrain:ltr", "large_pretrain", "demo", "modernbert_pretrain",
-           "modernbert_pretrain:large", "modernbert_demo", "glue:cola", "glue:stsb",
+           "modernbert_pretrain:large", "modernbert_demo", "glue:cola", "glue:stsb", "demo_finetune",
            "squad:v1.1", "squad:v2.0", "swag", "ner", "ner_features:concat_last_four"]
 
 
