@@ -10,8 +10,14 @@ reward it, nor padding.
 
 from __future__ import annotations
 
+import json
+import os
+import platform
+import tempfile
 import time
 from typing import TypeVar
+
+from absl import logging
 
 import jax
 import jax.numpy as jnp
@@ -175,14 +181,85 @@ def peak_tflops(dtype: str = "float32", device=None) -> tuple[float | None, str]
 
   Accelerators take their dense peak from `PEAK_TFLOPS`; one not in it has no
   peak (None), so no MFU is reported rather than one against a guess. A CPU's
-  "peak" is the matmul rate measured on it now.
+  "peak" is the best matmul rate measured on it (`cpu_peak_tflops`).
   """
   device = device or jax.local_devices()[0]
   kind = device.device_kind
   if device.platform == "cpu":
-    return measure_matmul_tflops(dtype), f"measured {dtype} matmul on {kind}"
+    return cpu_peak_tflops(dtype)
   for key in sorted(PEAK_TFLOPS, key=len, reverse=True):
     if key in kind:
       bf16, f32 = PEAK_TFLOPS[key]
       return (f32 if dtype == "float32" else bf16), f"table: {key}"
   return None, f"{kind!r} is not in bertjax.flops.PEAK_TFLOPS: no MFU"
+
+
+def cpu_peak_tflops(dtype: str = "float32") -> tuple[float, str]:
+  """(this CPU's peak TFLOP/s, where it comes from): the best matmul rate
+  measured on it, now or by any earlier run.
+
+  One measurement swings with whatever else the machine runs at that moment
+  (a busy start would make every later MFU figure too high), so the best rate
+  is kept in a record (`cpu_peak_record`) per CPU model, core count, JAX
+  version and XLA_FLAGS, and a run measures again now and then
+  (`bertjax.tasks.pretrain`): MFU is measured against what the machine does
+  when it is quiet. A record that cannot be read or written is left out.
+  """
+  measured = measure_matmul_tflops(dtype)
+  path, key = cpu_peak_record(), _cpu_key(dtype)
+  recorded = _read_record(path).get(key, 0.0)
+  if measured > recorded:
+    _record(path, key, measured)
+  if measured >= recorded:
+    return measured, f"{dtype} matmul measured now on this CPU, its best so far"
+  return recorded, (f"the best {dtype} matmul measured on this CPU, in {path}; "
+                    f"{measured:.3f} now")
+
+
+def cpu_peak_record() -> str:
+  """Where the best CPU matmul rates are kept: `$XDG_CACHE_HOME/bertjax/cpu_peak.json`
+  (`~/.cache/...` by default)."""
+  cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return os.path.join(cache, "bertjax", "cpu_peak.json")
+
+
+def _cpu_key(dtype: str) -> str:
+  model = ""
+  try:
+    with open("/proc/cpuinfo") as f:
+      model = next((line.split(":", 1)[1].strip() for line in f
+                    if line.startswith("model name")), "")
+  except OSError:
+    pass
+  model = model or platform.processor() or "cpu"
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  return (f"{model} | {cores} cores | {dtype} | jax {jax.__version__} | "
+          f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')}")
+
+
+def _read_record(path: str) -> dict[str, float]:
+  try:
+    with open(path) as f:
+      record = json.load(f)
+  except (OSError, ValueError):
+    return {}
+  return {k: float(v) for k, v in record.items()
+          if isinstance(v, (int, float))} if isinstance(record, dict) else {}
+
+
+def _record(path: str, key: str, tflops: float) -> None:
+  """Adds `key`'s rate to the record, atomically (a reader sees the old file or
+  the new one); a record that cannot be written is left as it is."""
+  try:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    record = {**_read_record(path), key: round(tflops, 4)}
+    fd, staged = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".cpu_peak.")
+    try:
+      with os.fdopen(fd, "w") as f:
+        json.dump(record, f, indent=1, sort_keys=True)
+      os.replace(staged, path)
+    except BaseException:
+      os.unlink(staged)
+      raise
+  except OSError as e:
+    logging.info("Not recording the CPU's matmul rate in %s: %s", path, e)

@@ -70,6 +70,8 @@ class _Trainer:
         lambda parts: jax.tree.map(lambda *x: jax.numpy.concatenate(x), *parts),
         out_shardings=self.batch_sharding)
     self.peak, peak_source = flops.peak_tflops(self.bert.dtype)
+    # A CPU's peak is measured again now and then (its best rate is the peak).
+    self.peak_measured_at = time.monotonic() if devices[0].platform == "cpu" else None
     self.meter = throughput.Meter()
     self.warned_input_bound = False
     self.workers = 0  # loader processes of the phase running
@@ -551,6 +553,10 @@ class _Trainer:
     values["real_tokens_per_s"] = rates.real_tokens_per_s
     values["padding"] = 1 - values["real_tokens_per_s"] / values["tokens_per_s"]
     values["tflops_per_s_per_device"] = rates.model_flops_per_s / jax.device_count() / 1e12
+    if (self.peak_measured_at is not None
+        and time.monotonic() - self.peak_measured_at > _CPU_PEAK_EVERY_SECONDS):
+      self.peak, _ = flops.cpu_peak_tflops(self.bert.dtype)
+      self.peak_measured_at = time.monotonic()
     if self.peak is not None:
       values["mfu"] = values["tflops_per_s_per_device"] / self.peak
     values["input_wait"] = rates.input_wait_share
@@ -598,6 +604,9 @@ class _Trainer:
     return {f"eval_{k}": v for k, v in values.items()}
 
 
+# How often a CPU run measures its matmul rate again (`flops.cpu_peak_tflops`:
+# about a second's work each time).
+_CPU_PEAK_EVERY_SECONDS = 600.0
 # A step's useful work (`bertjax.train.batch_work`), turned into rates.
 _WORK = ("real_tokens", "sequences", "token_pairs", "local_token_pairs", "predictions",
          "nsp_pairs", "model_flops")
