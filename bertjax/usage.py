@@ -106,9 +106,15 @@ _running = False  # whether `run` is running a command (a Ctrl-C is its to end)
 
 def tpu_chips_here() -> bool:
   """Whether this machine is a Cloud TPU VM (or a GKE TPU node), judged
-  without starting JAX."""
-  return (any(name in os.environ for name in ("TPU_WORKER_ID", "TPU_WORKER_HOSTNAMES",
-                                              "TPU_ACCELERATOR_TYPE"))
+  without starting JAX.
+
+  libtpu started off a TPU machine (a notebook that imported JAX with the
+  `[tpu]` extra) writes placeholders into these variables ("WARNING: could not
+  determine TPU worker number, ..."), which the commands it starts inherit:
+  those are no sign of a TPU.
+  """
+  return (any(not os.environ.get(name, "WARNING:").startswith("WARNING:")
+              for name in ("TPU_WORKER_ID", "TPU_WORKER_HOSTNAMES", "TPU_ACCELERATOR_TYPE"))
           or bool(glob.glob("/dev/accel*")) or os.path.isdir("/dev/vfio/devices"))
 
 

@@ -46,6 +46,34 @@ def test_the_compile_tool_prints_no_tpu_errors(tmp_path):
       result.stderr[-3000:])
 
 
+@needs_libtpu
+def test_a_command_started_by_a_process_that_started_libtpu_runs_on_the_cpu(tmp_path):
+  """libtpu, started off a TPU machine (a notebook importing JAX with the
+  extra), leaves placeholders in TPU_WORKER_ID and the like, which the
+  commands it starts inherit: they run on the CPU as any other."""
+  parent = ("import subprocess, sys, jax; jax.devices(); "
+            "sys.exit(subprocess.run(sys.argv[1:]).returncode)")
+  result = subprocess.run(
+      [sys.executable, "-c", parent, sys.executable, "-m", "bertjax.main",
+       "--config=configs/glue.py:sst2", f"--workdir={tmp_path / 'run'}",
+       f"--config.data.dir={tmp_path / 'none'}"],
+      cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+  assert "Process 0 of 1," in result.stderr, result.stderr[-3000:]  # not a TPU host
+  assert "config.data.dir must hold the sst2 TSVs" in result.stderr
+
+
+def test_libtpus_placeholders_are_no_sign_of_a_tpu(monkeypatch):
+  for name in ("TPU_WORKER_ID", "TPU_WORKER_HOSTNAMES", "TPU_ACCELERATOR_TYPE"):
+    monkeypatch.delenv(name, raising=False)
+  monkeypatch.setattr(usage.glob, "glob", lambda pattern: [])
+  monkeypatch.setattr(usage.os.path, "isdir", lambda path: False)
+  monkeypatch.setenv("TPU_WORKER_ID", "WARNING: could not determine TPU worker number, please "
+                     "set env var `TPU_WORKER_ID` manually")
+  assert not usage.tpu_chips_here()
+  monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v5litepod-8")
+  assert usage.tpu_chips_here()
+
+
 def test_the_platforms_are_left_to_the_user_and_to_tpu_machines(monkeypatch):
   monkeypatch.setattr(importlib.util, "find_spec",
                       lambda name: object() if name == "libtpu" else None)
