@@ -429,6 +429,28 @@ def _config_file_frame(error: BaseException, argv: list[str]):
   return None, given
 
 
+def load_config_file(file: str, argument: str = "") -> Any:
+  """`get_config(argument)` of a config file loaded from its path, as
+  `--config=file:argument` loads it."""
+  name = f"_bertjax_config_{os.path.splitext(os.path.basename(file))[0]}"
+  spec = importlib.util.spec_from_file_location(name, file)
+  if spec is None or spec.loader is None:
+    raise errors.UsageError(f"{file}: not a Python config file")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(argument) if argument else module.get_config()
+
+
+def config_leaves(config: ml_collections.ConfigDict,
+                  prefix: str = "") -> Iterator[tuple[str, Any]]:
+  """(dotted name, value) of every field of a config; an empty section is a field."""
+  for key, value in config.items():
+    if isinstance(value, ml_collections.ConfigDict) and len(value):
+      yield from config_leaves(value, f"{prefix}{key}.")
+    else:
+      yield f"{prefix}{key}", value
+
+
 def _field_elsewhere(path: str, argv: list[str]) -> str | None:
   """The field of `argv`'s config that a mistaken `--config.<path>` most
   likely means: one of the same name in another section (`train.learning_rate`
@@ -439,23 +461,12 @@ def _field_elsewhere(path: str, argv: list[str]) -> str | None:
     return None
   file, _, argument = given[-1].partition(":")
   try:
-    spec = importlib.util.spec_from_file_location("_bertjax_config_hint", file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = module.get_config(argument) if argument else module.get_config()
+    config = load_config_file(file, argument)
   except Exception:  # pylint: disable=broad-except  (the hint is a nicety)
     return None
   if not isinstance(config, ml_collections.ConfigDict):
     return None
-
-  def leaves(node: ml_collections.ConfigDict, prefix: str) -> Iterator[str]:
-    for key, value in node.items():
-      if isinstance(value, ml_collections.ConfigDict) and len(value):
-        yield from leaves(value, f"{prefix}{key}.")
-      else:
-        yield f"{prefix}{key}"
-
-  fields = list(leaves(config, ""))
+  fields = [field for field, _ in config_leaves(config)]
   same_name = [field for field in fields if field.split(".")[-1] == path.split(".")[-1]]
   if len(same_name) == 1:
     return same_name[0]

@@ -13,12 +13,11 @@ this command's `--docs` output for the shipped configs.
 from __future__ import annotations
 
 import ast
-import importlib.util
 import io
 import os
 import re
 import tokenize
-from typing import Iterator, Sequence
+from typing import Sequence
 
 from absl import flags
 import ml_collections
@@ -30,13 +29,8 @@ _CONFIG = flags.DEFINE_string("config_path", None, "configs/NAME.py[:ARG] (a shi
 _DOCS = flags.DEFINE_bool("docs", False, "Print docs/configs.md's tables of every field instead.")
 
 
-def leaves(config: ml_collections.ConfigDict, prefix: str = "") -> Iterator[tuple[str, object]]:
-  """(dotted name, value) of every field; an empty section is a field."""
-  for key, value in config.items():
-    if isinstance(value, ml_collections.ConfigDict) and len(value):
-      yield from leaves(value, f"{prefix}{key}.")
-    else:
-      yield f"{prefix}{key}", value
+# (dotted name, value) of every field; an empty section is a field.
+leaves = usage.config_leaves
 
 
 def _comments(path: str) -> dict[str, dict[str, str]]:
@@ -180,12 +174,7 @@ def _file_of(spec: str) -> tuple[str, str]:
 
 def load(spec: str) -> ml_collections.ConfigDict:
   """The config of `spec` (see `_file_of`)."""
-  file, arg = _file_of(spec)
-  module_spec = importlib.util.spec_from_file_location(
-      f"_bertjax_fields_{os.path.splitext(os.path.basename(file))[0]}", file)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  return module.get_config(arg) if arg else module.get_config()
+  return usage.load_config_file(*_file_of(spec))
 
 
 def markdown(specs: Sequence[str]) -> str:
