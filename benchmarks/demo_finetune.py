@@ -44,8 +44,9 @@ def fine_tune(init: str, workdir: str, learning_rate: str, seed: int) -> dict:
              f"--config.init_checkpoint={init}", f"--config.train.learning_rate={learning_rate}",
              f"--config.seed={seed}", f"--workdir={workdir}"]
   start = time.perf_counter()
-  subprocess.run(command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
-                 stderr=subprocess.DEVNULL)
+  result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+  if result.returncode:
+    sys.exit(f"{' '.join(command)} failed:\n{result.stderr[-3000:]}")
   seconds = time.perf_counter() - start
   with open(os.path.join(workdir, "results.json")) as f:
     results = json.load(f)
@@ -60,6 +61,8 @@ def main() -> None:
   parser.add_argument("--learning_rates", nargs="+", default=["3e-4"])
   parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
   args = parser.parse_args()
+  from bertjax import usage
+  usage.keep_jax_off_absent_tpus()  # the [tpu] extra on a CPU machine: no TPU runtime
   pretrained = os.path.abspath(args.pretrained)
   from bertjax.data import stdlib_topics
   dev = [e.label for e in stdlib_topics.read_split("dev")]
