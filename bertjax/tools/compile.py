@@ -22,11 +22,13 @@ matrix products traced, every loop iteration and the attention kernels'
 blocks counted; `model`, `bertjax.flops`' count of full rows; with
 `--padding` or `--data_dir`, `model_real`, that of the real tokens; XLA's
 `cost_analysis` of the compiled step, which counts a loop's body once),
-`collectives` (count and bytes a chip of each kind the compiled step runs,
-loops unrolled) and, with `--find_max_batch`, the largest per-chip batch of
+`bytes_accessed` (XLA's count of the bytes a chip's operations read and
+write, per step and per token), `collectives` (count and bytes a chip of
+each kind the compiled step runs, loops unrolled) and, with `--find_max_batch`, the largest per-chip batch of
 each phase that fits and the fewest accumulation steps with which the
 configured batch fits (checked by compiling them). docs/tpu.md defines
-every field.
+every field. It gives no step time: XLA's estimate of one is not usable
+(docs/tpu.md#what-it-does-not-tell).
 Exit status: 0 when every step fits, 1 when one does not, 2 for a setting to
 change (said in one line). See docs/tpu.md.
 

@@ -497,7 +497,14 @@ def test_v4_slice_both_phases_fit(prepared_dir):
     row = report["real_work"]["per_row"][name[len("train_"):]]
     assert 0 < row["padding"] < 1
     assert 0 < flops["model_real"] < flops["model"]
-  assert "train_64: " in result.stdout and "fits" in result.stdout
+    # Every layer's bytes too: at least each parameter read once a step (float32).
+    accessed = report["bytes_accessed"][name]
+    assert not accessed["loop_bodies_counted_once"]
+    assert accessed["per_chip"] > 4 * report["model"]["parameters"]
+    tokens = report["phases"][0 if name == "train_32" else 1]
+    assert accessed["per_token"] == pytest.approx(
+        accessed["per_chip"] / (tokens["batch_size"] * tokens["max_seq_length"] / 4), abs=0.1)
+  assert "train_64: " in result.stdout and " GB accessed a chip;" in result.stdout
 
 
 @needs_libtpu
@@ -510,6 +517,8 @@ def test_v5e_slice_scanned_layers_count_every_iteration():
   flops = report["flops_per_step"]["train_32"]
   # XLA's cost analysis counts the 4-layer scan's body once; the traced count does not.
   assert flops["cost_analysis"] < 0.8 * flops["matmuls"]
+  assert report["bytes_accessed"]["train_32"]["loop_bodies_counted_once"]
+  assert "GB accessed a chip (a loop's body once)" in result.stdout
 
 
 @needs_libtpu

@@ -171,6 +171,12 @@ class Compiler:
         real = flops.work_flops(phase.model(self.bert), row, batch_size, training)
         counts.update(model_real=real, real_share=round(real / traced.matmuls, 3))
       result["flops_per_step"] = counts
+      # XLA's count of the bytes the step's ops read and write in HBM, a chip's.
+      accessed = result.pop("bytes_accessed_per_chip")
+      result["bytes_accessed"] = {
+          "per_chip": accessed,
+          "per_token": round(accessed / (batch_size * length / self.target.chips), 1),
+          "loop_bodies_counted_once": result.pop("loops")}
     return result
 
   def max_per_chip_batch(self, phase, start: int,

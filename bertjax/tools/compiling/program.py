@@ -46,11 +46,14 @@ def compile_step(jitted, *args, kernel_block_share: float = 1.0) -> dict[str, An
             "per_chip_bytes": memory, "xla_hbm_limit_bytes": available, "error": first[:500]}
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  hlo = compiled.as_text()
   return {"compile_s": round(time.perf_counter() - start, 1),
           "per_chip_bytes": memory_bytes(compiled.memory_analysis()),
           "flops_per_chip": float((cost or {}).get("flops", 0.0)),
+          "bytes_accessed_per_chip": float((cost or {}).get("bytes accessed", 0.0)),
+          "loops": " while(" in hlo,
           "traced_flops": jaxpr_flops.traced_flops(traced.jaxpr, kernel_block_share),
-          "collectives": collectives(compiled.as_text())}
+          "collectives": collectives(hlo)}
 
 
 def memory_bytes(memory) -> dict[str, int]:

@@ -132,6 +132,7 @@ def run(config, accelerator_type: str, num_slices: int = 1, find_max_batch: bool
       report["per_chip_bytes"][key] = result["per_chip_bytes"]
       if "flops_per_step" in result:
         report["flops_per_step"][key] = result["flops_per_step"]
+        report.setdefault("bytes_accessed", {})[key] = result["bytes_accessed"]
         report["collectives"][key] = result["collectives"]
       report.setdefault("compile_s", {})[key] = result["compile_s"]
       if "error" in result:
@@ -216,6 +217,11 @@ def summary_line(key: str, result: dict[str, Any], report: dict[str, Any]) -> st
     if "model_real" in flops:
       line += f", on real tokens {flops['model_real']:.3g}"
     line += f", XLA cost analysis {flops['cost_analysis']:.3g}"
+  if "bytes_accessed" in result:
+    accessed = result["bytes_accessed"]
+    line += (f"; {accessed['per_chip'] / 1e9:.2f} GB accessed a chip"
+             + (" (a loop's body once)" if accessed["loop_bodies_counted_once"] else ""))
+  if "collectives" in result:
     line += "".join(f"; {kind} {c['count']}x {c['bytes'] / 2**20:.1f} MiB"
                     for kind, c in result["collectives"].items() if c["count"])
   return line
