@@ -11,9 +11,15 @@ The step matches `python -m bertjax.tools.benchmark`: random data of the same sh
 MLM (at the masked positions) + NSP loss, global-norm clipping and AdamW. As in
 transformers' `run_mlm_flax.py`, `FlaxBertForPreTraining` scores every position
 against the vocabulary and the loss keeps the masked ones. Prints one JSON line.
+
+`--compile_for` compiles the step for a Cloud TPU slice instead of timing it
+(libtpu's description of the chips, data parallel over them; the venv needs
+`jax[tpu]`): the line then holds the compiled step's memory, FLOPs and bytes
+accessed a chip. `benchmarks/tpu_compile_vs_peer.py` runs it beside bertjax's.
 """
 
 import json
+import os
 import statistics
 import time
 
@@ -25,16 +31,22 @@ import transformers
 
 import peer_flags
 
+EXTRA = [
+    ("dtype", str, "float32", "Computation dtype; the parameters stay float32."),
+    ("attention_dropout", float, 0.1, "Dropout on the attention probabilities (BERT's 0.1)."),
+    ("compile_for", str, "", "Compile only, for a TPU slice: a JSON object of "
+     "jax.experimental.topologies.get_topology_desc's arguments and 'accelerator_type'."),
+]
 
-def main():
-  args = peer_flags.parse(__doc__.split("\n")[0])
-  intermediate, max_predictions = args.intermediate, args.max_predictions
 
+def build(args):
+  """(step(state, batch, rng) -> (state, loss), the initial state)."""
   config = transformers.BertConfig(
       vocab_size=args.vocab, hidden_size=args.hidden, num_hidden_layers=args.layers,
-      num_attention_heads=args.heads, intermediate_size=intermediate,
-      max_position_embeddings=max(512, args.seq_len))
-  model = transformers.FlaxBertForPreTraining(config, seed=0, dtype=jnp.float32)
+      num_attention_heads=args.heads, intermediate_size=args.intermediate,
+      max_position_embeddings=max(512, args.seq_len),
+      attention_probs_dropout_prob=args.attention_dropout)
+  model = transformers.FlaxBertForPreTraining(config, seed=0, dtype=jnp.dtype(args.dtype))
   decay = lambda params: jax.tree_util.tree_map_with_path(
       lambda path, _: path[-1].key not in ("bias", "scale"), params)
   optimizer = optax.chain(optax.clip_by_global_norm(1.0),
@@ -58,12 +70,16 @@ def main():
     return {"params": optax.apply_updates(state["params"], updates),
             "opt_state": opt_state}, loss
 
+  return step, state
+
+
+def make_batches(args, count: int) -> list[dict[str, np.ndarray]]:
   rng = np.random.default_rng(0)
   batches = []
-  for _ in range(2):
+  for _ in range(count):
     weights = np.zeros((args.batch, args.seq_len), np.float32)
     for row in weights:
-      row[rng.choice(np.arange(1, args.seq_len), max_predictions, replace=False)] = 1
+      row[rng.choice(np.arange(1, args.seq_len), args.max_predictions, replace=False)] = 1
     batches.append({
         "input_ids": rng.integers(0, args.vocab, (args.batch, args.seq_len), dtype=np.int32),
         "attention_mask": np.ones((args.batch, args.seq_len), np.int32),
@@ -74,7 +90,17 @@ def main():
         "label_weights": weights,
         "next_sentence_labels": rng.integers(0, 2, (args.batch,), dtype=np.int32),
     })
+  return batches
 
+
+def sizes(args) -> dict:
+  return {"layers": args.layers, "hidden": args.hidden, "heads": args.heads,
+          "intermediate": args.intermediate, "vocab": args.vocab, "seq_len": args.seq_len,
+          "batch": args.batch, "max_predictions": args.max_predictions, "dtype": args.dtype}
+
+
+def time_steps(args, step, state) -> dict:
+  batches = make_batches(args, 2)
   jitted = jax.jit(step, donate_argnums=0)
   start = time.perf_counter()
   compiled = jitted.lower(state, batches[0], jax.random.key(1)).compile()
@@ -87,14 +113,66 @@ def main():
     if i >= args.warmup:
       times.append(time.perf_counter() - start)
   step_s = statistics.median(times)
+  return {"tokens_per_s": round(args.batch * args.seq_len / step_s, 1),
+          "step_s_median": round(step_s, 5), "compile_s": round(compile_s, 2),
+          "final_loss": float(loss), "device_kind": jax.devices()[0].device_kind,
+          "steps": args.steps}
+
+
+def compile_for(args, step, state, slice_spec: dict) -> dict:
+  """The step compiled for the slice's chips, data parallel: a chip's memory,
+  FLOPs and bytes accessed, as XLA reports them."""
+  from jax.experimental import topologies
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+  devices = topologies.get_topology_desc(
+      platform="tpu", topology_name=slice_spec["topology_name"],
+      chip_config_name=slice_spec["chip_config_name"],
+      chips_per_host_bounds=tuple(slice_spec["chips_per_host_bounds"]),
+      num_slices=1, wrap=tuple(slice_spec["wrap"])).devices
+  mesh = Mesh(np.array(devices), ("data",))
+  replicated = NamedSharding(mesh, PartitionSpec())
+  split = NamedSharding(mesh, PartitionSpec("data"))
+  abstract = lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+  state_spec = jax.tree.map(lambda x: abstract(x, replicated), state)
+  batch_spec = {k: abstract(v, split) for k, v in make_batches(args, 1)[0].items()}
+  key = jax.random.key(0)
+  key_spec = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=replicated)
+  jitted = jax.jit(step, donate_argnums=0,
+                   out_shardings=(jax.tree.map(lambda x: replicated, state), replicated))
+  start = time.perf_counter()
+  compiled = jitted.lower(state_spec, batch_spec, key_spec).compile()
+  compile_s = time.perf_counter() - start
+  memory = compiled.memory_analysis()
+  held = {"arguments": memory.argument_size_in_bytes, "outputs": memory.output_size_in_bytes,
+           "aliased": memory.alias_size_in_bytes, "temporaries": memory.temp_size_in_bytes,
+           "generated_code": memory.generated_code_size_in_bytes}
+  held["total"] = (held["arguments"] + held["outputs"] - held["aliased"]
+                   + held["temporaries"] + held["generated_code"])
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return {"chips": len(devices), "device_kind": devices[0].device_kind,
+          "per_chip_bytes": held, "flops_per_chip": float(cost.get("flops", 0.0)),
+          "bytes_accessed_per_chip": float(cost.get("bytes accessed", 0.0)),
+          "compile_s": round(compile_s, 1)}
+
+
+def main():
+  args = peer_flags.parse(__doc__.split("\n")[0], EXTRA)
+  slice_spec = json.loads(args.compile_for) if args.compile_for else None
+  if slice_spec:
+    # libtpu describes "this host" first: off a TPU VM, spare it the metadata
+    # server; the chips are only described, so the step's arrays stay on the CPU.
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", slice_spec["accelerator_type"])
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    jax.config.update("jax_platforms", "cpu")
+  step, state = build(args)
+  figures = (compile_for(args, step, state, slice_spec) if slice_spec
+             else time_steps(args, step, state))
   print(json.dumps({
       "implementation": f"transformers {transformers.__version__} FlaxBertForPreTraining",
-      "tokens_per_s": round(args.batch * args.seq_len / step_s, 1),
-      "step_s_median": round(step_s, 5), "compile_s": round(compile_s, 2),
-      "final_loss": float(loss), "device_kind": jax.devices()[0].device_kind,
-      "layers": args.layers, "hidden": args.hidden, "heads": args.heads,
-      "intermediate": intermediate, "vocab": args.vocab, "seq_len": args.seq_len,
-      "batch": args.batch, "max_predictions": max_predictions, "steps": args.steps}))
+      **figures, **sizes(args)}))
 
 
 if __name__ == "__main__":

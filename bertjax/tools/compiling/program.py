@@ -68,7 +68,7 @@ def memory_bytes(memory) -> dict[str, int]:
   return sizes
 
 
-def _shape_bytes(text: str) -> int:
+def shape_bytes(text: str) -> int:
   """Bytes of the arrays in an HLO result type (`(bf16[2,64]{1,0}, f32[])`)."""
   total = 0
   for dtype, dims in re.findall(r"\b([a-z]+\d*)\[([\d,]*)\]", text):
@@ -130,12 +130,12 @@ def collectives(hlo_text: str) -> dict[str, dict[str, int]]:
   for name, times in multiplier.items():
     for result, op, rest in computations[name]:
       kind = op[:-len("-done")] if op.endswith("-done") else op
-      size = _shape_bytes(result)
+      size = shape_bytes(result)
       if op == "send" and "_xla_megascale_transfer_type" in rest:
         # Between slices: a host transfer to the data-center network's runtime.
         transfer = re.search(r'_xla_megascale_transfer_type="(\w+)"', rest).group(1)
         kind = "dcn-" + transfer.lower().replace("_", "-")
-        size = _shape_bytes(re.search(r"\w+\[[\d,]*\]", result).group())  # (data, u32[], token[])
+        size = shape_bytes(re.search(r"\w+\[[\d,]*\]", result).group())  # (data, u32[], token[])
         found.setdefault(kind, {"count": 0, "bytes": 0})
       elif kind not in found or op.endswith("-start"):
         continue
