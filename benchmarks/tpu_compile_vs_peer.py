@@ -157,7 +157,7 @@ def main() -> None:
   try:
     tpu_slice = topology.parse(args.topology)
   except ValueError as e:
-    sys.exit(f"--topology: {e}")
+    sys.exit(str(e))
   chips = tpu_slice.chips
   sizes = MODELS[args.model]
   batch, predictions = args.per_chip_batch * chips, math.ceil(0.15 * args.seq_len)
