@@ -18,7 +18,6 @@ import time
 from typing import TypeVar
 
 from absl import logging
-
 import jax
 import jax.numpy as jnp
 import numpy as np

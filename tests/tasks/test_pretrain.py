@@ -424,3 +424,29 @@ def test_a_run_says_how_fast_it_goes_10_steps_in_and_ends_with_a_held_out_evalua
   pretrain.run(config, workdir)
   records = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
   assert [r["step"] for r in records if "train/eta_s" in r] == [10, 25, 35, 40]
+
+
+def test_a_cpu_run_measures_its_peak_again_and_keeps_the_best(prepared_dir, tmp_path,
+                                                              monkeypatch):
+  """MFU on a CPU is against the best matmul rate seen (bertjax.flops): the run
+  measures it again now and then, and each line divides by the latest best."""
+  from bertjax import flops
+  from bertjax.tasks import pretrain
+  from tests.tasks.finetuning import tiny_pretrain_config
+
+  rates = iter([0.5, 0.25, 1.0, 0.75] + [1.0] * 100)
+  measured = []
+
+  def peak(dtype="float32"):
+    measured.append(next(rates))
+    return max(measured), "a test's rates"
+
+  monkeypatch.setattr(flops, "cpu_peak_tflops", peak)
+  monkeypatch.setattr(pretrain, "_CPU_PEAK_EVERY_SECONDS", 0.0)  # at every progress line
+  workdir = str(tmp_path / "run")
+  pretrain.run(tiny_pretrain_config(prepared_dir, **{"checkpoint.every_steps": 30}), workdir)
+  lines = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))
+           if '"train/mfu"' in line]
+  assert len(lines) >= 3 and len(measured) == len(lines) + 1  # the start, then each line
+  for line, best in zip(lines, [max(measured[:i + 2]) for i in range(len(lines))]):
+    assert line["train/mfu"] == pytest.approx(line["train/tflops_per_s_per_device"] / best)
