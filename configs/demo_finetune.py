@@ -1,4 +1,4 @@
-r"""Fine-tuning the demo's model on an offline task, in a few minutes on a CPU.
+r"""Fine-tuning the demo's model on an offline task, in under a minute on a CPU.
 
   python -m bertjax.main --config=configs/demo_finetune.py \
       --config.init_checkpoint=/tmp/demo --workdir=/tmp/demo_topics
@@ -9,8 +9,8 @@ demo corpus's own text: which of seven areas of the standard library
 sentence documents, about 9,800 training and 1,400 dev sentences; always
 guessing the commonest area scores 29.0% on dev. The run is GLUE's
 (configs/glue.py) with a recipe for a model of the demo's size: the paper's
-2e-5 suits BERT-base and -large, while a 2-layer, 128-wide model learns
-little at it. The learning rate and epochs below were chosen with the
+2e-5 suits BERT-base and -large, while a 2-layer, 128-wide model learns far
+less at it. The learning rate and epochs below were chosen with the
 paper's sweep (docs/finetuning.md shows it); its figures are in
 docs/benchmarks.md.
 """
