@@ -84,7 +84,8 @@ def main() -> None:
   for (start, learning_rate), values in finals.items():
     spread = statistics.stdev(values) if len(values) > 1 else 0.0
     print(f"{start:12s} lr {learning_rate:>6s}: dev accuracy {statistics.mean(values):.1f}% "
-          f"+- {spread:.1f} over {len(values)} seeds (min {min(values):.1f}, max {max(values):.1f})")
+          f"+- {spread:.1f} over {len(values)} seeds "
+          f"(min {min(values):.1f}, max {max(values):.1f})")
 
 
 if __name__ == "__main__":

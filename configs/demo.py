@@ -9,10 +9,10 @@ prediction to have something to go on), without dropout (a model this small
 underfits; the paper's 0.1 is for BERT-base and -large). MLM and NSP accuracy
 on held-out documents are logged every 500 steps; a quiet 2-core CPU runs
 270-300 sequences/s (about 6 minutes in all); measured figures are in
-docs/benchmarks.md. configs/demo_finetune.py fine-tunes the result offline. `--config=configs/demo.py:no_nsp` and `:ltr` run the
-ablations; `--config.train.total_steps=N` shortens the run
-(above its 300 warmup steps, or with `--config.optimizer.warmup_steps`
-lowered too).
+docs/benchmarks.md. configs/demo_finetune.py fine-tunes the result offline.
+`--config=configs/demo.py:no_nsp` and `:ltr` run the ablations;
+`--config.train.total_steps=N` shortens the run (above its 300 warmup steps,
+or with `--config.optimizer.warmup_steps` lowered too).
 """
 
 from bertjax.configs import common

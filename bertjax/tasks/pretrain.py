@@ -605,7 +605,7 @@ class _Trainer:
 
 
 # How often a CPU run measures its matmul rate again (`flops.cpu_peak_tflops`:
-# about a second's work each time).
+# six 2048x2048 matmuls each time).
 _CPU_PEAK_EVERY_SECONDS = 600.0
 # A step's useful work (`bertjax.train.batch_work`), turned into rates.
 _WORK = ("real_tokens", "sequences", "token_pairs", "local_token_pairs", "predictions",

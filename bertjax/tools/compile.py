@@ -24,8 +24,8 @@ blocks counted; `model`, `bertjax.flops`' count of full rows; with
 `cost_analysis` of the compiled step, which counts a loop's body once),
 `bytes_accessed` (XLA's count of the bytes a chip's operations read and
 write, per step and per token), `collectives` (count and bytes a chip of
-each kind the compiled step runs, loops unrolled) and, with `--find_max_batch`, the largest per-chip batch of
-each phase that fits and the fewest accumulation steps with which the
+each kind the compiled step runs, loops unrolled) and, with
+`--find_max_batch`, the largest per-chip batch of each phase that fits and the fewest accumulation steps with which the
 configured batch fits (checked by compiling them). docs/tpu.md defines
 every field. It gives no step time: XLA's estimate of one is not usable
 (docs/tpu.md#what-it-does-not-tell).
