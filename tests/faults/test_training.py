@@ -81,7 +81,7 @@ from bertjax.tasks import pretrain
 finalize = ocp.CheckpointManager._finalize
 def slow_finalize(self, *args, **kwargs):
   import sys
-  print("test: finalising a save", file=sys.stderr, flush=True)
+  sys.stderr.write("test: finalising a save\\n"); sys.stderr.flush()  # not split by a signal
   time.sleep(3)
   return finalize(self, *args, **kwargs)
 ocp.CheckpointManager._finalize = slow_finalize
@@ -137,7 +137,7 @@ base = ocp.path.atomicity.AtomicRenameTemporaryPath
 finalize = base.finalize
 async def held(self, *args, **kwargs):
   if self.get_final().name.isdigit():  # the step's commit (its items commit before it)
-    print("test: committing", file=sys.stderr, flush=True)
+    sys.stderr.write("test: committing\\n"); sys.stderr.flush()  # not split by a signal
     while not os.path.exists(os.environ["TEST_GO"]):
       time.sleep(0.01)
   return await finalize(self, *args, **kwargs)
