@@ -34,9 +34,14 @@ import peer_flags
 EXTRA = [
     ("dtype", str, "float32", "Computation dtype; the parameters stay float32."),
     ("attention_dropout", float, 0.1, "Dropout on the attention probabilities (BERT's 0.1)."),
+    ("remat", int, 0, "1: recompute each layer in the backward pass (transformers' "
+     "gradient_checkpointing)."),
     ("compile_for", str, "", "Compile only, for a TPU slice: a JSON object of "
-     "jax.experimental.topologies.get_topology_desc's arguments and 'accelerator_type'."),
+     "jax.experimental.topologies.get_topology_desc's arguments, 'accelerator_type' and "
+     "'hbm_bytes' (a chip's)."),
 ]
+# Words of XLA's refusal of a program too large for the chip.
+_OUT_OF_MEMORY = ("RESOURCE_EXHAUSTED", "Ran out of memory", "out of memory")
 
 
 def build(args):
@@ -46,7 +51,8 @@ def build(args):
       num_attention_heads=args.heads, intermediate_size=args.intermediate,
       max_position_embeddings=max(512, args.seq_len),
       attention_probs_dropout_prob=args.attention_dropout)
-  model = transformers.FlaxBertForPreTraining(config, seed=0, dtype=jnp.dtype(args.dtype))
+  model = transformers.FlaxBertForPreTraining(config, seed=0, dtype=jnp.dtype(args.dtype),
+                                              gradient_checkpointing=bool(args.remat))
   decay = lambda params: jax.tree_util.tree_map_with_path(
       lambda path, _: path[-1].key not in ("bias", "scale"), params)
   optimizer = optax.chain(optax.clip_by_global_norm(1.0),
@@ -96,7 +102,8 @@ def make_batches(args, count: int) -> list[dict[str, np.ndarray]]:
 def sizes(args) -> dict:
   return {"layers": args.layers, "hidden": args.hidden, "heads": args.heads,
           "intermediate": args.intermediate, "vocab": args.vocab, "seq_len": args.seq_len,
-          "batch": args.batch, "max_predictions": args.max_predictions, "dtype": args.dtype}
+          "batch": args.batch, "max_predictions": args.max_predictions, "dtype": args.dtype,
+          "remat": bool(args.remat)}
 
 
 def time_steps(args, step, state) -> dict:
@@ -121,7 +128,8 @@ def time_steps(args, step, state) -> dict:
 
 def compile_for(args, step, state, slice_spec: dict) -> dict:
   """The step compiled for the slice's chips, data parallel: a chip's memory,
-  FLOPs and bytes accessed, as XLA reports them."""
+  FLOPs and bytes accessed, as XLA reports them, and whether it fits the chip
+  (with XLA's message where it refused the step as too large)."""
   from jax.experimental import topologies
   from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -141,7 +149,14 @@ def compile_for(args, step, state, slice_spec: dict) -> dict:
   jitted = jax.jit(step, donate_argnums=0,
                    out_shardings=(jax.tree.map(lambda x: replicated, state), replicated))
   start = time.perf_counter()
-  compiled = jitted.lower(state_spec, batch_spec, key_spec).compile()
+  try:
+    compiled = jitted.lower(state_spec, batch_spec, key_spec).compile()
+  except Exception as e:  # jax's JaxRuntimeError
+    if not any(marker in str(e) for marker in _OUT_OF_MEMORY):
+      raise
+    return {"chips": len(devices), "device_kind": devices[0].device_kind, "fits": False,
+            "per_chip_bytes": {"total": None}, "error": str(e)[:4000],
+            "compile_s": round(time.perf_counter() - start, 1)}
   compile_s = time.perf_counter() - start
   memory = compiled.memory_analysis()
   held = {"arguments": memory.argument_size_in_bytes, "outputs": memory.output_size_in_bytes,
@@ -152,7 +167,8 @@ def compile_for(args, step, state, slice_spec: dict) -> dict:
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   return {"chips": len(devices), "device_kind": devices[0].device_kind,
-          "per_chip_bytes": held, "flops_per_chip": float(cost.get("flops", 0.0)),
+          "fits": held["total"] <= slice_spec["hbm_bytes"], "per_chip_bytes": held,
+          "flops_per_chip": float(cost.get("flops", 0.0)),
           "bytes_accessed_per_chip": float(cost.get("bytes accessed", 0.0)),
           "compile_s": round(compile_s, 1)}
 

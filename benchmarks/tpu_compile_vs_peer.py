@@ -23,7 +23,17 @@ go: what every operation of each compiled step reads and writes (its operands
 and result, from XLA's dump of the program after optimisation, before buffer
 assignment), summed by part of the model and by forward and backward pass.
 That sum is not XLA's count, which also counts the traffic within fusions
-(about 1.8 times the sum for BERT-base at 128 tokens), so both are printed. The last line is one JSON object with every figure.
+(about 1.8 times the sum for BERT-base at 128 tokens), so both are printed.
+The last line is one JSON object with every figure.
+
+`--find_max_batch` searches instead each side's largest per-chip batch whose
+step fits a chip (`bertjax.tools.compiling.batch_search`, from
+`--per_chip_batch`: doubling, then aiming along the line of memory against
+batch; in steps of `--batch_step`), a process and a compile per batch tried;
+`--remat` recomputes each layer in the backward pass on both sides.
+
+  python benchmarks/tpu_compile_vs_peer.py --model=large --topology=v5litepod-4 \
+      --seq_len=512 --per_chip_batch=16 --find_max_batch --batch_step=1
 """
 
 import argparse
@@ -38,7 +48,8 @@ import subprocess
 import sys
 import tempfile
 
-from bertjax.tools.compiling.program import shape_bytes
+from bertjax.tools.compiling import batch_search
+from bertjax.tools.compiling.program import out_of_memory_bytes, shape_bytes
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MODELS = {"base": dict(layers=12, hidden=768, heads=12), "large": dict(layers=24, hidden=1024,
@@ -124,6 +135,20 @@ def breakdown(hlo: str) -> dict[str, dict[str, float]]:
   return {part: dict(values) for part, values in sums.items()}
 
 
+def largest_operations(hlo: str, count: int) -> list[tuple[str, int, float]]:
+  """The `count` kinds of operation that read and write the most: (what, how
+  many, GB), the layers' copies of one operation counted together (their
+  op_names differ only in the layer's index)."""
+  sums: dict[str, list] = collections.defaultdict(lambda: [0, 0.0])
+  for opcode, op_name, moved in operations(hlo):
+    what = re.sub(r"(layers?_?|/)\d+(?=/|$)", r"\1*", op_name)
+    what = re.sub(r"\.\d+$", "", what)  # a kernel's instruction number
+    sums[f"{opcode} {what}"][0] += 1
+    sums[f"{opcode} {what}"][1] += moved / 1e9
+  ranked = sorted(sums.items(), key=lambda item: -item[1][1])[:count]
+  return [(what, n, gb) for what, (n, gb) in ranked]
+
+
 def train_step_hlo(dump_dir: str) -> str:
   """The largest module dumped after optimisation: the training step."""
   paths = glob.glob(os.path.join(dump_dir, "*after_optimizations_before_buffer_assignment.txt"))
@@ -132,13 +157,86 @@ def train_step_hlo(dump_dir: str) -> str:
   return pathlib.Path(max(paths, key=os.path.getsize)).read_text()
 
 
-def run(command: list[str], dump_dir: str) -> dict:
-  env = {**os.environ, "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "")
-                                     + f" --xla_dump_to={dump_dir} --xla_dump_hlo_as_text")}
+def run(command: list[str], dump_dir: str | None = None) -> dict:
+  """The last line of `command`'s output, a JSON object; with `dump_dir`, XLA
+  dumps the programs it compiles there."""
+  env = dict(os.environ)
+  if dump_dir:
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "")
+                        + f" --xla_dump_to={dump_dir} --xla_dump_hlo_as_text")
   result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
   if result.returncode not in (0, 1):  # the compile tool exits 1 for a step that does not fit
     sys.exit(f"{' '.join(command)} failed:\n{result.stderr[-3000:]}")
   return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+class Sides:
+  """The two compiles of one setting: bertjax's (the compile tool) and the
+  peer's (hf_flax_bert.py in its venv), at a per-chip batch."""
+
+  def __init__(self, args, tpu_slice):
+    self.args, self.tpu_slice = args, tpu_slice
+    self.sizes = MODELS[args.model]
+    self.predictions = math.ceil(0.15 * args.seq_len)
+    self.key = f"train_{args.seq_len}"
+
+  def ours(self, per_chip: int, dump_dir: str | None = None) -> dict:
+    args = self.args
+    return run([sys.executable, "-m", "bertjax.tools.compile",
+                f"--config=configs/{args.model}_pretrain.py", f"--topology={args.topology}",
+                "--eval=false", f"--config.train.batch_size={per_chip * self.tpu_slice.chips}",
+                f"--config.train.max_seq_length={args.seq_len}",
+                f"--config.train.max_predictions={self.predictions}",
+                "--config.train.long_from_step=-1", "--config.model.scan_layers=false",
+                f"--config.model.remat_policy={'full' if args.remat else 'none'}"], dump_dir)
+
+  def peer(self, per_chip: int, dump_dir: str | None = None) -> dict:
+    args, tpu_slice = self.args, self.tpu_slice
+    spec = {"topology_name": tpu_slice.topology_name,
+            "chip_config_name": tpu_slice.generation.chip_config,
+            "chips_per_host_bounds": list(tpu_slice.generation.host_bounds(tpu_slice.shape)),
+            "wrap": list(tpu_slice.wraps), "accelerator_type": args.topology,
+            "hbm_bytes": tpu_slice.generation.hbm_bytes}
+    return run([args.peer_python, "benchmarks/hf_flax_bert.py",
+                f"--layers={self.sizes['layers']}", f"--hidden={self.sizes['hidden']}",
+                f"--heads={self.sizes['heads']}", f"--seq_len={args.seq_len}",
+                f"--batch={per_chip * tpu_slice.chips}",
+                f"--max_predictions={self.predictions}", "--dtype=bfloat16",
+                "--attention_dropout=0", f"--remat={int(args.remat)}",
+                f"--compile_for={json.dumps(spec)}"], dump_dir)
+
+  def search(self) -> dict:
+    """The largest per-chip batch that fits, each side, and every batch tried."""
+    def ours_at(per_chip):
+      report = self.ours(per_chip)
+      held = report["per_chip_bytes"][self.key].get("total")
+      print(f"  bertjax, {per_chip} a chip: {_verdict(report['fits'], held)}", flush=True)
+      return {"fits": report["fits"], "per_chip_bytes": report["per_chip_bytes"][self.key],
+              "xla_hbm_limit_bytes": report.get("xla_hbm_limit_bytes"),
+              **({"error": report["errors"][self.key]} if "errors" in report else {})}
+
+    def peer_at(per_chip):
+      result = self.peer(per_chip)
+      if "error" in result:
+        result["xla_hbm_limit_bytes"] = out_of_memory_bytes(result["error"])[1]
+        result["error"] = next(line for line in result["error"].splitlines() if line.strip())
+      held = result["per_chip_bytes"].get("total")
+      print(f"  peer, {per_chip} a chip: {_verdict(result['fits'], held)}", flush=True)
+      return result
+
+    found = {}
+    for side, compile_at in (("bertjax", ours_at), ("peer", peer_at)):
+      results = {}
+      best = batch_search.largest_batch(compile_at, self.args.per_chip_batch,
+                                        self.tpu_slice.generation.hbm_bytes, results,
+                                        self.args.batch_step)
+      found[side] = {"max_per_chip_batch": best, "trials": batch_search.trials(results)}
+    return found
+
+
+def _verdict(fits: bool, total: int | None) -> str:
+  held = "?" if total is None else f"{total / 2**30:.2f} GiB"
+  return f"fits ({held})" if fits else f"does not fit ({held})"
 
 
 def main() -> None:
@@ -146,44 +244,57 @@ def main() -> None:
   parser.add_argument("--model", choices=sorted(MODELS), default="base")
   parser.add_argument("--topology", default="v5litepod-4", help="gcloud accelerator type.")
   parser.add_argument("--seq_len", type=int, default=128)
-  parser.add_argument("--per_chip_batch", type=int, default=32)
+  parser.add_argument("--per_chip_batch", type=int, default=32,
+                      help="Sequences a chip (with --find_max_batch, where the search begins).")
+  parser.add_argument("--remat", action="store_true",
+                      help="Both sides recompute each layer in the backward pass (bertjax's "
+                      "model.remat_policy=full, transformers' gradient_checkpointing).")
+  parser.add_argument("--find_max_batch", action="store_true",
+                      help="Search each side's largest per-chip batch that fits a chip (in "
+                      "steps of 8 from 8 on), instead of the figures at --per_chip_batch.")
+  parser.add_argument("--batch_step", type=int, default=8,
+                      help="--find_max_batch searches the multiples of this (1: the exact "
+                      "largest batch, a few compiles more).")
+  parser.add_argument("--top", type=int, default=0,
+                      help="Also list each side's operations that read and write the most "
+                      "(this many), the layers' copies of one counted together.")
   parser.add_argument("--peer_python", default="/tmp/hf4/bin/python",
                       help="The Python of the venv with transformers 4.57.6 and jax[tpu].")
   args = parser.parse_args()
   if not os.path.exists(args.peer_python):
     sys.exit(f"--peer_python={args.peer_python} does not exist: make the peer's venv first "
              "(see this script's docstring)")
+  for name in ("per_chip_batch", "batch_step"):
+    if getattr(args, name) < 1:
+      sys.exit(f"--{name}={getattr(args, name)}: give at least 1")
   from bertjax import topology
   try:
     tpu_slice = topology.parse(args.topology)
   except ValueError as e:
     sys.exit(str(e))
+  sides = Sides(args, tpu_slice)
+  if args.find_max_batch:
+    print(f"{args.model} at {args.seq_len} tokens on {args.topology} "
+          f"({tpu_slice.generation.hbm_bytes / 2**30:.2f} GiB a chip)"
+          f"{', layers recomputed' if args.remat else ''}: the largest batch a chip holds",
+          flush=True)
+    found = sides.search()
+    ours, peer = (found[side]["max_per_chip_batch"] for side in ("bertjax", "peer"))
+    print(f"largest per-chip batch: bertjax {ours}, peer {peer}"
+          + (f" ({ours / peer:.2f}x)" if peer else ""))
+    print(json.dumps({"model": args.model, "topology": args.topology, "seq_len": args.seq_len,
+                      "remat": args.remat, "hbm_bytes": tpu_slice.generation.hbm_bytes,
+                      **found}))
+    return
   chips = tpu_slice.chips
-  sizes = MODELS[args.model]
-  batch, predictions = args.per_chip_batch * chips, math.ceil(0.15 * args.seq_len)
 
   with tempfile.TemporaryDirectory() as tmp:
-    ours = run([sys.executable, "-m", "bertjax.tools.compile",
-                f"--config=configs/{args.model}_pretrain.py", f"--topology={args.topology}",
-                "--eval=false", f"--config.train.batch_size={batch}",
-                f"--config.train.max_seq_length={args.seq_len}",
-                f"--config.train.max_predictions={predictions}",
-                "--config.train.long_from_step=-1", "--config.model.scan_layers=false"],
-               os.path.join(tmp, "bertjax"))
-    spec = {"topology_name": tpu_slice.topology_name,
-            "chip_config_name": tpu_slice.generation.chip_config,
-            "chips_per_host_bounds": list(tpu_slice.generation.host_bounds(tpu_slice.shape)),
-            "wrap": list(tpu_slice.wraps), "accelerator_type": args.topology}
-    peer = run([args.peer_python, "benchmarks/hf_flax_bert.py", f"--layers={sizes['layers']}",
-                f"--hidden={sizes['hidden']}", f"--heads={sizes['heads']}",
-                f"--seq_len={args.seq_len}", f"--batch={batch}",
-                f"--max_predictions={predictions}", "--dtype=bfloat16",
-                "--attention_dropout=0", f"--compile_for={json.dumps(spec)}"],
-               os.path.join(tmp, "peer"))
-    parts = {"bertjax": breakdown(train_step_hlo(os.path.join(tmp, "bertjax"))),
-             "peer": breakdown(train_step_hlo(os.path.join(tmp, "peer")))}
+    ours = sides.ours(args.per_chip_batch, os.path.join(tmp, "bertjax"))
+    peer = sides.peer(args.per_chip_batch, os.path.join(tmp, "peer"))
+    hlo = {side: train_step_hlo(os.path.join(tmp, side)) for side in ("bertjax", "peer")}
+  parts = {side: breakdown(text) for side, text in hlo.items()}
 
-  key = f"train_{args.seq_len}"
+  key = sides.key
   memory = {"bertjax": ours["per_chip_bytes"][key], "peer": peer["per_chip_bytes"]}
   flops = ours["flops_per_step"][key]
   figures = {
@@ -222,8 +333,14 @@ def main() -> None:
   print(f"  {'sum':24s} bertjax {totals['bertjax']:.2f}   peer {totals['peer']:.2f} "
         f"(XLA: {figures['bertjax']['bytes_accessed'] / 1e9:.2f} / "
         f"{figures['peer']['bytes_accessed'] / 1e9:.2f})")
+  largest = {side: largest_operations(text, args.top) for side, text in hlo.items()}
+  for side in ("bertjax", "peer") if args.top else ():
+    print(f"\n{side}: the {args.top} operations that read and write the most (GB, copies):")
+    for what, copies, gb in largest[side]:
+      print(f"  {gb:6.2f} {copies:4d}  {what[:150]}")
   print(json.dumps({"model": args.model, "topology": args.topology, "seq_len": args.seq_len,
                     "per_chip_batch": args.per_chip_batch, "figures": figures,
+                    **({"largest_operations": largest} if args.top else {}),
                     "gb_by_part": parts, "peer": peer["implementation"]}))
 
 

@@ -59,14 +59,10 @@ class ModernAttention(SelfAttention):
   def project(self, x: Array) -> tuple[Array, Array, Array]:
     config = self.config
     heads, kv, embed = config.num_heads, config.head_dim, config.hidden_size
-    dtype = jnp.dtype(config.dtype)
-    # Stored [embed, 3, heads, kv] (transformers' Wqkv, one to one); computed
-    # with heads as the major output axis, as BERT's attention is.
-    kernel, _ = Dense(config, (embed, 3, heads, kv), ("embed", None, "heads", "kv"),
-                      use_bias=False, name="qkv")(None)
-    kernel = jnp.swapaxes(kernel.astype(dtype), 1, 2)  # [embed, heads, 3, kv]
-    qkv = matmul(x.astype(dtype), kernel)  # [batch, length, heads, 3, kv]
-    return tuple(nn.with_logical_constraint(qkv[:, :, :, i], BATCH_LENGTH_HEADS_KV)
+    # Stored [embed, 3, heads, kv] (transformers' Wqkv, one to one).
+    qkv = Dense(config, (embed, 3, heads, kv), ("embed", None, "heads", "kv"),
+                use_bias=False, name="qkv")(x)  # [batch, length, 3, heads, kv]
+    return tuple(nn.with_logical_constraint(qkv[:, :, i], BATCH_LENGTH_HEADS_KV)
                  for i in range(3))
 
   def project_out(self, context: Array) -> Array:

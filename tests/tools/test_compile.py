@@ -401,6 +401,28 @@ def test_max_batch_search_brackets_then_closes_in(fixed_gib, per_sequence_gib, s
   assert len(compiled) == len(set(compiled)) <= math.log2(max(best, 8)) + 6, compiled
 
 
+def test_max_batch_search_to_one_sequence_and_under_xla_s_own_limit():
+  """With step 1 the search ends at the exact largest batch, aiming under the
+  limit XLA's refusal states (below the chip's HBM) once it has said it."""
+  from bertjax.tools.compiling import batch_search
+
+  hbm, limit = 16 * 2**30, 15.75 * 2**30
+  total = lambda per_chip: int((5.4 + 0.37 * per_chip) * 2**30)
+
+  def compile_at(per_chip):
+    if total(per_chip) > limit:
+      return {"fits": False, "per_chip_bytes": {"total": total(per_chip)},
+              "xla_hbm_limit_bytes": int(limit), "error": "RESOURCE_EXHAUSTED"}
+    return {"fits": True, "per_chip_bytes": {"total": total(per_chip)}}
+
+  results = {}
+  best = batch_search.largest_batch(compile_at, 16, hbm, results, step=1)
+  assert best == max(b for b in range(1, 100) if total(b) <= limit) == 27
+  assert len(results) <= 6, sorted(results)
+  assert [t["per_chip_batch"] for t in batch_search.trials(results)] == sorted(results)
+  assert batch_search.largest_batch(compile_at, 16, hbm, step=8) == 24
+
+
 def pretrain_phase(length):
   from bertjax.tasks.pretrain import Phase
 

@@ -23,7 +23,7 @@ from bertjax import checkpoint, errors, flops, optim, sharding, topology, train
 from bertjax import phases as phase_lib
 from bertjax.models import EncoderConfig, attention
 from bertjax.tasks import pretrain
-from bertjax.tools.compiling import jaxpr_flops, program as compiled_program
+from bertjax.tools.compiling import batch_search, jaxpr_flops, program as compiled_program
 from bertjax.tools.compiling.real_work import RealWork, local_window
 
 @dataclasses.dataclass
@@ -185,8 +185,7 @@ class Compiler:
     """The largest per-chip batch (one micro-batch, in steps of 8 from 8 on)
     whose training step fits.
 
-    Doubling brackets the answer; then each compile aims where the line
-    through the nearest batches that fit and do not crosses the HBM size.
+    `batch_search.largest_batch` searches it.
 
     Args:
       phase: The phase (sequence length) to search.
@@ -198,50 +197,11 @@ class Compiler:
       whether it fit, its total bytes and XLA's refusal.
     """
     results = dict(known or {})
-    best = self._search(phase, start, results)
-    tried = [{"per_chip_batch": size, "fits": result["fits"],
-              "total_bytes": result["per_chip_bytes"].get("total"),
-              **({"error": result["error"]} if "error" in result else {})}
-             for size, result in sorted(results.items())]
-    return best, tried
 
-  def _search(self, phase, start: int, results: dict[int, dict[str, Any]]) -> int:
-    """`max_per_chip_batch`'s search, compiling into `results`."""
+    def compile_at(per_chip: int) -> dict[str, Any]:
+      logging.info("Trying %d sequences a chip at length %d", per_chip, phase.max_seq_length)
+      return self.train(phase, per_chip * self.data_shards, 1)
 
-    def result(per_chip: int) -> dict[str, Any]:
-      if per_chip not in results:
-        logging.info("Trying %d sequences a chip at length %d", per_chip,
-                     phase.max_seq_length)
-        results[per_chip] = self.train(phase, per_chip * self.data_shards, 1)
-      return results[per_chip]
-
-    fits = lambda per_chip: result(per_chip)["fits"]
-    total = lambda per_chip: result(per_chip)["per_chip_bytes"].get("total")
-    low = max(1, start)
-    while not fits(low):
-      if low == 1:
-        return 0
-      low //= 2
-    high = low * 2
-    while fits(high):
-      low, high = high, high * 2
-    # Between a batch that fits and one that does not, memory grows about
-    # linearly: aim at the HBM size on the line through both (XLA's own limit
-    # once an error has said it), within the middle half of the gap.
-    step = 8 if low >= 8 else 1
-    while high - low > step:
-      limit = min([self.target.tpu_slice.generation.hbm_bytes]
-                  + [r["xla_hbm_limit_bytes"] for r in results.values()
-                     if r.get("xla_hbm_limit_bytes")])
-      middle = (low + high) // 2
-      if total(high) is not None and total(high) > total(low):
-        slope = (total(high) - total(low)) / (high - low)
-        quarter = (high - low) // 4
-        middle = min(max(int(low + (limit - total(low)) / slope), low + quarter),
-                     high - quarter)
-      middle = min(max(middle // step * step, low + step), high - step)
-      if fits(middle):
-        low = middle
-      else:
-        high = middle
-    return low
+    best = batch_search.largest_batch(compile_at, start,
+                                      self.target.tpu_slice.generation.hbm_bytes, results)
+    return best, batch_search.trials(results)
