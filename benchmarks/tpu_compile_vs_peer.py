@@ -211,8 +211,11 @@ class Sides:
       report = self.ours(per_chip)
       held = report["per_chip_bytes"][self.key].get("total")
       print(f"  bertjax, {per_chip} a chip: {_verdict(report['fits'], held)}", flush=True)
+      flops = report["flops_per_step"].get(self.key)
       return {"fits": report["fits"], "per_chip_bytes": report["per_chip_bytes"][self.key],
               "xla_hbm_limit_bytes": report.get("xla_hbm_limit_bytes"),
+              **({"flops_per_chip": (flops["cost_analysis"] + flops["attention_kernels"])
+                  / self.tpu_slice.chips} if flops else {}),
               **({"error": report["errors"][self.key]} if "errors" in report else {})}
 
     def peer_at(per_chip):

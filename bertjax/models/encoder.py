@@ -102,15 +102,21 @@ class EncoderOutput:
   hidden_states: Array | None
 
 
-def remat(layer_class: type[nn.Module], policy_name: str) -> type[nn.Module]:
+def remat(layer_class: type[nn.Module], policy_name: str, scanned: bool) -> type[nn.Module]:
   """`layer_class` rematerialised in the backward pass by the named policy
   (`EncoderConfig.remat_policy`); its __call__ is (self, x, segments,
-  deterministic, ...)."""
+  deterministic, ...). `scanned`: whether it runs inside `nn.scan`.
+
+  Outside a scan, XLA would find the backward pass's recomputation the same
+  as the forward pass's computation and keep one of them (common
+  subexpressions), undoing the remat: `prevent_cse` stops it there. Inside a
+  scan, the two are in different loops, and the barrier would only cost.
+  """
   if policy_name == "none":
     return layer_class
   policy = None if policy_name == "full" else getattr(jax.checkpoint_policies, policy_name)
   # Argument 3 of __call__(self, x, segments, deterministic) is a Python bool.
-  return nn.remat(layer_class, policy=policy, prevent_cse=False, static_argnums=(3,))
+  return nn.remat(layer_class, policy=policy, prevent_cse=not scanned, static_argnums=(3,))
 
 
 class _ScanStep(nn.Module):
@@ -120,7 +126,7 @@ class _ScanStep(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array, segments: Segments, deterministic: bool):
-    layer = remat(TransformerLayer, self.config.remat_policy)
+    layer = remat(TransformerLayer, self.config.remat_policy, scanned=True)
     x = layer(self.config, name="layer")(x, segments, deterministic)
     return x, (x if self.config.return_hidden_states else None)
 
@@ -153,7 +159,7 @@ class BertEncoder(nn.Module):
           metadata_params={nn.PARTITION_NAME: SCANNED_LAYERS},
       )(config)
     else:
-      layer = remat(TransformerLayer, config.remat_policy)
+      layer = remat(TransformerLayer, config.remat_policy, scanned=False)
       self.layers = [layer(config) for _ in range(config.num_layers)]
     if self.add_summary:
       self.pooler = dense(config, config.hidden_size, config.hidden_size, ("embed", "mlp"),

@@ -152,7 +152,7 @@ class _ScanBlock(nn.Module):
     every = self.config.global_attention_every
     outputs = []
     for j in range(every):
-      layer = remat(ModernLayer, self.config.remat_policy)
+      layer = remat(ModernLayer, self.config.remat_policy, scanned=True)
       x = layer(self.config, local=j < every - 1, name=f"layers_{j}")(
           x, segments, deterministic, rotary)
       outputs.append(x)
@@ -204,7 +204,7 @@ class ModernBertEncoder(nn.Module):
   def setup(self):
     config = self.config
     self.embeddings = Embeddings(config)
-    layer = remat(ModernLayer, config.remat_policy)
+    layer = remat(ModernLayer, config.remat_policy, scanned=False)  # outside the scan
     blocks, tail = block_plan(config)
     if self.scanned:
       # Named as in the looped layout: layers_0, and the tail's own numbers.

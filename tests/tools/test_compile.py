@@ -544,6 +544,26 @@ def test_v5e_slice_scanned_layers_count_every_iteration():
 
 
 @needs_libtpu
+def test_remat_of_looped_layers_frees_memory_for_more_work():
+  """Looped (unscanned) layers rematerialised: the compiled step holds less
+  and computes the forward pass again, rather than XLA merging the
+  recomputation back into the forward pass."""
+  figures = {}
+  for policy in ("none", "full"):
+    result, report = run_tool("--config=configs/demo.py", "--topology=v5litepod-4", *TINY,
+                              "--eval=false", "--config.train.long_from_step=-1",
+                              "--config.train.batch_size=256",
+                              "--config.train.max_seq_length=128",
+                              "--config.train.max_predictions=20",
+                              f"--config.model.remat_policy={policy}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures[policy] = (report["per_chip_bytes"]["train_128"]["temporaries"],
+                       report["flops_per_step"]["train_128"]["cost_analysis"])
+  assert figures["full"][0] < 0.6 * figures["none"][0], figures
+  assert figures["full"][1] > 1.2 * figures["none"][1], figures
+
+
+@needs_libtpu
 def test_two_slices_sum_gradients_over_the_data_center_network():
   """The trainer's own mesh (`sharding.make_mesh`) over two slices: the data
   axis spans them, and the gradient sums cross between slices."""

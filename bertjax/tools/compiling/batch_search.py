@@ -72,8 +72,10 @@ def largest_batch(compile_at: Callable[[int], Result], start: int, hbm_bytes: in
 
 
 def trials(results: dict[int, Result]) -> list[dict[str, Any]]:
-  """Every batch compiled: whether it fit, its total bytes and XLA's refusal."""
+  """Every batch compiled: whether it fit, its total bytes, its FLOPs a chip
+  where the result has them (XLA recomputes to fit a step, which they show)
+  and XLA's refusal."""
   return [{"per_chip_batch": size, "fits": result["fits"],
            "total_bytes": result["per_chip_bytes"].get("total"),
-           **({"error": result["error"]} if "error" in result else {})}
+           **{key: result[key] for key in ("flops_per_chip", "error") if key in result}}
           for size, result in sorted(results.items())]
