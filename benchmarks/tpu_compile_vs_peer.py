@@ -188,7 +188,8 @@ class Sides:
                 f"--config.train.max_seq_length={args.seq_len}",
                 f"--config.train.max_predictions={self.predictions}",
                 "--config.train.long_from_step=-1", "--config.model.scan_layers=false",
-                f"--config.model.remat_policy={'full' if args.remat else 'none'}"], dump_dir)
+                f"--config.model.remat_policy={'full' if args.remat else 'none'}",
+                *(f"--config.{setting}" for setting in args.bertjax_setting)], dump_dir)
 
   def peer(self, per_chip: int, dump_dir: str | None = None) -> dict:
     args, tpu_slice = self.args, self.tpu_slice
@@ -229,6 +230,8 @@ class Sides:
 
     found = {}
     for side, compile_at in (("bertjax", ours_at), ("peer", peer_at)):
+      if side not in self.args.sides.split(","):
+        continue
       results = {}
       best = batch_search.largest_batch(compile_at, self.args.per_chip_batch,
                                         self.tpu_slice.generation.hbm_bytes, results,
@@ -258,13 +261,18 @@ def main() -> None:
   parser.add_argument("--batch_step", type=int, default=8,
                       help="--find_max_batch searches the multiples of this (1: the exact "
                       "largest batch, a few compiles more).")
+  parser.add_argument("--bertjax_setting", action="append", default=[],
+                      help="A config setting of bertjax's step (`mesh.fsdp=-1`); repeatable.")
+  parser.add_argument("--sides", choices=("bertjax,peer", "bertjax", "peer"),
+                      default="bertjax,peer", help="With --find_max_batch, the sides searched.")
   parser.add_argument("--top", type=int, default=0,
                       help="Also list each side's operations that read and write the most "
                       "(this many), the layers' copies of one counted together.")
   parser.add_argument("--peer_python", default="/tmp/hf4/bin/python",
                       help="The Python of the venv with transformers 4.57.6 and jax[tpu].")
   args = parser.parse_args()
-  if not os.path.exists(args.peer_python):
+  peer_needed = "peer" in args.sides.split(",") or not args.find_max_batch
+  if peer_needed and not os.path.exists(args.peer_python):
     sys.exit(f"--peer_python={args.peer_python} does not exist: make the peer's venv first "
              "(see this script's docstring)")
   for name in ("per_chip_batch", "batch_step"):
@@ -279,14 +287,18 @@ def main() -> None:
   if args.find_max_batch:
     print(f"{args.model} at {args.seq_len} tokens on {args.topology} "
           f"({tpu_slice.generation.hbm_bytes / 2**30:.2f} GiB a chip)"
-          f"{', layers recomputed' if args.remat else ''}: the largest batch a chip holds",
+          f"{', layers recomputed' if args.remat else ''}"
+          f"{''.join(', ' + setting for setting in args.bertjax_setting)}: "
+          "the largest batch a chip holds",
           flush=True)
     found = sides.search()
-    ours, peer = (found[side]["max_per_chip_batch"] for side in ("bertjax", "peer"))
-    print(f"largest per-chip batch: bertjax {ours}, peer {peer}"
-          + (f" ({ours / peer:.2f}x)" if peer else ""))
+    best = {side: found[side]["max_per_chip_batch"] for side in found}
+    print("largest per-chip batch: " + ", ".join(f"{side} {n}" for side, n in best.items())
+          + (f" ({best['bertjax'] / best['peer']:.2f}x)" if best.get("peer") and
+             "bertjax" in best else ""))
     print(json.dumps({"model": args.model, "topology": args.topology, "seq_len": args.seq_len,
-                      "remat": args.remat, "hbm_bytes": tpu_slice.generation.hbm_bytes,
+                      "remat": args.remat, "bertjax_settings": args.bertjax_setting,
+                      "hbm_bytes": tpu_slice.generation.hbm_bytes,
                       **found}))
     return
   chips = tpu_slice.chips
