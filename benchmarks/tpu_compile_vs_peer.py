@@ -271,6 +271,7 @@ def main() -> None:
   parser.add_argument("--peer_python", default="/tmp/hf4/bin/python",
                       help="The Python of the venv with transformers 4.57.6 and jax[tpu].")
   args = parser.parse_args()
+  args.peer_python = os.path.abspath(args.peer_python)  # the compiles run in the checkout
   peer_needed = "peer" in args.sides.split(",") or not args.find_max_batch
   if peer_needed and not os.path.exists(args.peer_python):
     sys.exit(f"--peer_python={args.peer_python} does not exist: make the peer's venv first "
@@ -360,4 +361,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-  main()
+  try:
+    main()
+  except KeyboardInterrupt:  # the compiles, in this process group, stop with it
+    print("interrupted: nothing was written", file=sys.stderr)
+    sys.exit(130)
