@@ -85,12 +85,18 @@ def example_batch(vocab_size: int, batch: int = 3, length: int = 11, seed: int =
 
 
 def write_tiny_checkpoint(directory, num_layers: int = 2) -> str:
-  """A Hugging Face BERT directory: L`num_layers`/H32, random weights, the test vocabulary."""
+  """A Hugging Face BERT directory: L`num_layers`/H32, the test vocabulary, and
+  random weights drawn from a fixed seed (the same whichever tests ran before
+  in the process, which would otherwise have moved torch's generator)."""
+  import torch
   import transformers
 
-  transformers.BertForPreTraining(transformers.BertConfig(
-      vocab_size=210, hidden_size=32, num_hidden_layers=num_layers, num_attention_heads=2,
-      intermediate_size=64, max_position_embeddings=64)).save_pretrained(directory)
+  with torch.random.fork_rng(devices=[]):
+    torch.manual_seed(0)
+    model = transformers.BertForPreTraining(transformers.BertConfig(
+        vocab_size=210, hidden_size=32, num_hidden_layers=num_layers, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=64))
+  model.save_pretrained(directory)
   write_vocab(str(directory / "vocab.txt"))
   return str(directory)
 
