@@ -48,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 
+from bertjax import usage
 from bertjax.tools.compiling import batch_search
 from bertjax.tools.compiling.program import out_of_memory_bytes, shape_bytes
 
@@ -230,7 +231,7 @@ class Sides:
 
     found = {}
     for side, compile_at in (("bertjax", ours_at), ("peer", peer_at)):
-      if side not in self.args.sides.split(","):
+      if self.args.sides not in ("both", side):
         continue
       results = {}
       best = batch_search.largest_batch(compile_at, self.args.per_chip_batch,
@@ -263,8 +264,8 @@ def main() -> None:
                       "largest batch, a few compiles more).")
   parser.add_argument("--bertjax_setting", action="append", default=[],
                       help="A config setting of bertjax's step (`mesh.fsdp=-1`); repeatable.")
-  parser.add_argument("--sides", choices=("bertjax,peer", "bertjax", "peer"),
-                      default="bertjax,peer", help="With --find_max_batch, the sides searched.")
+  parser.add_argument("--sides", choices=("both", "bertjax", "peer"), default="both",
+                      help="With --find_max_batch, the sides searched.")
   parser.add_argument("--top", type=int, default=0,
                       help="Also list each side's operations that read and write the most "
                       "(this many), the layers' copies of one counted together.")
@@ -272,7 +273,7 @@ def main() -> None:
                       help="The Python of the venv with transformers 4.57.6 and jax[tpu].")
   args = parser.parse_args()
   args.peer_python = os.path.abspath(args.peer_python)  # the compiles run in the checkout
-  peer_needed = "peer" in args.sides.split(",") or not args.find_max_batch
+  peer_needed = args.sides != "bertjax" or not args.find_max_batch
   if peer_needed and not os.path.exists(args.peer_python):
     sys.exit(f"--peer_python={args.peer_python} does not exist: make the peer's venv first "
              "(see this script's docstring)")
@@ -361,8 +362,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-  try:
-    main()
-  except KeyboardInterrupt:  # the compiles, in this process group, stop with it
-    print("interrupted: nothing was written", file=sys.stderr)
-    sys.exit(130)
+  # Ctrl-C, SIGTERM or SIGHUP: the running compile is killed (subprocess.run
+  # kills its child on the way out), and the script ends in one line.
+  usage.stop_as_ctrl_c()
+  usage.run(main, "nothing was written, and the compile running was stopped")

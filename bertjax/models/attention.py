@@ -255,9 +255,16 @@ def _splash_kernel(heads: int, length: int, causal: bool, interpret: bool,
   from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
   block = SPLASH_BLOCK
+  # One block of keys (128 tokens): the backward is one kernel, making dq with
+  # dk and dv, so q, k, v and dO are read and the scores computed again once,
+  # not twice. Over more blocks, that kernel writes a partial dq a block of
+  # keys, in q's dtype, summed outside: more memory and more roundings than
+  # the dq kernel's float32 sum.
+  fused = length <= block
   sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
                             block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
-                            block_q_dq=block, block_kv_dq=block)
+                            **({} if fused else dict(block_q_dq=block, block_kv_dq=block)),
+                            use_fused_bwd_kernel=fused)
   if window is not None:  # keys at most `window` away (before the query only, if causal)
     head_mask = splash.LocalMask((length, length), (window, 0 if causal else window), 0)
   elif causal:
