@@ -21,7 +21,9 @@ Kernels (`EncoderConfig.attention_impl`):
 - "splash": the Pallas splash attention kernel of TPUs with segment ids,
   under `shard_map` on the mesh; interpreted on CPUs (tests). Rows are padded
   to its tiles (multiples of 128 tokens), so "auto" takes it only for lengths
-  that need no padding.
+  that need no padding. Rows of one tile (128 tokens) take bertjax's
+  one-block kernels instead (`block_attention`): the same softmax, with less
+  kept for the backward pass and one backward kernel.
 - "auto": `choose` picks per call: splash on TPU, cuDNN on GPU (where it can
   run the call), XLA otherwise, and XLA whenever attention dropout is on
   (fused kernels have none).
@@ -38,6 +40,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax import errors
+from bertjax.models import block_attention
 from bertjax.models.config import ATTENTION_FUSED, ATTENTION_IMPLEMENTATIONS
 
 Array = jax.Array
@@ -255,16 +258,9 @@ def _splash_kernel(heads: int, length: int, causal: bool, interpret: bool,
   from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
   block = SPLASH_BLOCK
-  # One block of keys (128 tokens): the backward is one kernel, making dq with
-  # dk and dv, so q, k, v and dO are read and the scores computed again once,
-  # not twice. Over more blocks, that kernel writes a partial dq a block of
-  # keys, in q's dtype, summed outside: more memory and more roundings than
-  # the dq kernel's float32 sum.
-  fused = length <= block
   sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
                             block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
-                            **({} if fused else dict(block_q_dq=block, block_kv_dq=block)),
-                            use_fused_bwd_kernel=fused)
+                            block_q_dq=block, block_kv_dq=block)
   if window is not None:  # keys at most `window` away (before the query only, if causal)
     head_mask = splash.LocalMask((length, length), (window, 0 if causal else window), 0)
   elif causal:
@@ -292,10 +288,13 @@ def _splash(query: Array, key: Array, value: Array, segments: Segments, causal: 
     if pad:
       q, k, v = (jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0))) for x in (q, k, v))
       q_ids, kv_ids = (jnp.pad(ids, ((0, 0), (0, pad))) for ids in (q_ids, kv_ids))
-    kernel = _splash_kernel(q.shape[2], q.shape[1], causal, interpret, window)
     heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # [b, h, t, d]
-    out = jax.vmap(kernel)(heads_first(q * scale), heads_first(k), heads_first(v),
-                           splash.SegmentIds(q_ids, kv_ids))
+    q, k, v = heads_first(q * scale), heads_first(k), heads_first(v)
+    if q.shape[2] == block_attention.BLOCK:
+      out = block_attention.block_attention(q, k, v, q_ids, kv_ids, causal, window, interpret)
+    else:
+      kernel = _splash_kernel(q.shape[1], q.shape[2], causal, interpret, window)
+      out = jax.vmap(kernel)(q, k, v, splash.SegmentIds(q_ids, kv_ids))
     return heads_first(out)[:, :length]
 
   if jax.sharding.get_abstract_mesh().empty:

@@ -20,12 +20,20 @@ from bertjax.models.encoder import restarting_positions
 BATCH, LENGTH, HEADS, HEAD_DIM = 4, 128, 4, 16
 
 
-def _segments(packed: bool) -> attention.Segments:
-  if not packed:  # rows of 128, 100, 61 and 7 real tokens, padding at the end
-    mask = np.arange(LENGTH)[None] < np.array([128, 100, 61, 7])[:, None]
+# The rows' real tokens: unpacked (one sequence, padding at the end) and
+# packed (sequences in order, then padding), by length: rows of 128 take the
+# one-block kernel under "splash", longer rows splash's own.
+ROWS = {128: ([128, 100, 61, 7], [[128], [50, 40, 38], [5, 60, 3], [30]]),
+        256: ([256, 200, 61, 7], [[256], [50, 140, 38], [5, 160, 3, 60], [30]])}
+
+
+def _segments(packed: bool, length: int = LENGTH) -> attention.Segments:
+  unpacked_rows, packed_rows = ROWS[length]
+  if not packed:
+    mask = np.arange(length)[None] < np.array(unpacked_rows)[:, None]
     return attention.Segments.unpacked(jnp.asarray(mask, jnp.int32))
-  ids = np.zeros((BATCH, LENGTH), np.int32)
-  for row, lengths in enumerate([[128], [50, 40, 38], [5, 60, 3], [30]]):
+  ids = np.zeros((BATCH, length), np.int32)
+  for row, lengths in enumerate(packed_rows):
     start = 0
     for segment, n in enumerate(lengths, 1):
       ids[row, start:start + n] = segment
@@ -33,15 +41,15 @@ def _segments(packed: bool) -> attention.Segments:
   return attention.Segments.from_ids(jnp.asarray(ids))
 
 
-def _qkv(seed=0, dtype=jnp.float32):
+def _qkv(seed=0, dtype=jnp.float32, length=LENGTH):
   rng = np.random.default_rng(seed)
-  return tuple(jnp.asarray(rng.normal(size=(BATCH, LENGTH, HEADS, HEAD_DIM)), dtype)
+  return tuple(jnp.asarray(rng.normal(size=(BATCH, length, HEADS, HEAD_DIM)), dtype)
                for _ in range(3))
 
 
 def _loss(kernel, segments, causal):
-  weights = jnp.cos(jnp.arange(BATCH * LENGTH * HEADS * HEAD_DIM)).reshape(
-      BATCH, LENGTH, HEADS, HEAD_DIM)
+  shape = (BATCH, segments.queries.shape[1], HEADS, HEAD_DIM)
+  weights = jnp.cos(jnp.arange(np.prod(shape))).reshape(shape)
   real = segments.real_queries()[:, :, None, None]
 
   def loss(q, k, v):
@@ -52,10 +60,11 @@ def _loss(kernel, segments, causal):
 
 @pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("implementation", ["dot_product", "splash"])
-def test_kernel_matches_softmax_attention(implementation, causal, packed):
-  segments = _segments(packed)
-  q, k, v = _qkv()
+@pytest.mark.parametrize("implementation, length", [("dot_product", 128), ("splash", 128),
+                                                    ("splash", 256)])
+def test_kernel_matches_softmax_attention(implementation, length, causal, packed):
+  segments = _segments(packed, length)
+  q, k, v = _qkv(length=length)
   fused = lambda q, k, v, s, c: attention.fused(implementation, q, k, v, s, c)
   got = jax.jit(fused, static_argnums=4)(q, k, v, segments, causal)
   expected = attention.reference(q, k, v, segments, causal)
@@ -66,22 +75,46 @@ def test_kernel_matches_softmax_attention(implementation, causal, packed):
     np.testing.assert_allclose(g, e, atol=1e-4, err_msg=name)
 
 
+@pytest.mark.parametrize("length", [128, 256])
+def test_splash_in_bfloat16_as_tpus_run_it(length):
+  """bfloat16 inputs, as a TPU run gives them: outputs and gradients within
+  bfloat16's rounding of float32 attention over the same inputs, for the
+  one-block kernel (128) and splash's (256) alike."""
+  segments = _segments(True, length)
+  q, k, v = _qkv(seed=2, dtype=jnp.bfloat16, length=length)
+  fused = lambda q, k, v, s, c: attention.fused("splash", q, k, v, s, c)
+  got = jax.jit(fused, static_argnums=4)(q, k, v, segments, True)
+  assert got.dtype == jnp.bfloat16
+  wide = [x.astype(jnp.float32) for x in (q, k, v)]
+  np.testing.assert_allclose(got.astype(jnp.float32),
+                             attention.reference(*wide, segments, True), atol=2e-2)
+  grads = jax.jit(jax.grad(_loss(fused, segments, True), (0, 1, 2)))(q, k, v)
+  expected = jax.grad(_loss(attention.reference, segments, True), (0, 1, 2))(*wide)
+  for name, g, e in zip("qkv", grads, expected):
+    assert g.dtype == jnp.bfloat16
+    scale = float(jnp.abs(e).max())
+    np.testing.assert_allclose(g.astype(jnp.float32), e, atol=2e-2 * scale, err_msg=name)
+
+
 @pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("implementation", ["dot_product", "splash"])
-def test_local_window_matches_softmax_attention(implementation, causal, packed):
-  """Local attention (ModernBERT's): keys at most 40 positions away, over 3
-  of splash's tiles, so that it skips the blocks outside the band."""
-  length, window = 3 * attention.SPLASH_BLOCK, 40
+@pytest.mark.parametrize("implementation, length", [("dot_product", 384), ("splash", 384),
+                                                    ("splash", 128)])
+def test_local_window_matches_softmax_attention(implementation, length, causal, packed):
+  """Local attention (ModernBERT's): keys at most 40 positions away; over 3
+  of splash's tiles, so that it skips the blocks outside the band, and in the
+  one-block kernel's single block."""
+  window = 40
   rng = np.random.default_rng(3)
   q, k, v = (jnp.asarray(rng.normal(size=(2, length, 2, HEAD_DIM)), jnp.float32)
              for _ in range(3))
-  if packed:  # sequences of 200, 150 and 20 tokens, then padding
-    ids = np.repeat([1, 2, 3, 0], [200, 150, 20, length - 370])
+  if packed:  # sequences of 200, 150 and 20 tokens (60, 40, 20 in 128), then padding
+    lengths = [200, 150, 20] if length > 128 else [60, 40, 20]
+    ids = np.repeat([1, 2, 3, 0], lengths + [length - sum(lengths)])
     segments = attention.Segments.from_ids(jnp.asarray(np.stack([ids, ids[::-1] * 0 + 1])))
   else:
     segments = attention.Segments.unpacked(jnp.asarray(
-        np.arange(length)[None] < np.array([[length], [300]]), jnp.int32))
+        np.arange(length)[None] < np.array([[length], [length * 3 // 4]]), jnp.int32))
   fused = lambda q, k, v: attention.fused(implementation, q, k, v, segments, causal, window)
   expected = lambda q, k, v: attention.reference(q, k, v, segments, causal, window)
   np.testing.assert_allclose(jax.jit(fused)(q, k, v), expected(q, k, v), atol=2e-5)
@@ -128,9 +161,10 @@ def test_packed_sequences_do_not_see_each_other():
 
 
 @pytest.mark.parametrize("packed", [False, True])
-def test_splash_under_shard_map_on_the_mesh(packed):
-  segments = _segments(packed)
-  q, k, v = _qkv(seed=1)
+@pytest.mark.parametrize("length", [128, 256])
+def test_splash_under_shard_map_on_the_mesh(length, packed):
+  segments = _segments(packed, length)
+  q, k, v = _qkv(seed=1, length=length)
   mesh = sharding.make_mesh((2, 2, 2))
   rules = (("batch", ("data", "fsdp")), ("heads", "tensor"), ("length", None), ("kv", None))
   spec = jax.NamedSharding(mesh, jax.P(("data", "fsdp"), None, "tensor", None))

@@ -7,8 +7,8 @@ padded rows, recomputation (`remat_policy`), each loop iteration (XLA's cost
 analysis counts a loop's body once), and the Pallas splash attention kernels
 XLA cannot see, block by block. Those kernels compute 9 products of a block
 where XLA's attention computes 6 (the backward kernels compute the scores
-and their gradient again; 7 where the keys are one block and one backward
-kernel makes every gradient), and skip the blocks their block mask marks
+and their gradient again; bertjax's one-block kernels, for rows of 128
+tokens, 7), and skip the blocks their block mask marks
 empty: above a causal diagonal, outside a ModernBERT local layer's band. The
 masks are constants of the jaxpr, followed here into the calls, loops and
 `shard_map`s that use them, so each kernel call is counted with its own
