@@ -21,9 +21,9 @@ Kernels (`EncoderConfig.attention_impl`):
 - "splash": the Pallas splash attention kernel of TPUs with segment ids,
   under `shard_map` on the mesh; interpreted on CPUs (tests). Rows are padded
   to its tiles (multiples of 128 tokens), so "auto" takes it only for lengths
-  that need no padding. Rows of one tile (128 tokens) take bertjax's
-  one-block kernels instead (`block_attention`): the same softmax, with less
-  kept for the backward pass and one backward kernel.
+  that need no padding. Rows of at most one tile (padded to 128 tokens) take
+  bertjax's one-block kernels instead (`block_attention`): the same softmax,
+  with less kept for the backward pass and one backward kernel.
 - "auto": `choose` picks per call: splash on TPU, cuDNN on GPU (where it can
   run the call), XLA otherwise, and XLA whenever attention dropout is on
   (fused kernels have none).

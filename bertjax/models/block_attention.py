@@ -1,4 +1,4 @@
-"""Attention over rows of one block (at most 128 tokens): TPU Pallas kernels.
+"""Attention over rows of one block (128 tokens): TPU Pallas kernels.
 
 Where the keys of a row fit one [128, 128] block of scores, attention needs
 none of a flash kernel's machinery: no running maximum across blocks, no
@@ -12,15 +12,14 @@ program then reads again to compact it.
 
 The forward kernel computes the scores q k^T, masks them, and writes the
 output and the log-sum-exp. The backward kernel computes the transposed
-scores k q^T again (keys on sublanes, so that the log-sum-exp and the rows'
-output x gradient sums broadcast as rows) and from them the gradients of
-the values, the keys and the queries: 5 products of the block, where
-splash's backward computes 7 in two kernels (one for the queries' gradient,
-one for the keys' and values').
+scores k q^T again (keys on sublanes, so that the log-sum-exp and the
+queries' output x gradient sums broadcast along them) and from them the
+gradients of the values, the keys and the queries, 5 products of the block,
+and the output x gradient sums (splash takes those from XLA, outside).
 
-Queries and keys are [batch, heads, length, head_dim] (heads first), the
-length 128 (rows padded to it with segment id 0); the queries already
-scaled. Interpreted on CPUs (tests).
+Queries, keys and values are [batch, heads, 128, head_dim] (heads first:
+`attention._splash` pads shorter rows to 128 with segment id 0); the queries
+already scaled. Interpreted on CPUs (tests).
 """
 
 from __future__ import annotations
@@ -56,8 +55,8 @@ def _allowed(row_ids: Array, column_ids: Array, causal: bool, window: int | None
     queries, keys = (columns, rows) if keys_on_rows else (rows, columns)
     if causal:
       allowed &= keys <= queries
-    if window is not None:
-      allowed &= jnp.abs(queries - keys) <= window
+    if window is not None:  # as splash's LocalMask: no integer abs
+      allowed &= (keys >= queries - window) & (keys <= queries + window)
   return allowed
 
 
@@ -68,7 +67,9 @@ def _as_row(column: Array) -> Array:
 
 def _forward_kernel(q_ids_ref, kv_ids_ref, q_ref, k_ref, v_ref, out_ref, lse_ref, *,
                     causal: bool, window: int | None):
-  q, k = q_ref[...], k_ref[...]  # [128, head_dim]
+  """One (row, head): ids [128, 128] (queries across the lanes) and [8, 128]
+  (keys); q, k, v and out [128, head_dim]; lse [1, 128]."""
+  q, k = q_ref[...], k_ref[...]
   scores = jax.lax.dot_general(q, k, _NT, preferred_element_type=jnp.float32)  # [q, k]
   allowed = _allowed(q_ids_ref[...], kv_ids_ref[:1, :], causal, window, keys_on_rows=False)
   scores = jnp.where(allowed, scores, _MASKED)
@@ -83,8 +84,11 @@ def _forward_kernel(q_ids_ref, kv_ids_ref, q_ref, k_ref, v_ref, out_ref, lse_ref
 
 def _backward_kernel(q_ids_ref, kv_ids_ref, q_ref, k_ref, v_ref, out_ref, lse_ref, d_out_ref,
                      dq_ref, dk_ref, dv_ref, *, causal: bool, window: int | None):
+  """One (row, head): ids [8, 128] (queries) and [128, 128] (keys across the
+  lanes); the [128, head_dim] arrays; lse [1, 128]."""
   q, k, v, d_out = q_ref[...], k_ref[...], v_ref[...], d_out_ref[...]
-  # The output x its gradient summed over head_dim: softmax's backward term, a row.
+  # Each query's output x its gradient, summed over head_dim: softmax's
+  # backward term, [q, 1], made a row below.
   dot = (out_ref[...].astype(jnp.float32) * d_out.astype(jnp.float32)).sum(axis=-1,
                                                                           keepdims=True)
   scores = jax.lax.dot_general(k, q, _NT, preferred_element_type=jnp.float32)  # [k, q]
@@ -115,14 +119,26 @@ def _tokens(head_dim: int) -> pl.BlockSpec:
 
 
 def _as_rows(ids: Array) -> Array:
+  """[batch, 128] -> [batch, 128, 128], each id across the lanes."""
   return jnp.broadcast_to(ids[:, :, None], (*ids.shape, _LANES))
 
 
 def _as_columns(ids: Array) -> Array:
+  """[batch, 128] -> [batch, 8, 128], the ids on every sublane."""
   return jnp.broadcast_to(ids[:, None, :], (ids.shape[0], 8, ids.shape[1]))
 
 
-def _forward(q, k, v, q_ids, kv_ids, causal, window, interpret):
+def _forward(q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array, causal: bool,
+             window: int | None, interpret: bool) -> tuple[Array, Array]:
+  """The output [batch, heads, 128, head_dim] and the log-sum-exp
+  [batch, heads, 1, 128]."""
+  if not q.shape == k.shape == v.shape or q.shape[2] != BLOCK:
+    raise ValueError(f"block_attention takes rows of {BLOCK} tokens: queries, keys and "
+                     f"values [batch, heads, {BLOCK}, head_dim], not {q.shape}, {k.shape}, "
+                     f"{v.shape}")
+  if not q_ids.shape == kv_ids.shape == q.shape[::2]:
+    raise ValueError(f"block_attention: segment ids [batch, {BLOCK}], not {q_ids.shape} "
+                     f"and {kv_ids.shape}")
   batch, heads, length, head_dim = q.shape
   tokens = _tokens(head_dim)
   return pl.pallas_call(
@@ -152,7 +168,9 @@ def block_attention(q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array,
     interpret: Run the kernels in Pallas's interpreter (CPUs).
 
   Returns:
-    [batch, heads, 128, head_dim], q's dtype.
+    [batch, heads, 128, head_dim], q's dtype. A query that sees no key (a
+    padding query where no padding key is near) holds the mean of the values
+    and passes no gradient back: `attention.fused` zeroes it.
   """
   return _forward(q, k, v, q_ids, kv_ids, causal, window, interpret)[0]
 

@@ -145,6 +145,11 @@ def test_splash_pads_other_lengths_to_its_tiles(packed):
   q, k, v = (x[:, :100] for x in _qkv())
   got = attention.fused("splash", q, k, v, short, True)
   np.testing.assert_allclose(got, attention.reference(q, k, v, short, True), atol=2e-5)
+  fused = lambda q, k, v, s, c: attention.fused("splash", q, k, v, s, c)
+  grads = jax.grad(_loss(fused, short, True), (0, 1, 2))(q, k, v)
+  expected = jax.grad(_loss(attention.reference, short, True), (0, 1, 2))(q, k, v)
+  for name, g, e in zip("qkv", grads, expected):
+    np.testing.assert_allclose(g, e, atol=1e-4, err_msg=name)
 
 
 def test_packed_sequences_do_not_see_each_other():

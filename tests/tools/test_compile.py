@@ -619,6 +619,34 @@ def test_splash_attention_compiles_for_the_tpu():
 
 
 @needs_libtpu
+@pytest.mark.parametrize("config, settings", [
+    # Left to right (a causal mask), float32, heads of 128.
+    ("configs/base_pretrain.py:size=bert_tiny,ltr",
+     ["--config.model.vocab_size=512", "--config.model.dtype=float32",
+      "--config.model.num_heads=1", "--config.train.max_predictions=20"]),
+    # ModernBERT: local layers (keys at most 64 away) and global ones.
+    ("configs/modernbert_pretrain.py",
+     ["--config.model.num_layers=3", "--config.model.hidden_size=128",
+      "--config.model.num_heads=2", "--config.model.intermediate_size=256",
+      "--config.model.vocab_size=512", "--config.data.vocab_size=512",
+      "--config.train.batch_ramp_steps=0", "--config.optimizer.decay_steps=2",
+      "--config.eval.batch_size=8", "--config.train.max_predictions=65"]),
+])
+def test_one_block_kernels_compile_for_the_tpu_with_their_masks(config, settings):
+  """Rows of 128 tokens: bertjax's one-block kernels, lowered by libtpu with
+  a causal mask and with a local window, 2 calls a layer (forward, backward)."""
+  result, report = run_tool(
+      f"--config={config}", "--topology=v5litepod-8", "--eval=false", *settings,
+      "--config.model.attention_impl=splash", "--config.train.batch_size=8",
+      "--config.train.max_seq_length=128", "--config.train.long_from_step=-1",
+      "--config.train.total_steps=10", "--config.optimizer.warmup_steps=1")
+  assert result.returncode == 0, result.stderr[-3000:]
+  flops = report["flops_per_step"]["train_128"]
+  layers = 3 if "modernbert" in config else 2
+  assert flops["attention_kernel_calls"] == 2 * layers * 8  # on each of the 8 chips
+
+
+@needs_libtpu
 def test_modernbert_local_and_global_splash_kernels_compile_for_the_tpu():
   """ModernBERT's splash kernels, lowered by libtpu: the global layer's
   computes every block, the local layers' the blocks of their band only (keys
