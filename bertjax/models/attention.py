@@ -274,9 +274,11 @@ def _splash_kernel(heads: int, length: int, causal: bool, interpret: bool,
 def _splash(query: Array, key: Array, value: Array, segments: Segments, causal: bool,
             window: int | None = None) -> Array:
   """TPU splash attention, each device on its own rows and heads (`shard_map`
-  over the mesh's batch and heads axes); interpreted on CPUs. A local window
-  is splash's `LocalMask`, whose blocks wholly outside the band the kernel
-  skips; segment ids still keep packed sequences apart."""
+  over the mesh's batch and heads axes); interpreted on CPUs. Rows of one
+  block (at most 128 tokens, padded to it) take the one-block kernels
+  (`block_attention`). A local window is splash's `LocalMask`, whose blocks
+  wholly outside the band the kernel skips; segment ids still keep packed
+  sequences apart."""
   from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
   interpret = platform() == "cpu"
