@@ -67,8 +67,8 @@ def _as_row(column: Array) -> Array:
 
 def _forward_kernel(q_ids_ref, kv_ids_ref, q_ref, k_ref, v_ref, out_ref, lse_ref, *,
                     causal: bool, window: int | None):
-  """One (row, head): ids [128, 128] (queries across the lanes) and [8, 128]
-  (keys); q, k, v and out [128, head_dim]; lse [1, 128]."""
+  """One (row, head): the queries' ids [128, 128] (each across the lanes) and
+  the keys' [8, 128]; q, k, v and out [128, head_dim]; lse [1, 128]."""
   q, k = q_ref[...], k_ref[...]
   scores = jax.lax.dot_general(q, k, _NT, preferred_element_type=jnp.float32)  # [q, k]
   allowed = _allowed(q_ids_ref[...], kv_ids_ref[:1, :], causal, window, keys_on_rows=False)
@@ -84,8 +84,8 @@ def _forward_kernel(q_ids_ref, kv_ids_ref, q_ref, k_ref, v_ref, out_ref, lse_ref
 
 def _backward_kernel(q_ids_ref, kv_ids_ref, q_ref, k_ref, v_ref, out_ref, lse_ref, d_out_ref,
                      dq_ref, dk_ref, dv_ref, *, causal: bool, window: int | None):
-  """One (row, head): ids [8, 128] (queries) and [128, 128] (keys across the
-  lanes); the [128, head_dim] arrays; lse [1, 128]."""
+  """One (row, head): the queries' ids [8, 128] and the keys' [128, 128] (each
+  across the lanes); the [128, head_dim] arrays; lse [1, 128]."""
   q, k, v, d_out = q_ref[...], k_ref[...], v_ref[...], d_out_ref[...]
   # Each query's output x its gradient, summed over head_dim: softmax's
   # backward term, [q, 1], made a row below.
