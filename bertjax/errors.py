@@ -25,6 +25,10 @@ on TPU VMs) what to do next, so every failure is in one of three classes
 - an error a person must mend (any other `Error`) exits `USAGE_EXIT_CODE`, 2:
   a restart would end the same way;
 - a bug exits 1, with its traceback.
+
+On several hosts the class is agreed (`bertjax.hosts.agree`): every host ends
+with one status, never a status guessed from another host's message
+(`with_exit_status`).
 """
 
 from __future__ import annotations
@@ -160,9 +164,24 @@ def storage_unreachable(error: BaseException) -> BaseException | None:
   return None
 
 
+# Where `with_exit_status` keeps the status the hosts of a run agreed on.
+_AGREED_STATUS = "_bertjax_agreed_exit_status"
+
+
+def with_exit_status(error: BaseException, status: int) -> BaseException:
+  """`error`, ending its command with `status` whatever its own class (the
+  status every host of a run agreed on: `bertjax.hosts.agree`)."""
+  setattr(error, _AGREED_STATUS, status)
+  return error
+
+
 def exit_status(error: BaseException) -> int | None:
   """The exit status a command ends with on `error`: 42 for what a restart
-  can cure, 2 for what a person must mend, None for a bug (a traceback, 1)."""
+  can cure, 2 for what a person must mend, None for a bug (a traceback, 1);
+  the status the run's hosts agreed on where they did (`with_exit_status`)."""
+  agreed = getattr(error, _AGREED_STATUS, None)
+  if agreed is not None:
+    return agreed
   if isinstance(error, RestartableError) or storage_unreachable(error) is not None:
     return RESTART_EXIT_CODE
   return USAGE_EXIT_CODE if one_line(error) is not None else None

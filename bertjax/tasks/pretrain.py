@@ -226,11 +226,13 @@ class _Trainer:
       error = None
       try:
         state, data, _ = self.checkpointer.restore(step, target)
-      except checkpoint.DamagedCheckpointError as e:  # a mismatch stops every host alike
+      except Exception as e:  # pylint: disable=broad-except  # every host learns it
         error = e
       try:
         hosts.agree(error, f"restoring step {step}")  # damage may be one host's files
       except (checkpoint.DamagedCheckpointError, hosts.OtherHostError) as e:
+        if isinstance(e, hosts.OtherHostError) and e.kind != "DamagedCheckpointError":
+          raise  # not damage (storage that did not answer, a bug): as that host ends
         damaged.append((step, str(e)))
         continue
       if damaged:
