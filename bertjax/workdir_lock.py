@@ -19,7 +19,8 @@ naming the holder.
   renews the lock it is alive, and the run is refused; if it stays silent the
   run waits until the lock is stale and takes it over. A holder whose lock
   was taken over (it hung for longer than that) stops at once, writing
-  nothing more.
+  nothing more; a renewal refused because an earlier try of it landed (its
+  answer lost) finds its own record there, and goes on.
 
 A workload that a supervisor restarts as a whole (GKE's JobSet, through
 `launch/xpk.sh`) names itself in `BERTJAX_WORKLOAD` and, where the launcher
@@ -327,17 +328,30 @@ class _RemoteLock:
 
     while not self._stop.wait(HEARTBEAT_S):
       try:
-        self._write(self._generation)
-      except exceptions.PreconditionFailed:
-        holder, _ = self._read()
-        # Another run took the workdir over: this one must not write to it again.
-        print(f"error: the workdir lock {self.path} was taken over by {_describe(holder)} "
-              f"(this run was not heard from for over {STALE_S:.0f} s); stopping without "
-              "writing more", file=sys.stderr, flush=True)
-        os._exit(LOST_EXIT_CODE)  # pylint: disable=protected-access
+        try:
+          self._write(self._generation)
+        except exceptions.PreconditionFailed:
+          self._renewed_or_lost()
       except Exception as e:  # pylint: disable=broad-except  # tried again next time
         logging.warning("%s: renewing the workdir lock failed (%s); trying again in %.0f s",
                         self.path, e, HEARTBEAT_S)
+
+  def _renewed_or_lost(self) -> None:
+    """After a renewal refused for its generation: the lock read back says
+    whether this run holds it still (a renewal that reached the server but
+    whose answer was lost, retried with the generation it replaced) or lost
+    it to another run, which ends this one at once."""
+    holder, generation = self._read()
+    if holder is not None and generation is not None and _same_holder(holder, self._holder):
+      logging.info("%s: an earlier try of the renewal had landed (its answer was lost); "
+                   "the lock is this run's", self.path)
+      self._generation = generation
+      return
+    # Another run took the workdir over: this one must not write to it again.
+    print(f"error: the workdir lock {self.path} was taken over by {_describe(holder)} "
+          f"(this run was not heard from for over {STALE_S:.0f} s); stopping without "
+          "writing more", file=sys.stderr, flush=True)
+    os._exit(LOST_EXIT_CODE)  # pylint: disable=protected-access
 
   def release(self) -> None:
     self._stop.set()

@@ -84,3 +84,63 @@ class FakeGcs:
     """Where the server keeps an object (filesystem backend), for tests that
     look at what landed."""
     return os.path.join(self.root, "storage", url[len("gs://"):])
+
+
+class AnswerLosingProxy:
+  """An HTTP proxy on 127.0.0.1 in front of the server that can lose answers:
+  a request it is told to pick reaches the server, which acts on it, but the
+  client's connection is then closed without the answer (a network that
+  drops a response), so the client sees a connection error and retries.
+
+  Args:
+    upstream: The server's URL (`FakeGcs.url`).
+    lose: Whether to lose the answer to a request, given its method and path
+      (with its query); asked of each request until one answer was lost.
+  """
+
+  def __init__(self, upstream: str, lose):
+    import http.server
+    import threading
+
+    self.lost: list[str] = []  # "METHOD path" of the requests whose answers were lost
+    proxy = self
+    host, port = upstream.rsplit("//", 1)[1].split(":")
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+      protocol_version = "HTTP/1.1"
+
+      def log_message(self, *args):
+        del args
+
+      def _forward(self):
+        import http.client
+
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        connection = http.client.HTTPConnection(host, int(port), timeout=30)
+        headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+        connection.request(self.command, self.path, body=body, headers=headers)
+        answer = connection.getresponse()
+        data = answer.read()
+        connection.close()
+        if not proxy.lost and lose(self.command, self.path):
+          proxy.lost.append(f"{self.command} {self.path}")
+          self.close_connection = True  # acted on, never answered
+          return
+        self.send_response(answer.status)
+        for name, value in answer.getheaders():
+          if name.lower() not in ("transfer-encoding", "connection", "content-length"):
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+      do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _forward
+
+    self._server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+    self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+    self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+    self._thread.start()
+
+  def close(self) -> None:
+    self._server.shutdown()
+    self._server.server_close()

@@ -205,3 +205,29 @@ def test_a_holder_whose_lock_was_taken_over_stops_without_writing(gcs):
   assert code == workdir_lock.LOST_EXIT_CODE, stderr
   assert "was taken over by process 7 on another-host" in stderr
   assert "released" not in first.stdout.read()  # it stopped where it was
+
+
+def test_a_renewal_whose_answer_was_lost_keeps_the_lock(gcs):
+  """A renewal that reached the server but whose answer was lost is retried
+  with the generation it replaced, and refused: the lock read back is the
+  run's own, so the run goes on (it does not stop as if taken over)."""
+  from urllib.parse import parse_qs, urlsplit
+
+  from tests.gcs import AnswerLosingProxy
+
+  def renewal(method, path):  # an upload only if the lock's generation is the known one
+    match = parse_qs(urlsplit(path).query).get("ifGenerationMatch", ["0"])[0]
+    return method == "POST" and match != "0"
+
+  proxy = AnswerLosingProxy(gcs.url, lose=renewal)
+  workdir = gcs.url_of("locks/lost-answer")
+  try:
+    holder = _holder(workdir, heartbeat_s=0.3, seconds=4.0,
+                     env={**gcs.env, "STORAGE_EMULATOR_HOST": proxy.url})
+    code = holder.wait(timeout=60)
+  finally:
+    proxy.close()
+  stderr = holder.stderr.read()
+  assert proxy.lost, "no renewal's answer was lost"
+  assert code == 0 and "released" in holder.stdout.read(), stderr
+  assert "taken over" not in stderr
