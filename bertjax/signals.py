@@ -3,8 +3,10 @@ terminal closed) during training."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
+import threading
 import time
 from typing import Any
 
@@ -27,14 +29,24 @@ class StopRequests:
   With one process the handlers set `requested`, which the loop checks after
   each step. With several, the hosts must agree on the step to save at, which
   JAX's preemption sync point provides: its own SIGTERM handler (installed by
-  `jax.distributed`) stays in place, and Ctrl-C is passed on to it as SIGTERM.
+  `jax.distributed`) is called as SIGTERM lands, and Ctrl-C is passed on to
+  it as SIGTERM.
+
+  Either way `signalled` is the moment the signal landed on this host, so
+  that the grace left is counted from there (`bertjax.tasks.pretrain_stop`),
+  not from the step at which the loop or the hosts act on it.
   """
 
   def __init__(self, multi_process: bool):
     self.requested: str | None = None  # "SIGTERM", "Ctrl-C" or "SIGHUP"
-    self.signalled: float | None = None  # when (time.monotonic()), for the grace left
+    # When the first stop signal landed (time.monotonic()), for the grace left:
+    # noted by a thread as it lands, since on several hosts the loop hears of a
+    # SIGTERM only at the later step the hosts agree on.
+    self.signalled: float | None = None
     self._multi_process = multi_process
     self._previous: dict[int, Any] = {}
+    self._native: _NativeHandler | None = None
+    self._watcher: _ArrivalWatcher | None = None
     self.training = False  # whether this run's first step is under way
 
   def begin_training(self) -> None:
@@ -43,15 +55,24 @@ class StopRequests:
     self.training = True
 
   def __enter__(self):
-    signals = [signal.SIGINT] + ([] if self._multi_process else [signal.SIGTERM])
+    signals = [signal.SIGINT, signal.SIGTERM]
     if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
       signals.append(signal.SIGHUP)
-    for signum in signals:
-      try:
-        self._previous[signum] = signal.signal(signum, self._handle)
-      except ValueError:  # not the main thread: rely on JAX's sync point only
-        pass
+    if threading.current_thread() is not threading.main_thread():
+      return self  # rely on JAX's sync point only
+    for signum in signals:  # (SIGINT first: Python's handler of it is known here)
+      if signum == signal.SIGTERM and self._multi_process:
+        # JAX's own handler, which hears SIGTERM for its sync point.
+        self._native = _NativeHandler.of(signal.SIGTERM, python_handled=signal.SIGINT)
+      self._previous[signum] = signal.signal(signum, self._handle)
+    self._watcher = _ArrivalWatcher(self)
     return self
+
+  def _arrived(self, signum: int) -> None:
+    """A stop signal has just landed (called by the watcher thread)."""
+    self.signalled = self.signalled or time.monotonic()
+    if signum == signal.SIGTERM and self._native is not None:
+      self._native.call(signum)  # JAX's sync point hears of it as before, at once
 
   def _handle(self, signum, frame):
     del frame
@@ -68,7 +89,7 @@ class StopRequests:
       if self._multi_process:  # the hosts agree on the step via JAX's sync point
         os.kill(os.getpid(), signal.SIGTERM)
       return
-    else:
+    if self.requested is None:  # (on several hosts, also a Ctrl-C passed on to JAX)
       logging.warning("SIGTERM: stopping at the next step, saving a checkpoint there if the "
                       "grace allows")
       self.requested = "SIGTERM"
@@ -85,4 +106,88 @@ class StopRequests:
 
   def __exit__(self, *exc):
     for signum, previous in self._previous.items():
-      signal.signal(signum, previous)
+      signal.signal(signum, signal.SIG_DFL if previous is None else previous)
+      if signum == signal.SIGTERM and self._native is not None:
+        self._native.install()  # JAX's own again (Python's view of it is stale)
+    if self._watcher is not None:
+      self._watcher.close()
+
+
+class _ArrivalWatcher:
+  """A thread that hears each stop signal as it lands: Python's handlers
+  write its number to a pipe (`signal.set_wakeup_fd`) before the main thread
+  runs them, and the thread passes it to `stop._arrived` at once."""
+
+  def __init__(self, stop: StopRequests):
+    self._read, self._write = os.pipe()
+    os.set_blocking(self._write, False)
+    self._previous_fd = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+    self._thread = threading.Thread(target=self._watch, args=(stop,), daemon=True,
+                                    name="stop signal watcher")
+    self._thread.start()
+
+  def _watch(self, stop: StopRequests) -> None:
+    while data := os.read(self._read, 64):
+      for signum in data:
+        if signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+          stop._arrived(signum)  # pylint: disable=protected-access
+
+  def close(self) -> None:
+    signal.set_wakeup_fd(self._previous_fd)
+    os.close(self._write)  # the thread reads the end of the pipe, and ends
+    self._thread.join(timeout=5)
+    os.close(self._read)
+
+
+class _SigAction(ctypes.Structure):
+  """The C library's `struct sigaction` (Linux, glibc and musl)."""
+  _fields_ = [("handler", ctypes.c_void_p), ("mask", ctypes.c_ulong * (128 // 8)),
+              ("flags", ctypes.c_int), ("restorer", ctypes.c_void_p)]
+
+
+_SA_SIGINFO = 4
+
+
+class _NativeHandler:
+  """A signal's handler installed by native code (JAX's preemption notifier
+  sets a flag on SIGTERM, which a thread of its own polls), which Python's
+  `signal` module neither sees nor can restore: kept, called and put back
+  through the C library."""
+
+  def __init__(self, signum: int, action: _SigAction):
+    self._signum, self._action = signum, action
+
+  @classmethod
+  def of(cls, signum: int, python_handled: int) -> "_NativeHandler | None":
+    """The handler of `signum`, if native code installed it.
+
+    Python's `signal.getsignal` cannot tell: it says what Python last
+    installed, though native code may have replaced it since. What the C
+    library says is compared instead with the handler of `python_handled`, a
+    signal whose handler Python installed (all of Python's go through one C
+    function).
+    """
+    libc = _libc()
+    action, python = _SigAction(), _SigAction()
+    if (libc.sigaction(signum, None, ctypes.byref(action)) != 0
+        or libc.sigaction(python_handled, None, ctypes.byref(python)) != 0):
+      return None
+    if action.handler in (None, int(signal.SIG_DFL), int(signal.SIG_IGN), python.handler):
+      return None
+    return cls(signum, action)
+
+  def call(self, signum: int) -> None:
+    if self._action.flags & _SA_SIGINFO:
+      ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(
+          self._action.handler)(signum, None, None)
+    else:
+      ctypes.CFUNCTYPE(None, ctypes.c_int)(self._action.handler)(signum)
+
+  def install(self) -> None:
+    _libc().sigaction(self._signum, ctypes.byref(self._action), None)
+
+
+def _libc() -> ctypes.CDLL:
+  libc = ctypes.CDLL(None, use_errno=True)
+  libc.sigaction.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+  return libc

@@ -29,7 +29,10 @@ def save_on_stop(stop: signals.StopRequests, clock: preemption.SaveClock,
   can still finish is waited for. Every host calls this at the same step."""
   if hosts.worst(int(stop.interrupted)):
     return True
-  signalled = stop.signalled or time.monotonic()  # pods: JAX's handler saw it
+  # The grace runs from the first host's signal (each host notes when its own
+  # landed; one whose signal has not, or which has none, counts from now).
+  since_ms = hosts.worst(int(1000 * (time.monotonic() - (stop.signalled or time.monotonic()))))
+  signalled = time.monotonic() - since_ms / 1000
   needed = clock.save_seconds()
   in_flight = bool(hosts.worst(int(checkpointer.saving())))  # the same branch on all
   left_in_flight = clock.in_flight_left() if in_flight else 0.0
