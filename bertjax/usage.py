@@ -3,8 +3,10 @@
 Each command's module ends with `usage.run_main(main)`, which
 
 - parses the flags (`parse_flags`): a flag mistake, an unknown `--config.*`
-  field included, is one line; a config is loaded and its path fields are
-  resolved (`bertjax.paths`) before `main` sees it;
+  field included, is one line; a config is loaded, its path fields are
+  resolved (`bertjax.paths`) and its numbers checked against their ranges
+  (`bertjax.config_ranges`: a value outside is one line naming the field)
+  before `main` sees it;
 - says an error bertjax words for the user (`bertjax.errors`: a setting to
   change, a file missing or damaged, a full disk, a workdir another run holds)
   as one line, `error: ...`, and exits with status 2, or 42 for a failure a
@@ -39,7 +41,7 @@ from typing import Any, Callable, Iterator, NoReturn, TypeVar
 from absl import app, flags, logging
 import ml_collections
 
-from bertjax import errors, paths, preemption
+from bertjax import config_ranges, errors, paths, preemption
 
 T = TypeVar("T")
 EXIT_CODE = errors.USAGE_EXIT_CODE
@@ -335,8 +337,10 @@ def shipped_configs(argv: list[str]) -> list[str]:
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing (pass as `app.run(main, flags_parser=usage.parse_flags)`),
   with a flag mistake, an unknown `--config.*` field included, as one line, a
-  shipped config found from any directory (`shipped_configs`), and a config's
-  path fields resolved (`bertjax.paths.resolve_config`)."""
+  shipped config found from any directory (`shipped_configs`), a config's
+  path fields resolved (`bertjax.paths.resolve_config`), and a number outside
+  its range (`bertjax.config_ranges`) one line naming the field, before
+  anything starts."""
   argv = shipped_configs(argv)
   try:
     remaining = flags.FLAGS(argv)
@@ -351,6 +355,10 @@ def parse_flags(argv: list[str]) -> list[str]:
              f"{type(config).__name__}, not a config: return the ml_collections.ConfigDict it "
              "builds (docs/configs.md)")
       paths.resolve_config(config)
+      if isinstance(config, ml_collections.ConfigDict):
+        out_of_range = config_ranges.out_of_range(config)
+        if out_of_range:
+          fail(out_of_range)
     return remaining
   except errors.Error as e:  # a config's own check (an unknown size, argument)
     fail(f"--config: {e}")

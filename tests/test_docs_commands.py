@@ -100,6 +100,10 @@ for argv, partial in commands:
       config = FLAGS.config
       if config.task not in tasks.TASKS:
         raise ValueError(f"config.task {config.task!r} is not a task")
+      from bertjax import config_ranges
+      refused = config_ranges.out_of_range(config)  # as the command's own parsing refuses
+      if refused:
+        raise ValueError(refused)
     results.append(None)
   except BaseException as e:  # argparse exits; absl raises
     results.append(f"{type(e).__name__}: {e}")

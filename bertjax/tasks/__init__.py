@@ -34,11 +34,13 @@ def run(config: Any, workdir: str) -> Any:
   """Runs `config.task` in `workdir`, which must be this run's alone.
 
   The config's paths and the workdir are resolved (`bertjax.paths`: a
-  notebook's relative paths too), the workdir is checked (not another task's
-  run, not the checkpoint the run starts from) and then locked
-  (`bertjax.workdir_lock`, once per run: by process 0, every process learning
-  the outcome) before anything is written. Storage that does not answer is
-  waited for (`bertjax.outage`) before the run gives up, restartably.
+  notebook's relative paths too), its numbers are checked against their
+  ranges (`bertjax.config_ranges`: a config built in Python too), the workdir
+  is checked (not another task's run, not the checkpoint the run starts from)
+  and then locked (`bertjax.workdir_lock`, once per run: by process 0, every
+  process learning the outcome) before anything is written. Storage that does
+  not answer is waited for (`bertjax.outage`) before the run gives up,
+  restartably.
 
   Returns:
     What the task's `run` returns (its metrics).
@@ -48,10 +50,11 @@ def run(config: Any, workdir: str) -> Any:
   from bertjax import usage
 
   jax = usage.import_held("jax")  # (a signal inside its start can crash Python)
-  from bertjax import errors, files, hosts, paths, runs, workdir_lock
+  from bertjax import config_ranges, files, hosts, paths, runs, workdir_lock
 
   module = task_module(config.task)
   paths.resolve_config(config)
+  config_ranges.check(config)
   workdir = paths.resolve(workdir)
   _waiting_out_outages(lambda: files.check_directory(workdir, "--workdir"), workdir)
   _waiting_out_outages(lambda: runs.check_workdir(config, workdir), workdir)

@@ -1,13 +1,14 @@
-"""Checks of a pre-training config before anything is compiled: batch sizes
-against the mesh, gradient accumulation and processes (the batch-size warmup's
-too), sequence lengths against the model, and every setting's range."""
+"""Checks of a pre-training config before anything is compiled: every number's
+range (`bertjax.config_ranges`), then the settings that bound each other: batch
+sizes against the mesh, gradient accumulation and processes (the batch-size
+warmup's too), sequence lengths against the model, the warmup within the run."""
 
 from __future__ import annotations
 
 import jax
 import ml_collections
 
-from bertjax import errors, sharding
+from bertjax import config_ranges, errors, sharding
 from bertjax.models import EncoderConfig, family
 from bertjax.phases import Phase, phases
 from bertjax.tasks.pretrain_data import masking_config, vocabulary_file
@@ -19,6 +20,7 @@ def validate(config: ml_collections.ConfigDict, mesh_devices: int) -> tuple[int,
   Raises:
     ValueError: saying what to change.
   """
+  config_ranges.check(config)  # (a config checked on its own: the compile tool's)
   bert = EncoderConfig.from_run_config(config)  # hidden size vs heads and the like
   family.of(bert).check_objective(config.objective)
   vocabulary_file(config, "")  # a data.tokenizer it can train
@@ -30,7 +32,7 @@ def validate(config: ml_collections.ConfigDict, mesh_devices: int) -> tuple[int,
   for phase in phases(config):
     batch = phase.batch_size
     name = "train.batch_size" if phase.index == 0 else "train.long_batch_size"
-    if accumulation < 1 or batch % accumulation:
+    if batch % accumulation:
       raise errors.UsageError(f"{name}={batch} is not divisible by "
                               f"train.accumulation_steps={accumulation}")
     if (batch // accumulation) % data_shards:
@@ -62,50 +64,11 @@ def validate(config: ml_collections.ConfigDict, mesh_devices: int) -> tuple[int,
     raise errors.UsageError(
         "data.static masks the data once, for the masked-LM objectives; the ltr "
         "objective has nothing to mask: set --config.data.static=false")
-  if config.data.static and config.data.static_dupe_factor < 1:
-    raise errors.UsageError(f"data.static_dupe_factor must be >= 1, got "
-                            f"{config.data.static_dupe_factor}")
-  if config.train.total_steps < 1:
-    raise errors.UsageError(f"train.total_steps must be positive, got {config.train.total_steps}")
-  if config.checkpoint.every_seconds < 0:
-    raise errors.UsageError(f"checkpoint.every_seconds must be >= 0 (0: save by steps only), "
-                            f"got {config.checkpoint.every_seconds}")
-  for name, value in (("checkpoint.every_steps", config.checkpoint.every_steps),
-                      ("checkpoint.max_to_keep", config.checkpoint.max_to_keep),
-                      ("log_every_steps", config.log_every_steps),
-                      ("max_consecutive_skips", config.max_consecutive_skips)):
-    if value is not None and value < 1:  # max_to_keep=None keeps every step
-      raise errors.UsageError(f"{name} must be >= 1, got {value}")
-  if config.data.worker_count < -1:
-    raise errors.UsageError(
-        f"data.worker_count={config.data.worker_count}: give the loader processes "
-        "(0: in the training process), or -1 to size them for the devices")
-  if config.data.max_sequences_per_row < 1:
-    raise errors.UsageError(
-        f"data.max_sequences_per_row={config.data.max_sequences_per_row} must be "
-        ">= 1 (1: one sequence a row; more: packed rows)")
-  eval_percent = config.data.eval_percent
-  if not 0 <= eval_percent < 100:
-    raise errors.UsageError(f"data.eval_percent={eval_percent} must be in [0, 100): the share of "
-                     "documents held out for evaluation")
-  eval_rate = config.eval.masked_lm_prob
-  if eval_rate != -1 and not 0 < eval_rate < 1:
-    raise errors.UsageError(f"eval.masked_lm_prob={eval_rate} must be in (0, 1), or -1 for "
-                            "data.masked_lm_prob's")
-  if config.eval.every_steps > 0:
-    if eval_percent == 0:
-      raise errors.UsageError("data.eval_percent=0 holds no document out, but eval.every_steps="
-                              f"{config.eval.every_steps} evaluates: hold some out or set "
-                              "--config.eval.every_steps=0")
-    if config.eval.batches < 1:
-      raise errors.UsageError(f"eval.batches must be >= 1 to evaluate, got {config.eval.batches} "
-                              "(--config.eval.every_steps=0 turns evaluation off)")
-  if config.get("price_per_chip_hour", 0.0) < 0:
-    raise errors.UsageError(f"price_per_chip_hour={config.price_per_chip_hour} must be >= 0 "
-                            "(0: no cost on the progress lines)")
+  if config.eval.every_steps > 0 and config.data.eval_percent == 0:
+    raise errors.UsageError("data.eval_percent=0 holds no document out, but eval.every_steps="
+                            f"{config.eval.every_steps} evaluates: hold some out or set "
+                            "--config.eval.every_steps=0")
   warmup, total = config.optimizer.warmup_steps, config.train.total_steps
-  if warmup < 0:
-    raise errors.UsageError(f"optimizer.warmup_steps={warmup} must be >= 0")
   if warmup >= total:  # a shortened run: the learning rate would end at its peak
     raise errors.UsageError(
         f"optimizer.warmup_steps={warmup} is the whole run (train.total_steps={total}): set "

@@ -6,8 +6,9 @@ r"""Every field of a config: its value and what it does.
 The meanings come from the configs themselves: the comment on a field's line
 or the comment block above it in the config files (`configs/`), the model's
 fields from `EncoderConfig`'s docstring, the divergence guard's from
-`configs/common.py`'s `divergence_config`. docs/configs.md's field tables are
-this command's `--docs` output for the shipped configs.
+`configs/common.py`'s `divergence_config`; each number's range from
+`bertjax.config_ranges`, which refuses a value outside it. docs/configs.md's
+field tables are this command's `--docs` output for the shipped configs.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Sequence
 from absl import flags
 import ml_collections
 
-from bertjax import errors, usage
+from bertjax import config_ranges, errors, usage
 
 _CONFIG = flags.DEFINE_string("config_path", None, "configs/NAME.py[:ARG] (a shipped config), "
                               "or a config file of your own: its fields, values and meanings.")
@@ -178,21 +179,24 @@ def load(spec: str) -> ml_collections.ConfigDict:
 
 
 def markdown(specs: Sequence[str]) -> str:
-  """A table: each field of `specs`' configs, its default and what it does
-  (those of the first config that has it)."""
-  rows: dict[str, tuple[str, str, list[str]]] = {}
+  """A table: each field of `specs`' configs, its default, its range (of a
+  number) and what it does (those of the first config that has it)."""
+  rows: dict[str, tuple[str, str, str, list[str]]] = {}
   for spec in specs:
     known = meanings(spec)
-    for field, value in leaves(load(spec)):
+    config = load(spec)
+    for field, value in leaves(config):
       if field not in rows:
-        rows[field] = (_shown(value), meaning(field, known), [])
-      rows[field][2].append(spec)
-  lines = ["| field | default | what it does |", "|---|---|---|"]
+        allowed = config_ranges.range_of(field, config.task)
+        rows[field] = (_shown(value), "" if allowed is None else str(allowed),
+                       meaning(field, known), [])
+      rows[field][3].append(spec)
+  lines = ["| field | default | range | what it does |", "|---|---|---|---|"]
   for field in sorted(rows):
-    shown, what, present = rows[field]
+    shown, allowed, what, present = rows[field]
     where = "" if len(present) == len(specs) else f" ({', '.join(present)})"
     what = what.replace("|", "\\|")
-    lines.append(f"| `{field}` | `{shown}`{where} | {what} |")
+    lines.append(f"| `{field}` | `{shown}`{where} | {allowed} | {what} |")
   return "\n".join(lines)
 
 
@@ -215,8 +219,12 @@ def main(argv):
   if not _CONFIG.value:
     raise errors.UsageError("give --config_path=configs/NAME.py[:ARG] (or --docs)")
   known = meanings(_CONFIG.value)
-  for field, value in leaves(load(_CONFIG.value)):
+  config = load(_CONFIG.value)
+  for field, value in leaves(config):
     what = meaning(field, known)
+    allowed = config_ranges.range_of(field, config.get("task"))
+    if allowed is not None:
+      what = f"{what.rstrip('.')}; must be {allowed}" if what else f"must be {allowed}"
     print(f"{field} = {value!r}" + (f"  # {what}" if what else ""))
 
 

@@ -24,7 +24,7 @@ from typing import Any
 from absl import flags, logging
 from ml_collections import config_flags
 
-from bertjax import errors, files, paths, tasks, usage
+from bertjax import config_ranges, errors, files, paths, tasks, usage
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Fine-tuning config file.",
                                           lock_config=True)
@@ -120,6 +120,14 @@ def main(argv):
     seeds = [int(v) for v in _SEEDS.value]
   except ValueError as e:
     raise errors.UsageError(f"--learning_rates takes numbers and --seeds integers: {e}")
+  # They become the runs' fields: refused as those are, before any run starts.
+  for flag, field, values in (("--learning_rates", "train.learning_rate", learning_rates),
+                              ("--seeds", "seed", seeds)):
+    allowed = config_ranges.range_of(field, _CONFIG.value.task)
+    wrong = [value for value in values if allowed is not None and value not in allowed]
+    if wrong:
+      raise errors.UsageError(f"{flag}: {wrong[0]:g} must be {allowed}, as each run's "
+                              f"config.{field}")
   files.check_directory(_WORKDIR.value, "--workdir")
   summary = sweep(_CONFIG.value, _WORKDIR.value, learning_rates, seeds)
   print(markdown_table(summary))

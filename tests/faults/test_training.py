@@ -201,10 +201,10 @@ def test_an_error_while_a_save_is_in_flight_waits_for_the_save(prepared_dir, tmp
 
 
 @pytest.mark.parametrize("changes,message", [
-    ({"checkpoint.max_to_keep": 0}, "checkpoint.max_to_keep must be >= 1, got 0"),
-    ({"eval.every_steps": 10, "eval.batches": 0}, "eval.batches must be >= 1"),
-    ({"data.eval_percent": -5.0}, r"data.eval_percent=-5.0 must be in \[0, 100\)"),
-    ({"data.eval_percent": 100.0}, r"data.eval_percent=100.0 must be in \[0, 100\)"),
+    ({"checkpoint.max_to_keep": 0}, "checkpoint.max_to_keep=0: must be >= 1"),
+    ({"eval.every_steps": 10, "eval.batches": 0}, "eval.batches=0: must be >= 1"),
+    ({"data.eval_percent": -5.0}, r"data.eval_percent=-5.0: must be in \[0, 100\)"),
+    ({"data.eval_percent": 100.0}, r"data.eval_percent=100.0: must be in \[0, 100\)"),
     ({"eval.every_steps": 10, "data.eval_percent": 0.0}, "holds no document out"),
 ])
 def test_settings_that_lose_work_or_fail_later_are_refused_first(prepared_dir, changes,

@@ -319,7 +319,7 @@ def _demo_config(prepared_dir, **changes):
     ({"train.max_predictions": 2}, "max_predictions=2 is too small for masked_lm_prob=0.15 at "
                                    "max_seq_length=32"),
     ({"optimizer.warmup_steps": 10}, r"warmup_steps=10 is the whole run \(train.total_steps=10\)"),
-    ({"optimizer.warmup_steps": -1}, "warmup_steps=-1 must be >= 0"),
+    ({"optimizer.warmup_steps": -1}, "optimizer.warmup_steps=-1: must be >= 0"),
 ])
 def test_config_errors_before_compiling(prepared_dir, changes, message):
   from bertjax.tasks import pretrain

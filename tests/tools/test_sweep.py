@@ -79,3 +79,16 @@ def test_a_run_stopped_while_its_model_is_saved_is_not_taken_as_done(tiny_hf_che
   assert os.path.isdir(os.path.join(run, "model"))
   assert summary["runs"][0]["dev"] == json.load(open(os.path.join(run, "results.json")))[
       "dev"]["accuracy"]
+
+
+def test_a_rate_or_seed_outside_its_fields_range_is_refused_before_any_run(tmp_path):
+  workdir = tmp_path / "sweep"
+  for flag, said in (("--learning_rates=2e-5,-1e-5", "--learning_rates: -1e-05 must be > 0, as "
+                      "each run's config.train.learning_rate"),
+                     ("--seeds=0,-1", "--seeds: -1 must be >= 0, as each run's config.seed")):
+    result = subprocess.run([sys.executable, "-m", "bertjax.tools.sweep",
+                             "--config=configs/glue.py:rte", f"--workdir={workdir}", flag],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines() == [f"error: {said} (--verbosity=1 shows where)"]
+    assert not workdir.exists()
