@@ -215,9 +215,11 @@ fi
 
 COMMAND="python3 -m bertjax.main$(printf ' %q' "--config=$CONFIG" "--workdir=$WORKDIR" \
   "--grace_seconds=$RUN_GRACE" ${EXTRA[@]+"${EXTRA[@]}"})"
-# BERTJAX_WORKLOAD: every restart of the workload is an attempt of the same
-# run, whose process 0 takes the workdir's lock over from the attempt before
-# at once (bertjax/workdir_lock.py); JobSet starts one only after ending the last.
+# BERTJAX_WORKLOAD names the workload in the workdir's lock. Its restart
+# attempt cannot be passed on (xpk writes --env as fixed values; JobSet's
+# restart-attempt annotation reaches a container only through the downward
+# API), so a restart takes the lock as a new run does (bertjax/workdir_lock.py):
+# at once when the attempt before released it, else once it is stale.
 XPK=(workload create --cluster="$CLUSTER" --workload="$WORKLOAD" --tpu-type="$ACCELERATOR"
      --num-slices="$SLICES" --docker-image="$IMAGE" --command="$COMMAND"
      --env="BERTJAX_WORKLOAD=$WORKLOAD"

@@ -70,9 +70,12 @@ def test_the_workload_runs_bertjax_on_every_host_of_every_slice(xpk, tmp_path, t
   pod = job["template"]["spec"]["template"]["spec"]
   (container,) = pod["containers"]
   assert container["image"] == IMAGE
-  # Each restart is an attempt of the same run: it takes the workdir's lock
-  # over from the attempt before (bertjax.workdir_lock).
+  # The workload is named in the workdir's lock (bertjax.workdir_lock). xpk
+  # writes every variable as a fixed value: no downward API, so JobSet's
+  # restart attempt cannot reach the run, and a restart takes the lock as a
+  # new run does (docs/troubleshooting.md).
   assert {"name": "BERTJAX_WORKLOAD", "value": "bert-large"} in container["env"]
+  assert all(set(item) == {"name", "value"} for item in container["env"])
   assert ("python3 -m bertjax.main --config=configs/large_pretrain.py:lamb "
           "--workdir=gs://my-bucket/runs/large --grace_seconds=10 "
           "--config.data.dir=gs://my-bucket/data/wiki" in container["command"][-1])
