@@ -22,13 +22,18 @@ naming the holder.
   nothing more; a renewal refused because an earlier try of it landed (its
   answer lost) finds its own record there, and goes on.
 
-A workload that a supervisor restarts as a whole (GKE's JobSet, through
-`launch/xpk.sh`) names itself in `BERTJAX_WORKLOAD` and, where the launcher
-passes it, its restart attempt in `BERTJAX_RESTART_ATTEMPT`: a lock held by an
-earlier attempt of the same workload is taken over at once, whichever node
-the new attempt's process 0 lands on, since the supervisor starts an attempt
-only after ending the one before. Storage that does not answer is waited for
-(`bertjax.outage`) before the run gives up, restartably.
+A workload that a supervisor restarts as a whole (GKE's JobSet) names itself
+in `BERTJAX_WORKLOAD` and its restart attempt in `BERTJAX_RESTART_ATTEMPT`
+(JobSet's `jobset.sigs.k8s.io/restart-attempt`, which a pod reads through
+the downward API): a lock whose holder names the same workload and a lower
+attempt is taken over at once, whichever node the new attempt's process 0
+lands on, since the supervisor starts an attempt only after ending the one
+before. Both numbers are needed: a holder or a caller without one (an
+operator's shell or `kubectl exec` with the workload's variable, or a
+launcher that cannot pass the attempt, as `launch/xpk.sh` cannot) is no
+evidence that the holder is over, and the holder is watched as any other.
+Storage that does not answer is waited for (`bertjax.outage`) before the run
+gives up, restartably.
 
 A multi-host run holds the lock once, on process 0 (`bertjax.tasks.run`).
 """
@@ -70,21 +75,28 @@ def _holder() -> dict[str, Any]:
 
 
 def _attempt() -> int | None:
+  """This process's restart attempt (`BERTJAX_RESTART_ATTEMPT`); None unless
+  the variable holds a number of 0 or more."""
   try:
-    return int(os.environ[ATTEMPT_VARIABLE])
+    attempt = int(os.environ[ATTEMPT_VARIABLE])
   except (KeyError, ValueError):
     return None
+  return attempt if attempt >= 0 else None
 
 
 def _earlier_attempt(holder: dict[str, Any]) -> bool:
-  """Whether the holder is an earlier attempt of this run's own workload."""
+  """Whether the holder is an earlier restart attempt of this run's own
+  workload: both name the workload and an attempt, the holder's the lower.
+
+  Only the supervisor's attempt numbers say so: the workload's name alone is
+  in any process given its variable (an operator's shell, a `kubectl exec`
+  into a live pod), which must not take a live run's lock at once.
+  """
   workload = os.environ.get(WORKLOAD_VARIABLE, "")
   if not workload or holder.get("workload") != workload:
     return False
   theirs, mine = holder.get("attempt"), _attempt()
-  if isinstance(theirs, int) and mine is not None:
-    return theirs < mine
-  return True  # one attempt runs at a time: any other holder of the workload is over
+  return isinstance(theirs, int) and mine is not None and theirs < mine
 
 
 def _boot_id() -> str:

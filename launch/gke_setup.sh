@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The cloud identity of bertjax's GKE workloads (launch/xpk.sh): a Google
-# service account that the pods act as, what it may touch, and the image
-# repository.
+# The cloud identity of bertjax's GKE workloads (launch/xpk.sh): the service
+# account of the cluster's TPU node pools, which xpk's pods act as, what it may
+# touch, and the image repository.
 set -euo pipefail
 # shellcheck source=launch/lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -10,23 +10,22 @@ usage() {
   cat <<HELP
 Usage: launch/gke_setup.sh --project=ID --zone=ZONE --cluster=CLUSTER --bucket=gs://BUCKET [flags]
 
-Gives bertjax's XPK workloads an identity, once per project and cluster:
+Gives bertjax's XPK workloads what they need, once per project and cluster. xpk runs
+TPU pods on their node's network (hostNetwork: true), where GKE's Workload Identity does
+not reach: their credentials come from the Compute Engine metadata server, so they act
+as the Google service account of their node pool. This
   1. enables the APIs (Artifact Registry, GKE, IAM and its credentials, Storage, TPU);
   2. creates the Docker repository REPO in Artifact Registry, unless it exists;
-  3. creates the Google service account SA, unless it exists (or names one: an e-mail);
-  4. grants SA roles/storage.objectAdmin on the bucket (checkpoints, metrics, logs) and
-     roles/artifactregistry.reader on REPO, and the same reader role to the nodes' service
-     account, which pulls the image (xpk's node pools run as the Compute Engine default
-     service account, PROJECT_NUMBER-compute@developer.gserviceaccount.com);
-  5. lets the pods' Kubernetes service account act as SA through Workload Identity
-     (roles/iam.workloadIdentityUser for PROJECT.svc.id.goog[NAMESPACE/KSA], and the KSA's
-     iam.gke.io/gcp-service-account annotation); xpk's pods run as the namespace's
-     "default" KSA (their serviceAccountName is empty unless xpk mounts storage, when it is
-     xpk-sa). The cluster needs Workload Identity: xpk cluster create
-     --enable-workload-identity;
-  6. lets you (the active gcloud account, or --impersonator) act as SA, for
-     launch/xpk.sh --check (roles/iam.serviceAccountTokenCreator);
-  7. lets docker push to the repository: gcloud auth configure-docker REGION-docker.pkg.dev.
+  3. finds the service account of the cluster's TPU node pools (gcloud container node-pools
+     list): xpk cluster create gives them none of their own, so they run as the Compute
+     Engine default service account, PROJECT_NUMBER-compute@developer.gserviceaccount.com,
+     unless it was given --custom-nodepool-arguments=--service-account=EMAIL;
+  4. grants that account roles/storage.objectAdmin on the bucket (checkpoints, metrics,
+     logs, the workdir's lock) and roles/artifactregistry.reader on REPO (the nodes pull
+     the image with it too);
+  5. lets you (the active gcloud account, or --impersonator) act as it, for
+     launch/xpk.sh --check (roles/iam.serviceAccountTokenCreator on it);
+  6. lets docker push to the repository: gcloud auth configure-docker REGION-docker.pkg.dev.
 
   --bucket gs://BUCKET    the bucket of the runs' workdirs (a path in it is fine)
   --cluster CLUSTER       BERTJAX_XPK_CLUSTER       the GKE cluster (xpk cluster create)
@@ -35,16 +34,14 @@ Gives bertjax's XPK workloads an identity, once per project and cluster:
   --region REGION         the repository's location (default: the region of --zone)
   --repository REPO       the Docker repository (default bertjax): images are
                           REGION-docker.pkg.dev/PROJECT/REPO/NAME:TAG
-  --service-account SA    BERTJAX_SERVICE_ACCOUNT   a name to create (default bertjax-workload), or
-                                                    the e-mail of an account that exists
-  --ksa NAMESPACE/NAME    the pods' Kubernetes service account (default default/default;
-                          default/xpk-sa for workloads that mount xpk storage)
   --node-service-account EMAIL
-                          the nodes' service account (default: the Compute Engine default one)
-  --project-number N      the project's number (default: read from gcloud; with --dry-run the
-                          commands show PROJECT_NUMBER without it)
-  --impersonator MEMBER   who may act as SA for xpk.sh --check, e.g. user:you@example.com
-                          (default: the active gcloud account; none: nobody)
+                          the TPU node pools' service account (default: read from the
+                          cluster; with --dry-run the commands show NODE_SERVICE_ACCOUNT)
+  --project-number N      the project's number, for the Compute Engine default account
+                          (default: read from gcloud)
+  --impersonator MEMBER   who may act as the account for xpk.sh --check, e.g.
+                          user:you@example.com (default: the active gcloud account; none:
+                          nobody)
   --project ID            BERTJAX_PROJECT           Google Cloud project
   --zone ZONE             BERTJAX_ZONE              the cluster's zone, e.g. us-west4-a
   --dry-run                                         print the commands, run nothing
@@ -52,13 +49,12 @@ Gives bertjax's XPK workloads an identity, once per project and cluster:
 HELP
 }
 
-VALUE_FLAGS+=(--bucket --cluster --cluster-location --region --repository --service-account --ksa
-              --node-service-account --project-number --impersonator)
+VALUE_FLAGS+=(--bucket --cluster --cluster-location --region --repository --node-service-account
+              --project-number --impersonator)
 normalize_flags "$@"
 set -- ${ARGS[@]+"${ARGS[@]}"}
-BUCKET="" CLUSTER_LOCATION="" REGION="" REPOSITORY=bertjax
-SERVICE_ACCOUNT="${BERTJAX_SERVICE_ACCOUNT:-bertjax-workload}" KSA=default/default
-NODE_SERVICE_ACCOUNT="" PROJECT_NUMBER="" IMPERSONATOR=""
+BUCKET="" CLUSTER_LOCATION="" REGION="" REPOSITORY=bertjax NODE_SERVICE_ACCOUNT=""
+PROJECT_NUMBER="" IMPERSONATOR=""
 while (( $# )); do
   case "$1" in
     --help) usage; exit 0 ;;
@@ -67,8 +63,6 @@ while (( $# )); do
     --cluster-location=*) CLUSTER_LOCATION="${1#*=}" ;;
     --region=*) REGION="${1#*=}" ;;
     --repository=*) REPOSITORY="${1#*=}" ;;
-    --service-account=*) SERVICE_ACCOUNT="${1#*=}" ;;
-    --ksa=*) KSA="${1#*=}" ;;
     --node-service-account=*) NODE_SERVICE_ACCOUNT="${1#*=}" ;;
     --project-number=*) PROJECT_NUMBER="${1#*=}" ;;
     --impersonator=*) IMPERSONATOR="${1#*=}" ;;
@@ -80,7 +74,8 @@ require_cluster
 require "$BUCKET" "--bucket"
 [[ "$BUCKET" == gs://?* ]] || die "--bucket takes gs://BUCKET, got $BUCKET"
 BUCKET="gs://$(cut -d/ -f3 <<< "$BUCKET")"
-[[ "$KSA" =~ ^[a-z0-9-]+/[a-z0-9.-]+$ ]] || die "--ksa takes NAMESPACE/NAME, got $KSA"
+[[ -z "$NODE_SERVICE_ACCOUNT" || "$NODE_SERVICE_ACCOUNT" == ?*@?* ]] \
+  || die "--node-service-account takes the account's e-mail, got $NODE_SERVICE_ACCOUNT"
 [[ -z "$PROJECT_NUMBER" ]] || require_number "$PROJECT_NUMBER" --project-number
 [[ -z "$IMPERSONATOR" || "$IMPERSONATOR" == none || "$IMPERSONATOR" == *:*@* ]] \
   || die "--impersonator takes user:EMAIL, serviceAccount:EMAIL, group:EMAIL or none"
@@ -118,20 +113,13 @@ value() {
   printf -v "$name" '%s' "$result"
 }
 
-# Runs a grant (its policy, which gcloud prints, goes), again after a while if
-# it fails: a service account just created takes a moment to be known everywhere.
+# Runs a grant; the policy gcloud prints goes.
 grant() {
-  local tries=0
   if (( DRY_RUN )); then
     run "$@"
-    return
+  else
+    "$@" > /dev/null || fail "$1 $2 $3 $4 failed (above)"
   fi
-  until "$@" > /dev/null; do
-    tries=$((tries + 1))
-    (( tries < DESCRIBE_TRIES )) || fail "$1 $2 $3 $4 failed $tries times (above)"
-    echo "gke_setup.sh: trying again (an account just made takes a moment to be known)" >&2
-    pause $((1 << (tries - 1)))
-  done
 }
 
 run gcloud services enable artifactregistry.googleapis.com container.googleapis.com \
@@ -144,55 +132,15 @@ if ! exists gcloud artifacts repositories describe "$REPOSITORY" --location="$RE
     --location="$REGION" --description="bertjax images" "${SCOPE[@]}"
 fi
 
-if [[ "$SERVICE_ACCOUNT" == *@* ]]; then
-  EMAIL="$SERVICE_ACCOUNT"
-  (( DRY_RUN )) || exists gcloud iam service-accounts describe "$EMAIL" "${SCOPE[@]}" \
-    || fail "there is no service account $EMAIL; give a name to create one (--service-account)"
+# The accounts the pods act as: their TPU node pools'.
+if [[ -n "$NODE_SERVICE_ACCOUNT" ]]; then
+  NODE_ACCOUNTS=("$NODE_SERVICE_ACCOUNT")
 else
-  EMAIL="$SERVICE_ACCOUNT@$PROJECT.iam.gserviceaccount.com"
-  if ! exists gcloud iam service-accounts describe "$EMAIL" "${SCOPE[@]}"; then
-    run gcloud iam service-accounts create "$SERVICE_ACCOUNT" --display-name="bertjax workloads" \
-      "${SCOPE[@]}"
-  fi
+  tpu_node_pools "$CLUSTER_LOCATION"
+  tpu_node_accounts
 fi
 
-grant gcloud storage buckets add-iam-policy-binding "$BUCKET" --member="serviceAccount:$EMAIL" \
-  --role=roles/storage.objectAdmin
-REPOSITORY_SCOPE=(--location="$REGION" "${SCOPE[@]}")
-grant gcloud artifacts repositories add-iam-policy-binding "$REPOSITORY" \
-  "${REPOSITORY_SCOPE[@]}" --member="serviceAccount:$EMAIL" --role=roles/artifactregistry.reader
-if [[ -z "$NODE_SERVICE_ACCOUNT" ]]; then
-  [[ -n "$PROJECT_NUMBER" ]] || value PROJECT_NUMBER PROJECT_NUMBER \
-    gcloud projects describe "$PROJECT" --format='value(projectNumber)'
-  [[ "$PROJECT_NUMBER" =~ ^[0-9]+$ || "$PROJECT_NUMBER" == PROJECT_NUMBER ]] \
-    || fail "gcloud gave no number for project $PROJECT: give --project-number"
-  NODE_SERVICE_ACCOUNT="$PROJECT_NUMBER-compute@developer.gserviceaccount.com"
-fi
-grant gcloud artifacts repositories add-iam-policy-binding "$REPOSITORY" \
-  "${REPOSITORY_SCOPE[@]}" --member="serviceAccount:$NODE_SERVICE_ACCOUNT" \
-  --role=roles/artifactregistry.reader
-
-# Workload Identity: the pods' Kubernetes service account acts as EMAIL.
-value POOL "$PROJECT.svc.id.goog" gcloud container clusters describe "$CLUSTER" \
-  --location="$CLUSTER_LOCATION" "${SCOPE[@]}" --format='value(workloadIdentityConfig.workloadPool)'
-[[ "$POOL" == "$PROJECT.svc.id.goog" ]] || fail "cluster $CLUSTER has no Workload Identity:" \
-  "xpk cluster create --enable-workload-identity (with the cluster's other flags) turns it on"
-grant gcloud iam service-accounts add-iam-policy-binding "$EMAIL" "${SCOPE[@]}" \
-  --role=roles/iam.workloadIdentityUser --member="serviceAccount:$PROJECT.svc.id.goog[$KSA]"
-run gcloud container clusters get-credentials "$CLUSTER" --location="$CLUSTER_LOCATION" \
-  "${SCOPE[@]}"
-KSA_NAMESPACE="${KSA%/*}" KSA_NAME="${KSA#*/}"
-# Every namespace has its "default"; another (xpk-sa) may not exist yet.
-if [[ "$KSA_NAME" != default ]]; then
-  if (( DRY_RUN )) || ! kubectl get serviceaccount "$KSA_NAME" --namespace="$KSA_NAMESPACE" \
-      > /dev/null 2>&1; then
-    run kubectl create serviceaccount "$KSA_NAME" --namespace="$KSA_NAMESPACE"
-  fi
-fi
-run kubectl annotate serviceaccount "$KSA_NAME" --namespace="$KSA_NAMESPACE" \
-  "iam.gke.io/gcp-service-account=$EMAIL" --overwrite
-
-# Who may act as EMAIL for xpk.sh --check.
+# Who may act as them for xpk.sh --check.
 if [[ -z "$IMPERSONATOR" ]]; then
   value IMPERSONATOR ACCOUNT gcloud config get-value account
   [[ -n "$IMPERSONATOR" ]] || fail "no active gcloud account (gcloud auth login); or give" \
@@ -203,10 +151,18 @@ if [[ -z "$IMPERSONATOR" ]]; then
     IMPERSONATOR="user:$IMPERSONATOR"
   fi
 fi
-[[ "$IMPERSONATOR" == none ]] || grant gcloud iam service-accounts add-iam-policy-binding \
-  "$EMAIL" "${SCOPE[@]}" --role=roles/iam.serviceAccountTokenCreator --member="$IMPERSONATOR"
+
+REPOSITORY_SCOPE=(--location="$REGION" "${SCOPE[@]}")
+for EMAIL in "${NODE_ACCOUNTS[@]}"; do
+  grant gcloud storage buckets add-iam-policy-binding "$BUCKET" \
+    --member="serviceAccount:$EMAIL" --role=roles/storage.objectAdmin
+  grant gcloud artifacts repositories add-iam-policy-binding "$REPOSITORY" \
+    "${REPOSITORY_SCOPE[@]}" --member="serviceAccount:$EMAIL" --role=roles/artifactregistry.reader
+  [[ "$IMPERSONATOR" == none ]] || grant gcloud iam service-accounts add-iam-policy-binding \
+    "$EMAIL" "${SCOPE[@]}" --role=roles/iam.serviceAccountTokenCreator --member="$IMPERSONATOR"
+done
 
 run gcloud auth configure-docker "$REGION-docker.pkg.dev" --quiet
-(( DRY_RUN )) || echo "gke_setup.sh: the pods of $CLUSTER ($KSA) act as $EMAIL, which writes" \
-  "in $BUCKET and reads $REGION-docker.pkg.dev/$PROJECT/$REPOSITORY; check a run with" \
-  "launch/xpk.sh ... --check"
+(( DRY_RUN )) || echo "gke_setup.sh: the TPU pods of $CLUSTER act as their node pools'" \
+  "service account, ${NODE_ACCOUNTS[*]}, which writes in $BUCKET and reads" \
+  "$REGION-docker.pkg.dev/$PROJECT/$REPOSITORY; check a run with launch/xpk.sh ... --check"

@@ -188,3 +188,56 @@ tpu() {
   run gcloud ${track[@]+"${track[@]}"} compute tpus "$group" "$verb" "$@" \
     ${extra[@]+"${extra[@]}"} --zone="$ZONE" --project="$PROJECT"
 }
+
+# tpu_node_pools LOCATION: the TPU node pools of CLUSTER in LOCATION (machine
+# types ct* and tpu*, as xpk cluster create makes them), one a line,
+# "NAME|ACCOUNT|SCOPES" (SCOPES joined by ';'), in TPU_POOLS. ACCOUNT is the
+# pool's Google service account, with gcloud's "default" (a pool created with no
+# --service-account, as xpk's are unless given one) written out as the
+# project's Compute Engine default account,
+# PROJECT_NUMBER-compute@developer.gserviceaccount.com (the number read from
+# gcloud unless PROJECT_NUMBER is set). xpk's TPU pods act as that account: they
+# run on their node's network (hostNetwork), where GKE's Workload Identity does
+# not reach and the Compute Engine metadata server answers. Ends the script,
+# saying why, when the pools cannot be listed or there is none. Under
+# --dry-run, prints the list and gives one pool, "NODE_POOL|NODE_SERVICE_ACCOUNT|".
+tpu_node_pools() {
+  local location="$1" errors listed name account scopes
+  local list=(gcloud container node-pools list --cluster="$CLUSTER" --location="$location"
+              --project="$PROJECT" --filter='config.machineType~^(ct|tpu)'
+              --format='value[separator="|"](name,config.serviceAccount,config.oauthScopes)')
+  if (( DRY_RUN )); then
+    run "${list[@]}"
+    TPU_POOLS="NODE_POOL|NODE_SERVICE_ACCOUNT|"
+    return
+  fi
+  errors="$(mktemp)"
+  listed="$("${list[@]}" 2> "$errors")" || fail "listing the node pools of cluster $CLUSTER in" \
+    "$location failed: $(first_error "$errors")"
+  rm -f "$errors"
+  [[ -n "$listed" ]] || fail "cluster $CLUSTER has no TPU node pools in $location (xpk cluster" \
+    "create makes them); give the pods' service account with --node-service-account"
+  TPU_POOLS=""
+  while IFS='|' read -r name account scopes; do
+    if [[ -z "$account" || "$account" == default ]]; then
+      if [[ -z "${PROJECT_NUMBER:-}" ]]; then
+        PROJECT_NUMBER="$(gcloud projects describe "$PROJECT" --format='value(projectNumber)')" \
+          || fail "reading the number of project $PROJECT failed (above)"
+      fi
+      [[ "$PROJECT_NUMBER" =~ ^[0-9]+$ ]] \
+        || fail "gcloud gave no number for project $PROJECT: give --project-number"
+      account="$PROJECT_NUMBER-compute@developer.gserviceaccount.com"
+    fi
+    TPU_POOLS+="$name|$account|$scopes"$'\n'
+  done <<< "$listed"
+}
+
+# The accounts of TPU_POOLS, each once, into NODE_ACCOUNTS.
+tpu_node_accounts() {
+  local name account scopes
+  NODE_ACCOUNTS=()
+  while IFS='|' read -r name account scopes; do
+    [[ -n "$account" ]] || continue
+    [[ " ${NODE_ACCOUNTS[*]-} " == *" $account "* ]] || NODE_ACCOUNTS+=("$account")
+  done <<< "$TPU_POOLS"
+}

@@ -35,7 +35,8 @@ continues it. After stop.sh, --restarts does not start it again.
                           (default 0). A run that ended on an error to mend (exit 2) or was
                           interrupted (130) is not rerun. The TPU counts as gone only when
                           gcloud says so (NOT_FOUND, PREEMPTED, TERMINATED, DELETING): when
-                          its state cannot be read, nothing is deleted
+                          its state cannot be read, nothing is deleted, and a recreated TPU
+                          whose setup failed is set up again, not deleted
   --create-flags "..."    flags for create.sh when recreating, e.g. "--queued --spot
                           --accelerator-type=v4-32"
   --delete-when-done      delete the TPU (its queued resource, if it has one) once the run has
@@ -159,10 +160,11 @@ delete_when_done() {
   (( DRY_RUN )) || echo "run.sh: run $RUN_ID succeeded; deleted $NAME (--delete-when-done)" >&2
 }
 
-# Deletes the TPU, creates it again and sets it up. A queued request still
-# waiting in the queue (an earlier recreation gave up waiting for it) is kept:
-# create.sh waits for it, in its place. When the request's state cannot be
-# read, nothing is deleted: the recreation fails and is tried again later.
+# Deletes the TPU and creates it again (setting it up is the caller's). A
+# queued request still waiting in the queue (an earlier recreation gave up
+# waiting for it) is kept: create.sh waits for it, in its place. When the
+# request's state cannot be read, nothing is deleted: the recreation fails and
+# is tried again later.
 recreate_tpu() {
   local queued=() state=""
   if [[ " $CREATE_FLAGS " == *" --queued "* ]]; then
@@ -180,7 +182,7 @@ recreate_tpu() {
     *) "$HERE/delete.sh" "${COMMON[@]}" ${queued[@]+"${queued[@]}"} --if-exists || true ;;
   esac
   # shellcheck disable=SC2086  # the flags are words by design
-  "$HERE/create.sh" "${COMMON[@]}" $CREATE_FLAGS && "$HERE/setup.sh" "${COMMON[@]}"
+  "$HERE/create.sh" "${COMMON[@]}" $CREATE_FLAGS
 }
 
 # bertjax.main's exit statuses that decide what comes next (0 is done; 143 a
@@ -188,16 +190,25 @@ recreate_tpu() {
 USAGE_ERROR=2  # a setting, file, data or workdir to mend: a rerun ends the same way
 RESTARTABLE=42  # storage out of reach, a lock not yet free, a lost host: a rerun can cure it
 INTERRUPTED=130  # Ctrl-C (after a checkpoint): somebody stopped it
-attempt=0 recreate=0 resumed=0
+# recreate: the describe after the last failure said the TPU is gone, so the
+# next attempt deletes and recreates it (and only that attempt: each decides
+# from its own describe, never from an earlier one's). set_up: a recreation
+# began and its TPU is not set up yet (create.sh or setup.sh failed); an
+# attempt that finds the TPU up, or cannot read its state, sets it up again
+# and deletes nothing.
+attempt=0 recreate=0 set_up=0 resumed=0
 while true; do
   status=0
   if (( recreate )); then
-    if recreate_tpu; then
-      recreate=0
-    else
-      status=$?
-      echo "run.sh: recreating or setting up the TPU failed ($status)" >&2
-    fi
+    recreate=0 set_up=1
+    recreate_tpu || status=$?
+  fi
+  if (( status == 0 && set_up )); then
+    "$HERE/setup.sh" "${COMMON[@]}" || status=$?
+    (( status )) || set_up=0
+  fi
+  if (( status )); then
+    echo "run.sh: recreating or setting up the TPU failed ($status)" >&2
   fi
   if (( status == 0 && resumed )); then
     resumed=0
@@ -247,9 +258,13 @@ while true; do
       "($DESCRIBE_ERROR); deleting nothing, running it again" >&2
   fi
   # Gone: a NOT_FOUND, a preempted or terminated slice, one being deleted.
-  if [[ " NOT_FOUND PREEMPTED TERMINATED DELETING " == *" $STATE "* ]] || (( recreate )); then
-    [[ -n "$CREATE_FLAGS" ]] || die "the TPU is ${STATE:-gone}; give --create-flags to recreate it"
+  # Only a describe that says so recreates it: a TPU that an earlier
+  # recreation made, and whose setup failed, is set up again, not deleted.
+  if [[ " NOT_FOUND PREEMPTED TERMINATED DELETING " == *" $STATE "* ]]; then
+    [[ -n "$CREATE_FLAGS" ]] || die "the TPU is $STATE; give --create-flags to recreate it"
     recreate=1
+  elif (( set_up )); then
+    echo "run.sh: $NAME, recreated, is not set up yet: setting it up again (deleting nothing)" >&2
   elif tpu tpu-vm ssh "$NAME" --worker=0 --command="test -e $STOP_MARKER" 2>/dev/null; then
     echo "run.sh: the run was stopped with stop.sh; not rerunning it" >&2
     exit "$status"

@@ -65,15 +65,19 @@ has the whole route, the identity included (launch/gke_setup.sh).
                           repeatable
   --project ID            BERTJAX_PROJECT           Google Cloud project
   --zone ZONE             BERTJAX_ZONE              the cluster's zone
-  --service-account SA    BERTJAX_SERVICE_ACCOUNT   the Google service account the workload acts
-                                                    as (for --check; default
-                                                    bertjax-workload@PROJECT.iam.gserviceaccount.com,
-                                                    what launch/gke_setup.sh makes)
-  --check                 check, acting as SA, what the workload needs, submit nothing: that the
-                          pods' Kubernetes service account (default/default) may act as SA,
-                          that SA can write and delete an object in --workdir and read
-                          --image; one line for each thing missing (needs
-                          roles/iam.serviceAccountTokenCreator on SA: gke_setup.sh grants it)
+  --check                 submit nothing; check what the workload needs as the account its pods
+                          act as: xpk runs them on their node's network (hostNetwork), where
+                          Workload Identity does not reach, so they act as their TPU node
+                          pools' service account (read from the cluster). Checks that the
+                          pools' access scopes let them write to Cloud Storage and that the
+                          account can write and delete in --workdir and read --image; one line
+                          for each thing missing (acting as the account needs
+                          roles/iam.serviceAccountTokenCreator on it: gke_setup.sh grants it)
+  --node-service-account EMAIL
+                          for --check: the pods' service account, instead of reading it from
+                          the cluster (its scopes are then not checked)
+  --cluster-location L    for --check: the cluster's location (default: the region of --zone,
+                          where xpk cluster create makes it)
   --dry-run                                         xpk's own dry run: what it would build and
                                                     apply, nothing submitted (with --check: the
                                                     check's commands)
@@ -83,13 +87,13 @@ HELP
 }
 
 VALUE_FLAGS+=(--cluster --tpu-type --num-slices --image --config --workdir --workload
-              --max-restarts --grace-seconds --reservation --manifest --service-account --storage
-              --env)
+              --max-restarts --grace-seconds --reservation --manifest --node-service-account
+              --cluster-location --storage --env)
 normalize_flags "$@"
 set -- ${ARGS[@]+"${ARGS[@]}"}
 IMAGE="${BERTJAX_IMAGE:-}" SLICES=1 CONFIG="" WORKDIR=""
 WORKLOAD="" MAX_RESTARTS=10 GRACE="" CAPACITY=() MANIFEST="" EXTRA=() CHECK=0 PASSED=()
-SERVICE_ACCOUNT="${BERTJAX_SERVICE_ACCOUNT:-}"
+NODE_SERVICE_ACCOUNT="" CLUSTER_LOCATION=""
 while (( $# )); do
   case "$1" in
     --help) usage; exit 0 ;;
@@ -109,7 +113,8 @@ while (( $# )); do
     --env=*)
       [[ "${1#*=}" =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || die "--env takes NAME=VALUE, got ${1#*=}"
       PASSED+=("$1") ;;
-    --service-account=*) SERVICE_ACCOUNT="${1#*=}" ;;
+    --node-service-account=*) NODE_SERVICE_ACCOUNT="${1#*=}" ;;
+    --cluster-location=*) CLUSTER_LOCATION="${1#*=}" ;;
     --check) CHECK=1 ;;
     --) shift; EXTRA=("$@"); break ;;
     *) parse_common_flag "$1" || die "unknown flag $1 (see --help)" ;;
@@ -143,68 +148,81 @@ elif ! [[ "$WORKLOAD" =~ ^[a-z]([-a-z0-9]*[a-z0-9])?$ ]]; then
   die "--workload takes lower-case letters, digits and '-', a letter first (xpk's" \
     "[a-z]([-a-z0-9]*[a-z0-9])?), got $WORKLOAD"
 fi
-SERVICE_ACCOUNT="${SERVICE_ACCOUNT:-bertjax-workload@$PROJECT.iam.gserviceaccount.com}"
-
-# The pods run as the Kubernetes service account xpk gives them: none named
-# (serviceAccountName is empty unless xpk mounts storage, which this script
-# does not ask for), so the namespace's "default", in the namespace "default".
-POD_MEMBER="serviceAccount:$PROJECT.svc.id.goog[default/default]"
+[[ -z "$NODE_SERVICE_ACCOUNT" || "$NODE_SERVICE_ACCOUNT" == ?*@?* ]] \
+  || die "--node-service-account takes the account's e-mail, got $NODE_SERVICE_ACCOUNT"
+CLUSTER_LOCATION="${CLUSTER_LOCATION:-${ZONE%-*}}"
 
 # One line for what a failed check says: gcloud's error, and what grants the missing piece.
 check_failed() {
-  local what="$1" fix="$2" errors="$3" error
+  local account="$1" what="$2" fix="$3" errors="$4" error
   error="$(first_error "$errors")"
   if [[ "$error" == *"Failed to impersonate"* || "$error" == *getAccessToken* ]]; then
-    fix="you may not act as $SERVICE_ACCOUNT: roles/iam.serviceAccountTokenCreator on it"
+    fix="you may not act as $account: roles/iam.serviceAccountTokenCreator on it"
     fix+=" (launch/gke_setup.sh --impersonator=YOU grants it)"
   fi
   echo "xpk.sh: --check: $what: ${error:-no error printed}; $fix" >&2
 }
 
-# --check: what the workload will do, done as its identity (impersonated).
+# Whether access SCOPES (joined by ';') let a node write to Cloud Storage.
+writes_storage() {
+  [[ ";$1;" == *"/auth/cloud-platform;"* || ";$1;" == *"/auth/devstorage.full_control;"* \
+     || ";$1;" == *"/auth/devstorage.read_write;"* ]]
+}
+
+# --check: what the workload will do, done as the account its pods act as
+# (impersonated): their TPU node pools' service account, since the pods run on
+# the host's network, outside Workload Identity.
 preflight() {
-  local as=(--impersonate-service-account="$SERVICE_ACCOUNT") errors members missing=0
+  local account name scopes errors missing=0 as
   local object="${WORKDIR%/}/.bertjax-check-$WORKLOAD"
-  local policy=(gcloud iam service-accounts get-iam-policy "$SERVICE_ACCOUNT" --project="$PROJECT"
-                --flatten='bindings[].members' --filter=bindings.role=roles/iam.workloadIdentityUser
-                --format='value(bindings.members)')
+  if [[ -n "$NODE_SERVICE_ACCOUNT" ]]; then
+    TPU_POOLS="|$NODE_SERVICE_ACCOUNT|"  # no pool read: its scopes are not known
+  else
+    tpu_node_pools "$CLUSTER_LOCATION"
+  fi
+  tpu_node_accounts
   if (( DRY_RUN )); then
-    run "${policy[@]}"
-    echo "echo bertjax-check | $(printf '%q ' gcloud storage cp - "$object" "${as[@]}" \
-      | sed 's/ $//')"
-    run gcloud storage rm "$object" "${as[@]}"
-    run gcloud artifacts docker images describe "$IMAGE" "${as[@]}"
+    for account in "${NODE_ACCOUNTS[@]}"; do
+      as=(--impersonate-service-account="$account")
+      echo "echo bertjax-check | $(printf '%q ' gcloud storage cp - "$object" "${as[@]}" \
+        | sed 's/ $//')"
+      run gcloud storage rm "$object" "${as[@]}"
+      run gcloud artifacts docker images describe "$IMAGE" "${as[@]}"
+    done
     return 0
   fi
+  while IFS='|' read -r name account scopes; do
+    if [[ -n "$name" ]] && ! writes_storage "$scopes"; then
+      echo "xpk.sh: --check: node pool $name's access scopes (${scopes:-none}) do not let its" \
+        "pods write to Cloud Storage, whatever roles $account has; xpk cluster create gives TPU" \
+        "pools storage-full and cloud-platform: make the pool again with those" >&2
+      missing=1
+    fi
+  done <<< "$TPU_POOLS"
   errors="$(mktemp)"
-  if ! members="$("${policy[@]}" 2> "$errors")"; then
-    check_failed "the IAM policy of $SERVICE_ACCOUNT could not be read" \
-      "launch/gke_setup.sh makes the account" "$errors"
-    missing=1
-  elif ! grep -qxF "$POD_MEMBER" <<< "$members"; then
-    echo "xpk.sh: --check: the pods' Kubernetes service account default/default may not act as" \
-      "$SERVICE_ACCOUNT: roles/iam.workloadIdentityUser for $POD_MEMBER (launch/gke_setup.sh" \
-      "binds it)" >&2
-    missing=1
-  fi
-  if ! echo bertjax-check | gcloud storage cp - "$object" "${as[@]}" > /dev/null \
-      2> "$errors"; then
-    check_failed "$SERVICE_ACCOUNT cannot write to $WORKDIR" "it needs roles/storage.objectAdmin" \
-      "$errors"
-    missing=1
-  elif ! gcloud storage rm "$object" "${as[@]}" > /dev/null 2> "$errors"; then
-    check_failed "$SERVICE_ACCOUNT cannot delete in $WORKDIR" \
-      "it needs roles/storage.objectAdmin (a checkpoint replaces objects)" "$errors"
-    missing=1
-  fi
-  if ! gcloud artifacts docker images describe "$IMAGE" "${as[@]}" > /dev/null 2> "$errors"; then
-    check_failed "$SERVICE_ACCOUNT cannot read $IMAGE" \
-      "push it, and grant roles/artifactregistry.reader on its repository" "$errors"
-    missing=1
-  fi
+  for account in "${NODE_ACCOUNTS[@]}"; do
+    as=(--impersonate-service-account="$account")
+    if ! echo bertjax-check | gcloud storage cp - "$object" "${as[@]}" > /dev/null \
+        2> "$errors"; then
+      check_failed "$account" "$account cannot write to $WORKDIR" \
+        "it needs roles/storage.objectAdmin (launch/gke_setup.sh grants it)" "$errors"
+      missing=1
+    elif ! gcloud storage rm "$object" "${as[@]}" > /dev/null 2> "$errors"; then
+      check_failed "$account" "$account cannot delete in $WORKDIR" \
+        "it needs roles/storage.objectAdmin (a checkpoint replaces objects)" "$errors"
+      missing=1
+    fi
+    if ! gcloud artifacts docker images describe "$IMAGE" "${as[@]}" > /dev/null \
+        2> "$errors"; then
+      check_failed "$account" "$account cannot read $IMAGE" \
+        "push it, and grant roles/artifactregistry.reader on its repository" "$errors"
+      missing=1
+    fi
+  done
   rm -f "$errors"
   (( ! missing )) || exit 1
-  echo "xpk.sh: --check: $SERVICE_ACCOUNT is what the pods act as, writes and deletes in" \
+  echo "xpk.sh: --check: the pods act as ${NODE_ACCOUNTS[*]} (the service account of their" \
+    "TPU node pools: xpk runs them on the host's network), which writes and deletes in" \
     "$WORKDIR and reads $IMAGE"
 }
 
@@ -215,9 +233,11 @@ fi
 
 COMMAND="python3 -m bertjax.main$(printf ' %q' "--config=$CONFIG" "--workdir=$WORKDIR" \
   "--grace_seconds=$RUN_GRACE" ${EXTRA[@]+"${EXTRA[@]}"})"
-# BERTJAX_WORKLOAD: every restart of the workload is an attempt of the same
-# run, whose process 0 takes the workdir's lock over from the attempt before
-# at once (bertjax/workdir_lock.py); JobSet starts one only after ending the last.
+# BERTJAX_WORKLOAD names the workload in the workdir's lock. Its restart
+# attempt cannot be passed on (xpk writes --env as fixed values; JobSet's
+# restart-attempt annotation reaches a container only through the downward
+# API), so a restart takes the lock as a new run does (bertjax/workdir_lock.py):
+# at once when the attempt before released it, else once it is stale.
 XPK=(workload create --cluster="$CLUSTER" --workload="$WORKLOAD" --tpu-type="$ACCELERATOR"
      --num-slices="$SLICES" --docker-image="$IMAGE" --command="$COMMAND"
      --env="BERTJAX_WORKLOAD=$WORKLOAD"

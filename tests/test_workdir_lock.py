@@ -160,6 +160,38 @@ def test_on_gcs_the_next_attempt_of_a_workload_takes_the_lock_at_once(gcs, absl_
     earlier.wait()
 
 
+@pytest.mark.parametrize("holder_attempt,caller_attempt", [
+    ("0", None),  # an operator's shell (or kubectl exec) given the workload's variable
+    (None, None),  # both started without an attempt (launch/xpk.sh passes none)
+    (None, "1"),  # a holder that did not say which attempt it is
+])
+def test_on_gcs_the_workloads_name_without_both_attempts_takes_no_live_lock(
+    gcs, monkeypatch, holder_attempt, caller_attempt):
+  """Any process may carry the workload's name. Without an attempt number on
+  both sides nothing says the holder is over: it is watched for a heartbeat
+  as any holder is, and a live one (renewing) is refused, not taken over."""
+  workdir = gcs.url_of(f"locks/shared-{holder_attempt}-{caller_attempt}")
+  env = {**gcs.env, "BERTJAX_WORKLOAD": "bert-large"}
+  if holder_attempt is not None:
+    env["BERTJAX_RESTART_ATTEMPT"] = holder_attempt
+  live = _holder(workdir, heartbeat_s=0.3, env=env)
+  monkeypatch.setenv("BERTJAX_WORKLOAD", "bert-large")
+  if caller_attempt is None:
+    monkeypatch.delenv("BERTJAX_RESTART_ATTEMPT", raising=False)
+  else:
+    monkeypatch.setenv("BERTJAX_RESTART_ATTEMPT", caller_attempt)
+  try:
+    with mock.patch.object(workdir_lock, "_gone_on_this_host", lambda holder: False):
+      with pytest.raises(errors.WorkdirBusyError,
+                         match=f"in use by process {live.pid} on .*workload bert-large"):
+        with workdir_lock.hold(workdir):
+          pass
+    assert live.poll() is None  # still holding, never told its lock was taken
+  finally:
+    live.kill()
+    live.wait()
+
+
 def test_on_gcs_storage_that_does_not_answer_is_waited_for(gcs, monkeypatch, absl_caplog):
   """The server down while the lock is taken: the run waits for it (and takes
   the lock once it answers), or gives up restartably (exit status 42)."""

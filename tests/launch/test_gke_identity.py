@@ -1,8 +1,10 @@
-"""The GKE workloads' cloud identity: launch/gke_setup.sh (the account, its
-grants, Workload Identity, the image repository) and launch/xpk.sh --check
-(what the workload will do, done as that account): their dry runs' exact
-commands, and both at work against a stand-in `gcloud` (and `kubectl`) that
-answers as the real ones do, refusals included."""
+"""The GKE workloads' cloud identity: launch/gke_setup.sh (the TPU node pools'
+service account, which xpk's pods act as, its grants, the image repository)
+and launch/xpk.sh --check (what the workload will do, done as that account):
+their dry runs' exact commands, and both at work against a stand-in `gcloud`
+that answers as the real one does, refusals included. That the pods act as
+their node pool's account (they run on the host's network) is pinned to xpk's
+own manifest in tests/launch/test_xpk.py."""
 
 import os
 import subprocess
@@ -13,210 +15,223 @@ from tests.launch.test_scripts import ROOT, _clean_env, _gcloud_stub, dry_run
 
 PROJECT = ["--project=my-project", "--zone=us-west4-a"]
 SETUP = [*PROJECT, "--cluster=bert", "--bucket=gs://my-bucket/runs"]
-ACCOUNT = "bertjax-workload@my-project.iam.gserviceaccount.com"
-POD_MEMBER = "serviceAccount:my-project.svc.id.goog[default/default]"
+NODES = "123-compute@developer.gserviceaccount.com"  # the Compute Engine default account
 IMAGE = "us-west4-docker.pkg.dev/my-project/bertjax/bertjax:v1"
 SUBMIT = [*PROJECT, "--cluster=bert", "--tpu-type=v5litepod-16", f"--image={IMAGE}",
           "--config=configs/base_pretrain.py", "--workdir=gs://my-bucket/runs/base",
           "--workload=bert-base"]
-AS = f"--impersonate-service-account={ACCOUNT}"
+AS = f"--impersonate-service-account={NODES}"
 OBJECT = "gs://my-bucket/runs/base/.bertjax-check-bert-base"
 REPOSITORY = ["--location=us-west4", "--project=my-project"]
+LIST = ["gcloud", "container", "node-pools", "list", "--cluster=bert", "--location=us-west4",
+        "--project=my-project", "--filter=config.machineType~^(ct|tpu)",
+        '--format=value[separator="|"](name,config.serviceAccount,config.oauthScopes)']
+# The scopes xpk cluster create gives TPU node pools (storage-full, gke-default,
+# cloud-platform), as gcloud lists them.
+SCOPES = ";".join(f"https://www.googleapis.com/auth/{scope}" for scope in [
+    "cloud-platform", "devstorage.full_control", "logging.write", "monitoring",
+    "service.management.readonly", "servicecontrol", "trace.append"])
+# The node pools as gcloud lists them for xpk's cluster of two v5e slices: no
+# account of their own ("default").
+POOLS = f"echo 'bert-np-0|default|{SCOPES}'; echo 'bert-np-1|default|{SCOPES}'"
 
 
 def test_setup_dry_run_prints_every_command():
-  assert dry_run("gke_setup.sh", *SETUP, "--project-number=123",
-                 "--impersonator=user:me@example.com") == [
+  assert dry_run("gke_setup.sh", *SETUP, "--impersonator=user:me@example.com") == [
       ["gcloud", "services", "enable", "artifactregistry.googleapis.com",
        "container.googleapis.com", "iam.googleapis.com", "iamcredentials.googleapis.com",
        "storage.googleapis.com", "tpu.googleapis.com", "--project=my-project"],
       ["gcloud", "artifacts", "repositories", "create", "bertjax", "--repository-format=docker",
        "--location=us-west4", "--description=bertjax images", "--project=my-project"],
-      ["gcloud", "iam", "service-accounts", "create", "bertjax-workload",
-       "--display-name=bertjax workloads", "--project=my-project"],
+      LIST,
       ["gcloud", "storage", "buckets", "add-iam-policy-binding", "gs://my-bucket",
-       f"--member=serviceAccount:{ACCOUNT}", "--role=roles/storage.objectAdmin"],
+       "--member=serviceAccount:NODE_SERVICE_ACCOUNT", "--role=roles/storage.objectAdmin"],
       ["gcloud", "artifacts", "repositories", "add-iam-policy-binding", "bertjax", *REPOSITORY,
-       f"--member=serviceAccount:{ACCOUNT}", "--role=roles/artifactregistry.reader"],
-      ["gcloud", "artifacts", "repositories", "add-iam-policy-binding", "bertjax", *REPOSITORY,
-       "--member=serviceAccount:123-compute@developer.gserviceaccount.com",
-       "--role=roles/artifactregistry.reader"],
-      ["gcloud", "iam", "service-accounts", "add-iam-policy-binding", ACCOUNT,
-       "--project=my-project", "--role=roles/iam.workloadIdentityUser", f"--member={POD_MEMBER}"],
-      ["gcloud", "container", "clusters", "get-credentials", "bert", "--location=us-west4",
-       "--project=my-project"],
-      ["kubectl", "annotate", "serviceaccount", "default", "--namespace=default",
-       f"iam.gke.io/gcp-service-account={ACCOUNT}", "--overwrite"],
-      ["gcloud", "iam", "service-accounts", "add-iam-policy-binding", ACCOUNT,
+       "--member=serviceAccount:NODE_SERVICE_ACCOUNT", "--role=roles/artifactregistry.reader"],
+      ["gcloud", "iam", "service-accounts", "add-iam-policy-binding", "NODE_SERVICE_ACCOUNT",
        "--project=my-project", "--role=roles/iam.serviceAccountTokenCreator",
        "--member=user:me@example.com"],
       ["gcloud", "auth", "configure-docker", "us-west4-docker.pkg.dev", "--quiet"]]
 
 
-def test_setup_dry_run_for_xpk_storage_and_an_account_that_exists():
-  """Workloads that mount xpk storage run as xpk-sa, made if missing; an
-  account given by its e-mail is used as it is, never created."""
-  commands = dry_run("gke_setup.sh", *SETUP, "--ksa=default/xpk-sa", "--impersonator=none",
-                     "--service-account=trainer@other.iam.gserviceaccount.com",
-                     "--region=us", "--repository=images")
-  assert not [c for c in commands if c[:4] == ["gcloud", "iam", "service-accounts", "create"]]
-  assert ["kubectl", "create", "serviceaccount", "xpk-sa", "--namespace=default"] in commands
-  assert [c[-2] for c in commands if "--role=roles/iam.workloadIdentityUser" in c] == [
-      "--role=roles/iam.workloadIdentityUser"]
-  assert ["gcloud", "iam", "service-accounts", "add-iam-policy-binding",
-          "trainer@other.iam.gserviceaccount.com", "--project=my-project",
-          "--role=roles/iam.workloadIdentityUser",
-          "--member=serviceAccount:my-project.svc.id.goog[default/xpk-sa]"] in commands
+def test_setup_dry_run_for_a_named_node_account_and_nobody_to_check():
+  """An account given by its e-mail is used as it is (no pools read); with
+  --impersonator=none nobody is let act as it."""
+  account = "bert-nodes@my-project.iam.gserviceaccount.com"
+  commands = dry_run("gke_setup.sh", *SETUP, "--impersonator=none", "--region=us",
+                     "--repository=images", f"--node-service-account={account}")
+  assert LIST not in commands
   assert not [c for c in commands if "--role=roles/iam.serviceAccountTokenCreator" in c]
+  assert ["gcloud", "storage", "buckets", "add-iam-policy-binding", "gs://my-bucket",
+          f"--member=serviceAccount:{account}", "--role=roles/storage.objectAdmin"] in commands
+  assert ["gcloud", "artifacts", "repositories", "add-iam-policy-binding", "images",
+          "--location=us", "--project=my-project", f"--member=serviceAccount:{account}",
+          "--role=roles/artifactregistry.reader"] in commands
   assert commands[-1] == ["gcloud", "auth", "configure-docker", "us-docker.pkg.dev", "--quiet"]
-  assert "--member=serviceAccount:PROJECT_NUMBER-compute@developer.gserviceaccount.com" in [
-      a for c in commands for a in c]
-
-
-# A stand-in kubectl, logging its calls beside gcloud's.
-_KUBECTL = """#!/usr/bin/env bash
-echo "kubectl $*" >> "$TMPDIR/calls.txt"
-[[ "$1" != get ]] || { echo 'Error from server (NotFound): serviceaccounts "xpk-sa" not found' >&2; exit 1; }
-"""
+  assert not [c for c in commands if c[0] == "kubectl" or "workloadIdentityUser" in " ".join(c)]
 
 
 def _setup(tmp_path, body, *args):
-  env = _gcloud_stub(tmp_path, body)
-  kubectl = tmp_path / "bin" / "kubectl"
-  kubectl.write_text(_KUBECTL)
-  kubectl.chmod(0o755)
   result = subprocess.run(["bash", os.path.join(ROOT, "launch", "gke_setup.sh"), *SETUP, *args],
-                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60)
+                          capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                          env=_gcloud_stub(tmp_path, body))
   calls = (tmp_path / "calls.txt").read_text().splitlines()
-  return result, [("" if line.startswith("kubectl") else "gcloud ") + line.split(" --")[0]
-                  for line in calls]
+  return result, ["gcloud " + line.split(" --")[0] for line in calls]
 
 
-# gcloud as a project where the repository exists and the account does not yet.
+# gcloud as a project where the repository exists and the cluster's TPU pools
+# are those of xpk cluster create.
 _PROJECT = """case "$*" in
-  "iam service-accounts describe"*) echo "ERROR: (gcloud.iam.service-accounts.describe) NOT_FOUND: Unknown service account" >&2; exit 1 ;;
+  "container node-pools list"*) %s ;;
   "projects describe"*) echo 123 ;;
-  "container clusters describe"*) echo %s ;;
   "config get-value account") echo me@example.com ;;
-  "storage buckets add-iam-policy-binding"*)
-    (( $(grep -c "storage buckets add-iam-policy-binding" "$TMPDIR/calls.txt") > 1 )) || {
-      echo "ERROR: (gcloud.storage.buckets.add-iam-policy-binding) HTTPError 400: Service account $ACCOUNT does not exist." >&2; exit 1; } ;;
 esac"""
 
 
-def test_setup_makes_what_is_missing_and_grants_again_an_account_not_known_yet(tmp_path):
-  """The repository exists (kept), the account does not (made); the bucket's
-  grant is refused once, as for an account created a moment ago, and given
-  on the next try."""
-  result, calls = _setup(tmp_path, _PROJECT % "my-project.svc.id.goog")
+def test_setup_grants_the_node_pools_account_what_the_pods_do(tmp_path):
+  """The pools run as the Compute Engine default account (read once for both
+  pools): it gets the bucket, the repository, and the user may act as it."""
+  result, calls = _setup(tmp_path, _PROJECT % POOLS)
   assert result.returncode == 0, result.stderr
   assert calls == [
       "gcloud services enable artifactregistry.googleapis.com container.googleapis.com "
       "iam.googleapis.com iamcredentials.googleapis.com storage.googleapis.com "
       "tpu.googleapis.com",
       "gcloud artifacts repositories describe bertjax",
-      f"gcloud iam service-accounts describe {ACCOUNT}",
-      "gcloud iam service-accounts create bertjax-workload",
-      "gcloud storage buckets add-iam-policy-binding gs://my-bucket",
-      "gcloud storage buckets add-iam-policy-binding gs://my-bucket",
-      "gcloud artifacts repositories add-iam-policy-binding bertjax",
+      "gcloud container node-pools list",
       "gcloud projects describe my-project",
-      "gcloud artifacts repositories add-iam-policy-binding bertjax",
-      "gcloud container clusters describe bert",
-      f"gcloud iam service-accounts add-iam-policy-binding {ACCOUNT}",
-      "gcloud container clusters get-credentials bert",
-      "kubectl annotate serviceaccount default",
       "gcloud config get-value account",
-      f"gcloud iam service-accounts add-iam-policy-binding {ACCOUNT}",
+      "gcloud storage buckets add-iam-policy-binding gs://my-bucket",
+      "gcloud artifacts repositories add-iam-policy-binding bertjax",
+      f"gcloud iam service-accounts add-iam-policy-binding {NODES}",
       "gcloud auth configure-docker us-west4-docker.pkg.dev"]
   log = (tmp_path / "calls.txt").read_text()
-  assert "--member=serviceAccount:123-compute@developer.gserviceaccount.com" in log
+  assert log.count(f"--member=serviceAccount:{NODES}") == 2
   assert "--member=user:me@example.com" in log
   assert result.stdout.strip() == (
-      f"gke_setup.sh: the pods of bert (default/default) act as {ACCOUNT}, which writes in "
-      "gs://my-bucket and reads us-west4-docker.pkg.dev/my-project/bertjax; check a run with "
-      "launch/xpk.sh ... --check")
+      f"gke_setup.sh: the TPU pods of bert act as their node pools' service account, {NODES}, "
+      "which writes in gs://my-bucket and reads us-west4-docker.pkg.dev/my-project/bertjax; "
+      "check a run with launch/xpk.sh ... --check")
 
 
-def test_setup_refuses_a_cluster_without_workload_identity(tmp_path):
-  result, calls = _setup(tmp_path, _PROJECT % '""')
+def test_setup_grants_each_account_of_the_tpu_pools(tmp_path):
+  """Pools made with an account of their own (xpk cluster create
+  --custom-nodepool-arguments=--service-account=...) keep it; each account is
+  granted once."""
+  own = "bert-nodes@my-project.iam.gserviceaccount.com"
+  pools = f"echo 'bert-np-0|{own}|{SCOPES}'; echo 'bert-np-1|{own}|{SCOPES}'; " + (
+      f"echo 'bert-np-2|default|{SCOPES}'")
+  result, calls = _setup(tmp_path, _PROJECT % pools, "--impersonator=none")
+  assert result.returncode == 0, result.stderr
+  log = (tmp_path / "calls.txt").read_text()
+  for account in (own, NODES):
+    assert log.count(f"buckets add-iam-policy-binding gs://my-bucket --member=serviceAccount:"
+                     f"{account} --role=roles/storage.objectAdmin") == 1
+  assert "serviceAccountTokenCreator" not in log
+  assert f"act as their node pools' service account, {own} {NODES}," in result.stdout
+
+
+@pytest.mark.parametrize("pools,line", [
+    ("true", "gke_setup.sh: cluster bert has no TPU node pools in us-west4 (xpk cluster create "
+             "makes them); give the pods' service account with --node-service-account"),
+    ('echo "ERROR: (gcloud.container.node-pools.list) ResponseError: code=404, message=Not '
+     'found: projects/my-project/locations/us-west4/clusters/bert." >&2; exit 1',
+     "gke_setup.sh: listing the node pools of cluster bert in us-west4 failed: ERROR: "
+     "(gcloud.container.node-pools.list) ResponseError: code=404, message=Not found: "
+     "projects/my-project/locations/us-west4/clusters/bert."),
+])
+def test_setup_without_tpu_node_pools_grants_nothing(tmp_path, pools, line):
+  result, calls = _setup(tmp_path, _PROJECT % pools)
   assert result.returncode == 1
-  assert result.stderr.splitlines()[-1] == (
-      "gke_setup.sh: cluster bert has no Workload Identity: xpk cluster create "
-      "--enable-workload-identity (with the cluster's other flags) turns it on")
-  assert "kubectl annotate serviceaccount default" not in calls
+  assert result.stderr.splitlines() == [line]
+  assert not [call for call in calls if "add-iam-policy-binding" in call]
 
 
-def test_check_dry_run_prints_what_it_would_do_as_the_account():
-  """--check acts as the workload's account: its IAM policy (may the pods act
-  as it?), an object written and deleted in the workdir, the image read."""
+def test_check_dry_run_prints_what_it_would_do_as_the_node_pools_account():
+  """--check reads the TPU node pools (their account and scopes), then, as that
+  account, writes and deletes an object in the workdir and reads the image."""
   result = subprocess.run(["bash", os.path.join(ROOT, "launch", "xpk.sh"), "--dry-run",
                            "--check", *SUBMIT], capture_output=True, text=True, timeout=60,
                           env=_clean_env())
   assert result.returncode == 0, result.stderr
+  placeholder = "--impersonate-service-account=NODE_SERVICE_ACCOUNT"
   assert result.stdout.splitlines() == [
-      f"gcloud iam service-accounts get-iam-policy {ACCOUNT} --project=my-project "
-      r"--flatten=bindings\[\].members --filter=bindings.role=roles/iam.workloadIdentityUser "
-      r"--format=value\(bindings.members\)",
-      f"echo bertjax-check | gcloud storage cp - {OBJECT} {AS}",
-      f"gcloud storage rm {OBJECT} {AS}",
-      f"gcloud artifacts docker images describe {IMAGE} {AS}"]
+      "gcloud container node-pools list --cluster=bert --location=us-west4 "
+      r"--project=my-project --filter=config.machineType~\^\(ct\|tpu\) "
+      r"--format=value\[separator=\"\|\"\]\(name\,config.serviceAccount\,config.oauthScopes\)",
+      f"echo bertjax-check | gcloud storage cp - {OBJECT} {placeholder}",
+      f"gcloud storage rm {OBJECT} {placeholder}",
+      f"gcloud artifacts docker images describe {IMAGE} {placeholder}"]
 
 
-# gcloud as the workload's account sees things: the pods may act as it, and it
+# gcloud as the node pools' account sees things: xpk's pools, and the account
 # may write, delete and read. Each test takes one of these away.
 _GRANTED = {
-    "policy": f'echo {POD_MEMBER}; echo "serviceAccount:other.svc.id.goog[ns/ksa]"',
+    "pools": POOLS,
+    "number": "echo 123",
     "cp": 'cat > "$TMPDIR/uploaded"',
     "rm": "true",
     "image": "echo image_summary",
 }
-_PATTERNS = {"policy": "iam service-accounts get-iam-policy", "cp": "storage cp",
-             "rm": "storage rm", "image": "artifacts docker images describe"}
+_PATTERNS = {"pools": "container node-pools list", "number": "projects describe",
+             "cp": "storage cp", "rm": "storage rm", "image": "artifacts docker images describe"}
 
 
-def _check(tmp_path, **refused):
+def _check(tmp_path, *args, **refused):
   body = "case \"$*\" in\n" + "".join(
       f'  "{_PATTERNS[k]}"*) {refused.get(k, v)} ;;\n' for k, v in _GRANTED.items()) + "esac"
-  result = subprocess.run(["bash", os.path.join(ROOT, "launch", "xpk.sh"), "--check", *SUBMIT],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=60,
+  result = subprocess.run(["bash", os.path.join(ROOT, "launch", "xpk.sh"), "--check", *SUBMIT,
+                           *args], capture_output=True, text=True, cwd=tmp_path, timeout=60,
                           env=_gcloud_stub(tmp_path, body))
   calls = (tmp_path / "calls.txt").read_text().splitlines()
   return result, [next(k for k, v in _PATTERNS.items() if line.startswith(v)) for line in calls]
 
 
-def test_check_passes_when_the_account_has_what_the_workload_needs(tmp_path):
+def test_check_passes_when_the_node_pools_account_has_what_the_workload_needs(tmp_path):
   result, calls = _check(tmp_path)
   assert result.returncode == 0, result.stderr
   assert result.stdout.strip() == (
-      f"xpk.sh: --check: {ACCOUNT} is what the pods act as, writes and deletes in "
+      f"xpk.sh: --check: the pods act as {NODES} (the service account of their TPU node pools: "
+      "xpk runs them on the host's network), which writes and deletes in "
       f"gs://my-bucket/runs/base and reads {IMAGE}")
   assert (tmp_path / "uploaded").read_text() == "bertjax-check\n"
-  assert calls == ["policy", "cp", "rm", "image"]
+  assert calls == ["pools", "number", "cp", "rm", "image"]
   log = (tmp_path / "calls.txt").read_text().splitlines()
-  assert all(line.endswith(AS) for line in log[1:])
+  assert log[0].startswith("container node-pools list --cluster=bert --location=us-west4 ")
+  assert all(line.endswith(AS) for line in log[2:])
 
 
-_DENIED = (f"ERROR: (gcloud.storage.cp) [{ACCOUNT}] does not have permission to access b "
+def test_check_acts_as_the_account_it_is_given(tmp_path):
+  account = "bert-nodes@my-project.iam.gserviceaccount.com"
+  result, calls = _check(tmp_path, f"--node-service-account={account}")
+  assert result.returncode == 0, result.stderr
+  assert calls == ["cp", "rm", "image"]
+  log = (tmp_path / "calls.txt").read_text().splitlines()
+  assert all(line.endswith(f"--impersonate-service-account={account}") for line in log)
+
+
+_DENIED = (f"ERROR: (gcloud.storage.cp) [{NODES}] does not have permission to access b "
            "instance [my-bucket] (or it may not exist): Permission 'storage.objects.create' "
            "denied on resource (or it may not exist). This command is authenticated as "
-           f"{ACCOUNT} which is the active account specified by the [auth/impersonate_"
+           f"{NODES} which is the active account specified by the [auth/impersonate_"
            "service_account] property.")
+_READ_ONLY = ";".join(f"https://www.googleapis.com/auth/{scope}" for scope in [
+    "devstorage.read_only", "logging.write", "monitoring"])
 
 
 @pytest.mark.parametrize("refused,line", [
     ({"cp": f'echo "{_DENIED}" >&2; exit 1'},
-     f"xpk.sh: --check: {ACCOUNT} cannot write to gs://my-bucket/runs/base: {_DENIED}; it "
-     "needs roles/storage.objectAdmin"),
+     f"xpk.sh: --check: {NODES} cannot write to gs://my-bucket/runs/base: {_DENIED}; it "
+     "needs roles/storage.objectAdmin (launch/gke_setup.sh grants it)"),
     ({"image": 'echo "ERROR: (gcloud.artifacts.docker.images.describe) NOT_FOUND: Requested '
                'entity was not found." >&2; exit 1'},
-     f"xpk.sh: --check: {ACCOUNT} cannot read {IMAGE}: ERROR: (gcloud.artifacts.docker."
+     f"xpk.sh: --check: {NODES} cannot read {IMAGE}: ERROR: (gcloud.artifacts.docker."
      "images.describe) NOT_FOUND: Requested entity was not found.; push it, and grant "
      "roles/artifactregistry.reader on its repository"),
-    ({"policy": 'echo "serviceAccount:other.svc.id.goog[ns/ksa]"'},
-     "xpk.sh: --check: the pods' Kubernetes service account default/default may not act as "
-     f"{ACCOUNT}: roles/iam.workloadIdentityUser for {POD_MEMBER} (launch/gke_setup.sh binds "
-     "it)"),
+    ({"pools": f"echo 'bert-np-0|default|{SCOPES}'; echo 'bert-np-1|default|{_READ_ONLY}'"},
+     f"xpk.sh: --check: node pool bert-np-1's access scopes ({_READ_ONLY}) do not let its pods "
+     f"write to Cloud Storage, whatever roles {NODES} has; xpk cluster create gives TPU pools "
+     "storage-full and cloud-platform: make the pool again with those"),
 ])
 def test_a_refused_permission_is_one_line_naming_what_is_missing(tmp_path, refused, line):
   result, calls = _check(tmp_path, **refused)
@@ -225,14 +240,23 @@ def test_a_refused_permission_is_one_line_naming_what_is_missing(tmp_path, refus
   assert ("rm" in calls) == ("cp" not in refused)  # nothing written, nothing to delete
 
 
+def test_a_cluster_without_tpu_node_pools_is_one_line(tmp_path):
+  result, calls = _check(tmp_path, pools="true")
+  assert result.returncode == 1
+  assert result.stderr.splitlines() == [
+      "xpk.sh: cluster bert has no TPU node pools in us-west4 (xpk cluster create makes them); "
+      "give the pods' service account with --node-service-account"]
+  assert calls == ["pools"]
+
+
 def test_an_account_you_may_not_act_as_says_which_role_is_missing(tmp_path):
   error = ('echo "ERROR: (gcloud.storage.cp) Failed to impersonate [%s]. Make sure the account '
            'that\'s trying to impersonate it has access to the service account itself and the '
-           '\\"roles/iam.serviceAccountTokenCreator\\" role." >&2; exit 1' % ACCOUNT)
+           '\\"roles/iam.serviceAccountTokenCreator\\" role." >&2; exit 1' % NODES)
   result, _ = _check(tmp_path, cp=error, image=error.replace("storage.cp", "artifacts"))
   assert result.returncode == 1
   lines = result.stderr.splitlines()
   assert len(lines) == 2
-  assert all(line.endswith(f"; you may not act as {ACCOUNT}: roles/iam.serviceAccountToken"
+  assert all(line.endswith(f"; you may not act as {NODES}: roles/iam.serviceAccountToken"
                            "Creator on it (launch/gke_setup.sh --impersonator=YOU grants it)")
              for line in lines)

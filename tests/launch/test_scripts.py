@@ -459,6 +459,48 @@ esac""", _FIRST_RUN_FAILS, "--create-flags=--queued --wait-timeout=0 --accelerat
   assert "queued-resources delete" not in calls[first_create:]  # its place was kept
 
 
+@pytest.mark.parametrize("queued,readable", [(False, True), (True, True), (False, False)])
+def test_a_recreated_tpu_whose_setup_failed_is_set_up_again_not_deleted(tmp_path, queued,
+                                                                        readable):
+  """The TPU is preempted and recreated, but setting it up fails (its first
+  SSH session is refused). The next attempt finds the new TPU READY (its
+  queued request ACTIVE), or cannot read its state at all: it sets it up
+  again and reruns on it, deleting and creating nothing more."""
+  group = "queued-resources" if queued else "tpu-vm"
+  after = "echo READY" if readable else _AUTH_ERROR
+  result, calls = _run_with_stub(tmp_path, """case "$*" in
+  *"tpu-vm describe"*)
+    if grep -q "%s create" "$TMPDIR/calls.txt"; then %s; else echo PREEMPTED; fi ;;
+""" % (group, after) + _queued_states("ACTIVE") + """
+  *"tar -xzf"*)
+    (( $(grep -c "tar -xzf" "$TMPDIR/calls.txt") > 1 )) || {
+      echo "ERROR: (gcloud.compute.tpus.tpu-vm.ssh) [/usr/bin/ssh] exited with return code" \
+        "[255]." >&2
+      exit 255; } ;;
+  *"tpu-vm ssh"*) remote "$@" ;;
+esac""", _FIRST_RUN_FAILS,
+      "--create-flags=" + ("--queued " if queued else "") + "--accelerator-type=v4-8")
+  assert result.returncode == 0, result.stderr
+  first_create = calls.index(f"{group} create")
+  assert not [call for call in calls[first_create:] if call in _NO_DELETE], calls
+  recreation = (["queued-resources describe", "queued-resources delete",
+                 "queued-resources describe", "queued-resources create",
+                 "queued-resources describe"] if queued else ["tpu-vm delete", "tpu-vm create"])
+  setup = ["tpu-vm ssh state", "tpu-vm scp", "tpu-vm ssh setup"]
+  describes = ["tpu-vm describe"] * (1 if readable else 4)
+  assert calls == (["tpu-vm ssh start", "tpu-vm ssh follow", "tpu-vm ssh state",
+                    "tpu-vm describe", *recreation, *setup, *describes, *setup,
+                    "tpu-vm ssh start", "tpu-vm ssh follow"])
+  assert "run.sh: recreating or setting up the TPU failed (1)" in result.stderr
+  assert ("run.sh: the run failed (1); the TPU is READY" if readable else
+          "run.sh: the run failed (1); the TPU's state could not be read") in result.stderr
+  assert ("run.sh: bert, recreated, is not set up yet: setting it up again (deleting nothing)"
+          in result.stderr)
+  logs = tmp_path / "bertjax-logs"
+  assert (logs / "demo.status").read_text() == "143\n"
+  assert (logs / "demo-2.status").read_text() == "0\n"  # the second restart ran it
+
+
 def test_a_run_that_stopped_on_an_error_to_mend_is_not_rerun(tmp_path):
   """Exit 2 is a setting, file or disk to mend: a rerun would end the same way."""
   result, calls = _run_with_stub(tmp_path, """case "$*" in

@@ -70,17 +70,23 @@ def test_the_workload_runs_bertjax_on_every_host_of_every_slice(xpk, tmp_path, t
   pod = job["template"]["spec"]["template"]["spec"]
   (container,) = pod["containers"]
   assert container["image"] == IMAGE
-  # Each restart is an attempt of the same run: it takes the workdir's lock
-  # over from the attempt before (bertjax.workdir_lock).
+  # The workload is named in the workdir's lock (bertjax.workdir_lock). xpk
+  # writes every variable as a fixed value: no downward API, so JobSet's
+  # restart attempt cannot reach the run, and a restart takes the lock as a
+  # new run does (docs/troubleshooting.md).
   assert {"name": "BERTJAX_WORKLOAD", "value": "bert-large"} in container["env"]
+  assert all(set(item) == {"name", "value"} for item in container["env"])
   assert ("python3 -m bertjax.main --config=configs/large_pretrain.py:lamb "
           "--workdir=gs://my-bucket/runs/large --grace_seconds=10 "
           "--config.data.dir=gs://my-bucket/data/wiki" in container["command"][-1])
   # GKE gives a spot pod 15 seconds after SIGTERM whatever it asks for; xpk's
   # wrapper takes up to 5 of them to pass SIGTERM on to the run.
   assert pod["terminationGracePeriodSeconds"] == 15
-  # The pods run as their namespace's default Kubernetes service account (the
-  # one launch/gke_setup.sh binds to the workload's Google service account).
+  # The pods run on their node's network and name no Kubernetes service
+  # account: their credentials come from the Compute Engine metadata server,
+  # not Workload Identity, so they act as their node pool's Google service
+  # account (what launch/gke_setup.sh grants and xpk.sh --check acts as).
+  assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
   assert pod["serviceAccountName"] is None
   # The slices and hosts are those bertjax compiles the run for.
   tpu_slice = topology.parse(tpu_type)
@@ -196,29 +202,66 @@ def test_xpk_reports_dry_runs_unless_told_not_to(xpk, tmp_path):
   assert dry_run({}, "configured") == []
 
 
-def test_the_cluster_command_in_the_docs_gives_the_pods_workload_identity(xpk, tmp_path):
-  """docs/tpu.md's `xpk cluster create` (dry run): Workload Identity on the
-  cluster and its TPU node pools (what launch/gke_setup.sh binds through), the
-  node pools spot and running as the Compute Engine default service account
-  (no --service-account: gke_setup.sh lets that account read the image), and
-  the cluster regional, where gke_setup.sh looks for it."""
-  docs = open(os.path.join(ROOT, "docs", "tpu.md"), encoding="utf-8").read()
-  (line,) = [line.strip() for line in docs.splitlines()
-             if line.strip().startswith("xpk cluster create")]
-  words = shlex.split(line.replace("\\", ""), comments=True)
+def _cluster_dry_run(xpk, tmp_path, words):
+  tmp_path.mkdir()
   result = subprocess.run([xpk, *words[1:], "--dry-run", "--quiet"], capture_output=True,
                           text=True, timeout=300, stdin=subprocess.DEVNULL,
                           env={**os.environ, "HOME": str(tmp_path), **QUIET})
   assert result.returncode == 0, result.stdout[-3000:]
+  return result.stdout
+
+
+def test_the_pods_act_as_their_node_pool_as_the_docs_say(xpk, tmp_path):
+  """xpk's TPU pods run on the host's network (no flag turns it off), so GKE's
+  Workload Identity does not reach them: docs/tpu.md, launch/README.md and
+  gke_setup.sh say they act as their node pool's service account."""
+  jobset, _ = _submit(xpk, tmp_path, "--tpu-type=v5litepod-16", "--storage=bert-data")
+  pod = _pod(jobset)
+  assert pod["hostNetwork"] is True and pod["serviceAccountName"] is None
+  docs = " ".join(open(os.path.join(ROOT, "docs", "tpu.md"), encoding="utf-8").read().split())
+  assert "`hostNetwork: true`" in docs and "their node pool's service account" in docs
+  readme = " ".join(open(os.path.join(ROOT, "launch", "README.md"),
+                         encoding="utf-8").read().split())
+  assert "the service account of their TPU node pools" in readme
+  setup = subprocess.run(["bash", os.path.join(ROOT, "launch", "gke_setup.sh"), "--help"],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+  assert "(hostNetwork: true)" in setup and "their node pool" in " ".join(setup.split())
+
+
+def test_the_cluster_command_in_the_docs_gives_the_tpu_pools_the_accounts_the_scripts_expect(
+    xpk, tmp_path):
+  """docs/tpu.md's `xpk cluster create` (dry run): TPU node pools (machine
+  types ct*, which gke_setup.sh and xpk.sh --check list) running as the Compute
+  Engine default service account (no --service-account) with access scopes
+  that let their pods write to Cloud Storage, Workload Identity on the cluster,
+  and the cluster regional, where the scripts look for it. With
+  --custom-nodepool-arguments=--service-account=EMAIL, as the docs suggest,
+  every TPU pool runs as that account."""
+  docs = open(os.path.join(ROOT, "docs", "tpu.md"), encoding="utf-8").read()
+  (line,) = [line.strip() for line in docs.splitlines()
+             if line.strip().startswith("xpk cluster create")]
+  words = shlex.split(line.replace("\\", ""), comments=True)
+  printed = _cluster_dry_run(xpk, tmp_path / "default", words)
   project = next(w.split("=")[1] for w in words if w.startswith("--project="))
+  cluster = re.findall(r"clusters create .*", printed)[0]
   assert re.search(rf"clusters create \S+ --project={project} --region=us-west4 .*"
-                   rf"--workload-pool={project}\.svc\.id\.goog", result.stdout)
-  pools = re.findall(r"node-pools create .*", result.stdout)
+                   rf"--workload-pool={project}\.svc\.id\.goog", cluster)
+  assert not re.search(r"--machine-type=(ct|tpu)", cluster)  # not listed as a TPU pool
+  pools = re.findall(r"node-pools create .*", printed)
   assert len(pools) == 2
   for pool in pools:
+    assert re.search(r"--machine-type=ct\S+ ", pool)
     assert "--spot" in pool and "--workload-metadata=GKE_METADATA" in pool
     assert "--service-account" not in pool
+    assert re.search(r"--scopes=storage-full,gke-default,\S*auth/cloud-platform", pool)
   assert any(w.startswith("--zone=us-west4-") for w in words)
+  account = f"bert-nodes@{project}.iam.gserviceaccount.com"
+  assert f"--custom-nodepool-arguments=--service-account={account}" in docs
+  printed = _cluster_dry_run(xpk, tmp_path / "own", [
+      *words, f"--custom-nodepool-arguments=--service-account={account}"])
+  pools = re.findall(r"node-pools create .*", printed)
+  assert len(pools) == 2 and all(pool.endswith(f" --service-account={account}")
+                                 for pool in pools)
 
 
 def _dry_run(*args, xpk_path=None):
