@@ -68,7 +68,7 @@ ATTEMPT_VARIABLE = "BERTJAX_RESTART_ATTEMPT"  # which attempt (JobSet's restart-
 def _holder() -> dict[str, Any]:
   """Who this process is, as the lock records it."""
   return {"host": socket.gethostname(), "pid": os.getpid(), "boot": _boot_id(),
-          "process_start": _process_start(os.getpid()),
+          "process_start": _process_start(os.getpid()), "pid_namespace": _pid_namespace(),
           "workload": os.environ.get(WORKLOAD_VARIABLE, ""), "attempt": _attempt(),
           "command": " ".join(sys.argv)[:500], "since": time.time(), "heartbeat": time.time(),
           "heartbeat_s": HEARTBEAT_S}
@@ -107,6 +107,16 @@ def _boot_id() -> str:
     return ""
 
 
+def _pid_namespace() -> str:
+  """This process's PID namespace ('pid:[4026531836]'; '' if unknown): two
+  containers of one machine (pods on the host's network share its host name)
+  number their processes each in its own."""
+  try:
+    return os.readlink("/proc/self/ns/pid")
+  except OSError:
+    return ""
+
+
 def _process_start(pid: int) -> str:
   """The start time of process `pid` in clock ticks since boot ('' if unknown):
   with the boot id, it tells a process from a later one given the same pid."""
@@ -134,6 +144,8 @@ def _gone_on_this_host(holder: dict[str, Any]) -> bool:
     return False
   if holder["boot"] != _boot_id():
     return True  # the machine restarted since
+  if holder.get("pid_namespace", "") != _pid_namespace():
+    return False  # another container's process: its number means nothing here
   pid = holder.get("pid")
   if not isinstance(pid, int):
     return False

@@ -7,6 +7,7 @@ was taken over stops without writing.
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -263,3 +264,26 @@ def test_a_renewal_whose_answer_was_lost_keeps_the_lock(gcs):
   assert proxy.lost, "no renewal's answer was lost"
   assert code == 0 and "released" in holder.stdout.read(), stderr
   assert "taken over" not in stderr
+
+
+@pytest.mark.skipif(not shutil.which("unshare") or os.geteuid() != 0,
+                    reason="needs root and unshare(1) to start a process in a PID namespace")
+def test_on_gcs_a_holder_in_another_containers_pid_namespace_is_not_judged_by_its_pid(gcs):
+  """Pods on a node's network share the node's host name, but each container
+  numbers its processes itself: a live holder in another PID namespace (its
+  pid there, 1 or so, is another process here) is not taken for one that
+  ended; it is watched, and refused while it renews."""
+  workdir = gcs.url_of("locks/namespaces")
+  process = subprocess.Popen(
+      ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", sys.executable, "-c", _HOLD, workdir,
+       "0.3", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      env={**os.environ, **gcs.env})
+  try:
+    assert process.stdout.readline().strip() == "holding", process.stderr.read()
+    with pytest.raises(errors.WorkdirBusyError, match="in use by process"):
+      with workdir_lock.hold(workdir):
+        pass
+    assert process.poll() is None  # still holding, never told its lock was taken
+  finally:
+    process.kill()
+    process.wait()
