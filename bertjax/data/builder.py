@@ -261,7 +261,8 @@ def prepare(spec: str, output_dir: str, tokenizer, *, file_format: str = "senten
   """
   remote = files.is_remote(output_dir)
   with errors.writing(output_dir, "the shards finished before are kept, and an old dataset "
-                      "being replaced (--overwrite) is whole"):
+                      "being replaced (--overwrite) is whole",
+                      smaller="build smaller shards (more --num_shards, with --overwrite)"):
     # On gs:// the dataset is built in a local copy, each shard uploaded when done.
     local = (shards.local_directory(output_dir, lambda name: name.endswith(".json"))
              if remote else output_dir)
