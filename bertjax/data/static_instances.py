@@ -115,6 +115,10 @@ def _prepare_static(data_dir: str, *, objective: str, max_seq_length: int, maski
       return written
     publish_to, data_dir = data_dir, shards.local_directory(data_dir)
   shards.complete_shards(data_dir)  # all documents first: random B segments read any
+  from bertjax.data import instances, loader
+
+  training = loader.split_documents(len(loader.DocumentSource(data_dir)), "train", eval_percent)
+  instances.check_pair_documents(publish_to or data_dir, objective, len(training), "train")
   files.remove_stale_staging(data_dir)  # of an earlier build that was killed
   existing = os.path.join(data_dir, info_file)
   if os.path.isfile(existing):
