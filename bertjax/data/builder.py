@@ -315,17 +315,25 @@ def prepare(spec: str, output_dir: str, tokenizer, *, file_format: str | None = 
   with errors.writing(output_dir, "the shards finished before are kept, and an old dataset "
                       "being replaced (--overwrite) is whole",
                       smaller="build smaller shards (more --num_shards, with --overwrite)"):
-    # On gs:// the dataset is built in a local copy, each shard uploaded when done.
+    # On gs:// the dataset is built in a local copy (its settings and the stats
+    # of the shards finished there first), each shard uploaded, checked and
+    # removed here when done.
     local = (shards.local_directory(output_dir, lambda name: name.endswith(".json"))
              if remote else output_dir)
     for directory in (local, os.path.dirname(os.path.abspath(local))):
       files.remove_stale_staging(directory)  # of an earlier build that was killed
-    return _prepare_in(spec, local, tokenizer, output_dir if remote else None,
-                       file_format=file_format, num_shards=num_shards,
-                       num_workers=num_workers, num_hosts=num_hosts, host_index=host_index,
-                       min_sentences=min_sentences, max_line_chars=max_line_chars,
-                       tfds_data_dir=tfds_data_dir, overwrite=overwrite,
-                       show_progress=show_progress)
+    stats = _prepare_in(spec, local, tokenizer, output_dir if remote else None,
+                        file_format=file_format, num_shards=num_shards,
+                        num_workers=num_workers, num_hosts=num_hosts, host_index=host_index,
+                        min_sentences=min_sentences, max_line_chars=max_line_chars,
+                        tfds_data_dir=tfds_data_dir, overwrite=overwrite,
+                        show_progress=show_progress)
+  if remote:  # all of it is on gs:// now: a rerun copies back the little it reads
+    left = shards.remove_local_copy(local, output_dir)
+    if left:
+      logging.warning("%s, this host's copy of %s, is kept (%.1f MiB): %s", local, output_dir,
+                      shards.directory_size(local) / 2**20, left)
+  return stats
 
 
 def _prepare_in(spec: str, output_dir: str, tokenizer, publish_to: str | None, *,
@@ -501,8 +509,9 @@ def _swap_in(directory: str, names: list[str], info: dict[str, Any],
     remote = files.is_remote(directory)
     if withdrawn and remote:
       left = ("the old dataset there was withdrawn first, as the new one reuses its file "
-              f"names, and the new one is whole in {local}: rerun the same command to "
-              "finish the upload")
+              f"names, and the new one is whole in {local} "
+              f"({shards.directory_size(local) / 2**20:.1f} MiB, kept until it is uploaded): "
+              "rerun the same command to finish the upload")
     elif withdrawn:
       left = ("the old dataset there was withdrawn first, as the new one reuses its file "
               "names: rerun with --overwrite to build the new one again")
@@ -536,8 +545,14 @@ def _build_shards(spec: str, directory: str, publish_to: str | None, *,
   indices = range(host_index, num_shards, num_hosts)
   path = {i: os.path.join(directory, shards.shard_name(i, num_shards)) for i in indices}
   finished = [i for i in indices if os.path.isfile(shards.stats_path(path[i]))]
-  for damaged, reason in shards.damaged_shards([path[i] for i in finished]):
-    logging.warning("%s is damaged (%s): building it again", damaged, reason)
+  sizes = None
+  if publish_to and finished:  # uploaded and removed here (`shards.publish`): check them there
+    from bertjax.data import streaming
+
+    sizes = {name: int(entry["size"]) for name, entry in streaming.listing(publish_to).items()}
+  for damaged, reason in shards.damaged_shards([path[i] for i in finished], sizes):
+    logging.warning("%s is damaged (%s): building it again", files.join(
+        publish_to, os.path.basename(damaged)) if publish_to else damaged, reason)
     os.remove(shards.stats_path(damaged))
     finished.remove(next(i for i in finished if path[i] == damaged))
   tasks = [{"shard": i, "num_shards": num_shards, "source": sources[i],

@@ -289,7 +289,8 @@ def _build_static(config: ml_collections.ConfigDict, data_dir: str) -> None:
           dupe_factor=config.data.static_dupe_factor,
           short_seq_prob=config.data.short_seq_prob, seed=config.seed + 1000 * phase.index,
           eval_percent=config.data.eval_percent, num_workers=os.cpu_count() or 1,
-          num_hosts=jax.process_count(), host_index=jax.process_index(), show_progress=False)
+          num_hosts=jax.process_count(), host_index=jax.process_index(), show_progress=False,
+          keep_local_copy=True)  # the next phase builds from it, data.read_mode="copy" reads it
     except Exception as e:  # every host learns of a failure on any (none waits)
       error = e
     hosts.agree(error, f"building the static instances of length {phase.max_seq_length}")
