@@ -244,8 +244,10 @@ class Checkpointer:
   def _save_failed(self, step: int | None, error: Exception) -> CheckpointSaveError:
     """The error that says which save failed, why, and where a rerun resumes.
 
-    On a full disk or quota, the save's partial files are removed (they hold
-    the space a rerun needs), and the error says so and what to free.
+    On a full disk or quota, or another write the storage refused (a file-size
+    limit, a read-only disk: `errors.write_failure`), the save's partial files
+    are removed (they hold the space a rerun needs), and the error says why
+    and what to do.
     """
     checkpoint_failures.quiet_unretrieved_save_errors()  # this error says what they would
     if step is not None:
@@ -262,6 +264,13 @@ class Checkpointer:
           f"{errors.full_disk(self.directory, error)}; the "
           "run stopped there: free space on that disk (older checkpoints go with a lower "
           "checkpoint.max_to_keep) or use a --workdir elsewhere, then rerun the same "
+          f"command to resume from {resume}")
+    if errors.write_failure(error) is not None:  # a file-size limit, a read-only disk, ...
+      self._remove_unfinished()
+      what, advice = errors.write_problem(self.directory, error)
+      return CheckpointSaveError(
+          f"saving the checkpoint of step {step} to {self.directory} failed: {what}; the run "
+          f"stopped there: {advice} (or use a --workdir elsewhere), then rerun the same "
           f"command to resume from {resume}")
     return CheckpointSaveError(
         f"saving the checkpoint of step {step} to {self.directory} failed "

@@ -53,7 +53,7 @@ _BUGS = (TypeError, AttributeError, KeyError, IndexError, NameError, AssertionEr
 
 def storage_failure(error: BaseException) -> bool:
   """Whether a save's `error` is the storage failing rather than a bug."""
-  if errors.storage_full(error) is not None:
+  if errors.write_failure(error) is not None:  # a full disk, a file-size limit, ...
     return True
   seen = set()
   while error is not None and id(error) not in seen:  # `raise ... from` chains

@@ -8,11 +8,13 @@ line (`bertjax.usage`). The kinds keep the standard base a caller would catch
 (`ValueError`, `FileNotFoundError`, `OSError`, ...).
 
 Two failures of the machine's surroundings are worded wherever they come
-from, since no code of bertjax's is at fault: a full disk or exhausted quota
-(`storage_full`, an `ENOSPC`/`EDQUOT` anywhere in an error's chain, or its
-text from a library that does not raise `OSError`), and an operating system
-error about a named file (missing, not permitted, a directory). Anything else
-is a bug, and keeps its traceback.
+from, since no code of bertjax's is at fault: a write that the storage or the
+system refused (`write_failure`: a full disk or exhausted quota, a file-size
+limit or a file system's largest file, a read-only file system, an
+input/output error, a stale network file handle; its `errno` anywhere in an
+error's chain, or its text from a library that does not raise `OSError`), and
+an operating system error about a named file (missing, not permitted, a
+directory). Anything else is a bug, and keeps its traceback.
 
 How a command ends tells a supervisor (xpk's JobSet on GKE, `launch/run.sh`
 on TPU VMs) what to do next, so every failure is in one of three classes
@@ -77,7 +79,12 @@ class StorageError(Error, OSError):
   """Storage that failed a read or a write; the message says what that left."""
 
 
-class StorageFullError(StorageError):
+class StorageWriteError(StorageError):
+  """A write the storage or the system refused (`write_failure`): the message
+  names the path, the cause, what to do and what the failed write left."""
+
+
+class StorageFullError(StorageWriteError):
   """A write failed because the disk or the quota holding it is full."""
 
 
@@ -104,9 +111,18 @@ class TrainingStoppedError(Error, FloatingPointError):
 _FILE_ERRNOS = frozenset({errno.ENOENT, errno.EACCES, errno.EPERM, errno.EISDIR,
                           errno.ENOTDIR, errno.EROFS, errno.ENAMETOOLONG, errno.ELOOP})
 _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
-# How libraries that do not raise OSError (tensorstore, array_record, orbax's
-# wrappers) word the same errors.
-_FULL_TEXTS = ("No space left on device", "Disk quota exceeded", "ENOSPC", "EDQUOT")
+# The operating system's errors of a write that the machine's surroundings
+# cause (its disks, mounts and limits), never bertjax's code. The first four
+# only a write meets; an input/output error or a stale handle can be a read's,
+# so outside a write (`writing`) they are worded only where they name a file.
+_WRITE_ONLY_ERRNOS = _FULL_ERRNOS | {errno.EFBIG, errno.EROFS}
+_WRITE_ERRNOS = _WRITE_ONLY_ERRNOS | {errno.EIO, errno.ESTALE}
+# How libraries that do not raise OSError (tensorstore, array_record's
+# "write() failed: File too large; ...", orbax's wrappers) word the same errors.
+_WRITE_TEXTS = {"No space left on device": errno.ENOSPC, "ENOSPC": errno.ENOSPC,
+                "Disk quota exceeded": errno.EDQUOT, "EDQUOT": errno.EDQUOT,
+                "File too large": errno.EFBIG, "Read-only file system": errno.EROFS,
+                "Input/output error": errno.EIO, "Stale file handle": errno.ESTALE}
 
 
 def _chain(error: BaseException | None) -> Iterator[BaseException]:
@@ -121,11 +137,27 @@ def _chain(error: BaseException | None) -> Iterator[BaseException]:
 def storage_full(error: BaseException) -> BaseException | None:
   """The error of `error`'s chain that says a disk or quota is full, if any."""
   for link in _chain(error):
-    if isinstance(link, StorageFullError):
+    if isinstance(link, StorageFullError) or _write_errno(link) in _FULL_ERRNOS:
       return link
-    if isinstance(link, OSError) and link.errno in _FULL_ERRNOS:
-      return link
-    if any(text in str(link) for text in _FULL_TEXTS):
+  return None
+
+
+def _write_errno(link: BaseException) -> int | None:
+  """The `_WRITE_ERRNOS` code one error of a chain says, by its errno or text."""
+  if isinstance(link, OSError) and link.errno in _WRITE_ERRNOS:
+    return link.errno
+  text = str(link)
+  return next((code for words, code in _WRITE_TEXTS.items() if words in text), None)
+
+
+def write_failure(error: BaseException) -> BaseException | None:
+  """The error of `error`'s chain that says the storage or the system refused
+  a write (`_WRITE_ERRNOS`: a full disk first), if any."""
+  full = storage_full(error)
+  if full is not None:
+    return full
+  for link in _chain(error):
+    if isinstance(link, StorageWriteError) or _write_errno(link) is not None:
       return link
   return None
 
@@ -232,37 +264,108 @@ def storage_full_error(path: str, error: BaseException, kept: str) -> StorageFul
     kept: What the failed write left as it was, or finished
       (`"finished shards are kept"`).
   """
-  failed = getattr(storage_full(error), "filename", None)
+  return storage_write_error(path, storage_full(error) or error, kept)
+
+
+def _failed_path(path: str, failure: BaseException) -> str:
+  """`path`, or the file `failure` names when that lies elsewhere (another disk)."""
+  failed = getattr(failure, "filename", None)
   if failed and not os.path.abspath(os.fspath(failed)).startswith(
       os.path.abspath(path) if "://" not in path else path):
-    path = os.fspath(failed)
-  what = full_disk(path, error)
-  advice = ("free space there (or raise the quota)" if "quota" in what
-            else "free space on that disk")
-  return StorageFullError(f"writing {path} failed: {what}; {advice} or write elsewhere, "
-                          f"then rerun the same command; {kept}")
+    return os.fspath(failed)
+  return path
+
+
+def _file_size_limit() -> int | None:
+  """This process's file-size limit in bytes (`ulimit -f`), None if unlimited."""
+  try:
+    import resource  # (POSIX only)
+
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+  except (ImportError, OSError, ValueError):
+    return None
+  return None if limit == resource.RLIM_INFINITY else limit
+
+
+def write_problem(path: str, error: BaseException, smaller: str = "") -> tuple[str, str]:
+  """(what happened, what to do) for a write to `path` whose `error` chain
+  holds a `write_failure`: "the file system is read-only", "write elsewhere,
+  or remount it writable".
+
+  Args:
+    smaller: What makes the files smaller, for a file-size limit ("more
+      --num_shards makes smaller shards").
+  """
+  failure = write_failure(error) or error
+  code = _write_errno(failure)
+  if isinstance(failure, StorageFullError) or code in _FULL_ERRNOS:
+    what = full_disk(path, failure)
+    return what, ("free space there (or raise the quota)" if "quota" in what
+                  else "free space on that disk") + " or write elsewhere"
+  if code == errno.EFBIG:
+    limit = _file_size_limit()
+    if limit is not None:
+      what = f"a file reached this process's file-size limit ({_size(limit)}, ulimit -f)"
+      advice = "raise the limit (ulimit -f unlimited)"
+    else:
+      what = "a file reached the largest size its file system takes"
+      advice = "write to a file system that takes larger files (ext4, xfs)"
+    return what, advice + (f", or {smaller}" if smaller else "")
+  if code == errno.EROFS:
+    return "the file system is read-only", "write elsewhere, or remount it writable"
+  if code == errno.ESTALE:
+    return ("the network file system's handle went stale (what was written was replaced on "
+            "its server)", "remount it or write elsewhere")
+  return ("the storage reported an input/output error (a failing disk, or a network or FUSE "
+          "mount such as NFS or gcsfuse that lost its server)",
+          "check that disk or mount (the system log: dmesg) or write elsewhere")
+
+
+def storage_write_error(path: str, error: BaseException, kept: str,
+                        smaller: str = "") -> StorageWriteError:
+  """The one-line error of a write to `path` that the storage or the system
+  refused (`write_failure`): a `StorageFullError` for a full disk or quota.
+
+  Args:
+    path: What was being written (the failed file itself is named instead
+      when the error names one elsewhere).
+    error: The error of the write (its chain holds the failure).
+    kept: What the failed write left as it was, or finished.
+    smaller: What makes the files smaller, for a file-size limit.
+  """
+  failure = write_failure(error) or error
+  full = isinstance(failure, StorageFullError) or _write_errno(failure) in _FULL_ERRNOS
+  path = _failed_path(path, failure)
+  what, advice = write_problem(path, failure, smaller)
+  return (StorageFullError if full else StorageWriteError)(
+      f"writing {path} failed: {what}; {advice}, then rerun the same command; {kept}")
 
 
 @contextlib.contextmanager
-def writing(path: str, kept: str) -> Iterator[None]:
-  """Turns a full disk or quota met inside the block into `StorageFullError`
-  naming `path` (see `storage_full_error`); other errors pass as they are."""
+def writing(path: str, kept: str, smaller: str = "") -> Iterator[None]:
+  """Turns a write the storage or the system refused inside the block (a full
+  disk, a file-size limit, ...: `write_failure`) into `StorageWriteError`
+  naming `path` (see `storage_write_error`); other errors pass as they are.
+
+  Args:
+    smaller: What makes the files smaller, said for a file-size limit.
+  """
   try:
     yield
-  except StorageFullError:
+  except StorageWriteError:
     raise
   except Exception as error:  # pylint: disable=broad-except
-    if storage_full(error) is None:
+    if write_failure(error) is None:
       raise
-    raise storage_full_error(path, error, kept) from error
+    raise storage_write_error(path, error, kept, smaller) from error
 
 
 def one_line(error: BaseException) -> str | None:
   """The line a command prints for `error`, or None for a bug (a traceback).
 
-  An `Error` says its message; a full disk anywhere in the chain says which
-  path and what to free; the operating system's error about a named file
-  says the file and the reason.
+  An `Error` says its message; a refused write anywhere in the chain (a
+  full disk, a file-size limit, ...) says which path, why and what to do; the
+  operating system's error about a named file says the file and the reason.
   """
   if isinstance(error, Error):
     return str(error)
@@ -271,10 +374,12 @@ def one_line(error: BaseException) -> str | None:
     return (f"a service the run needs did not answer ({type(unreachable).__name__}: "
             f"{' '.join(str(unreachable).split())[:300]}); what was finished is kept: the same "
             "command resumes once it answers (a supervisor restarts it on exit status 42)")
-  full = storage_full(error)
-  if full is not None:
-    path = os.fspath(getattr(full, "filename", None) or "a file")
-    return str(storage_full_error(path, full, "what was finished before is kept"))
+  failure = write_failure(error)
+  named = getattr(failure, "filename", None)
+  if failure is not None and (named or isinstance(failure, StorageWriteError)
+                              or _write_errno(failure) in _WRITE_ONLY_ERRNOS):
+    return str(storage_write_error(os.fspath(named or "a file"), failure,
+                                   "what was finished before is kept"))
   if (isinstance(error, OSError) and error.errno in _FILE_ERRNOS
       and getattr(error, "filename", None)):
     return f"{error.filename}: {error.strerror}"

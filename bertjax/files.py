@@ -111,6 +111,13 @@ def listdir(path: str) -> list[str]:
   return sorted(os.listdir(path))
 
 
+def size(path: str) -> int:
+  """The size in bytes of a file, local or at a URL."""
+  if is_remote(path):
+    return _epath(path).stat().length
+  return os.path.getsize(path)
+
+
 def makedirs(path: str) -> None:
   """Creates a local directory and its parents (nothing to do on `gs://`)."""
   if not is_remote(path):

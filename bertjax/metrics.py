@@ -8,6 +8,7 @@ is needed to write them. Only process 0 writes.
 from __future__ import annotations
 
 import copy
+import errno
 import itertools
 import json
 import logging as pylogging
@@ -135,8 +136,9 @@ class AppendFile:
     """Appends `data` (whole lines or records: a failed write leaves none of it).
 
     Raises:
-      StorageFullError: a local disk or quota is full (what was appended
-        before is kept; nothing else stops it growing, so the run stops).
+      StorageWriteError: a local disk or quota is full, a file-size limit
+        reached or the file system read-only (what was appended before is
+        kept; nothing else stops it growing, so the run stops).
     """
     if not self._remote:
       end = os.lseek(self._fd, 0, os.SEEK_END)
@@ -146,9 +148,11 @@ class AppendFile:
           view = view[os.write(self._fd, view):]
       except OSError as e:
         self._cut(end)  # no half line or record for the next append to follow
-        if errors.storage_full(e) is not None:
-          raise errors.storage_full_error(self.path, e, f"{self.path} holds every line "
-                                          "before") from e
+        # A disk, quota or file-size limit that refuses this line refuses every
+        # later one; an input/output error may pass (training goes on).
+        if errors.write_failure(e) is not None and e.errno not in (errno.EIO, errno.ESTALE):
+          raise errors.storage_write_error(self.path, e, f"{self.path} holds every line "
+                                           "before") from e
         self._warn(e)
       return
     with self._lock:

@@ -92,6 +92,35 @@ def schedule_changes(config: Any, workdir: str) -> list[str]:
   return changes
 
 
+def settings_changes(config: Any, workdir: str) -> list[str]:
+  """How `config` differs from the `config.json` a run saved in `workdir`:
+  `"init_checkpoint: /models/a then, /models/b now"`, one entry a setting
+  (nested ones dotted); `["no config.json"]` where the run saved none."""
+  path = files.join(workdir, CONFIG_FILE)
+  if not files.isfile(path):
+    return [f"no {CONFIG_FILE} to compare"]
+  try:
+    saved = json.loads(files.read_text(path))
+  except (ValueError, UnicodeDecodeError) as e:
+    return [f"{CONFIG_FILE} unreadable ({e})"]
+  return _changed(saved, json.loads(json.dumps(config.to_dict(), default=str)))
+
+
+def _changed(saved: Any, now: Any, prefix: str = "") -> list[str]:
+  """`settings_changes` between two JSON trees, their keys under `prefix`."""
+  if isinstance(saved, dict) and isinstance(now, dict):
+    return [change for key in sorted(set(saved) | set(now))
+            for change in _changed(saved.get(key), now.get(key), f"{prefix}{key}.")]
+  if saved == now:
+    return []
+  return [f"{prefix.rstrip('.')}: {_shown(saved)} then, {_shown(now)} now"]
+
+
+def _shown(value: Any) -> str:
+  """A setting's value as a user types it (a path bare, others as JSON)."""
+  return value if isinstance(value, str) and value else json.dumps(value)
+
+
 def save_config(config: Any, workdir: str) -> None:
   """Writes a run's resolved config to `<workdir>/config.json` (process 0 only),
   atomically: readers see the old file or the new one."""

@@ -51,6 +51,48 @@ def test_a_full_disk_is_found_anywhere_in_the_chain_and_named(tmp_path):
       raise ValueError("other")
 
 
+@pytest.mark.parametrize("code,what,advice", [
+    (errno.EFBIG, "a file reached the largest size its file system takes",
+     "write to a file system that takes larger files"),
+    (errno.EROFS, "the file system is read-only", "write elsewhere, or remount it writable"),
+    (errno.EIO, "the storage reported an input/output error", "check that disk or mount"),
+    (errno.ESTALE, "the network file system's handle went stale", "remount it"),
+])
+def test_every_write_the_storage_refuses_is_one_line(tmp_path, code, what, advice):
+  """Not only a full disk: whatever the machine's disks, mounts or limits
+  refuse a write with is said in one line, by its errno or a library's text."""
+  out = str(tmp_path / "out")
+  for raised in (OSError(code, os.strerror(code)),
+                 RuntimeError(f"write() failed: {os.strerror(code)}; writing {out}/.x.tmp")):
+    with pytest.raises(errors.StorageWriteError) as error:
+      with errors.writing(out, "nothing was written"):
+        raise raised
+    line = str(error.value)
+    assert line.startswith(f"writing {out} failed: {what}") and f"; {advice}" in line, line
+    assert line.endswith(", then rerun the same command; nothing was written"), line
+    assert errors.exit_status(error.value) == errors.USAGE_EXIT_CODE
+  # Outside a writer, a named file is enough; an input/output error without
+  # one may be a read's, and is not said as a write's.
+  named = errors.one_line(OSError(code, os.strerror(code), str(tmp_path / "x")))
+  assert named.startswith(f"writing {tmp_path / 'x'} failed: {what}"), named
+  if code in (errno.EIO, errno.ESTALE):
+    assert errors.one_line(OSError(code, os.strerror(code))) is None
+
+
+def test_a_file_size_limit_says_the_limit_and_what_makes_files_smaller(tmp_path, monkeypatch):
+  monkeypatch.setattr(errors, "_file_size_limit", lambda: 150 << 10)
+  with pytest.raises(errors.StorageWriteError) as error:
+    with errors.writing(str(tmp_path), "the shards finished before are kept",
+                        smaller="build smaller shards (more --num_shards)"):
+      raise OSError(errno.EFBIG, "File too large")
+  assert str(error.value) == (
+      f"writing {tmp_path} failed: a file reached this process's file-size limit (150.0 KiB, "
+      "ulimit -f); raise the limit (ulimit -f unlimited), or build smaller shards (more "
+      "--num_shards), then rerun the same command; the shards finished before are kept")
+  assert not isinstance(error.value, errors.StorageFullError)
+  assert isinstance(error.value, errors.StorageError) and isinstance(error.value, OSError)
+
+
 @pytest.mark.parametrize("raised,code,line", [
     ("errors.UsageError('set x')", 2, "error: set x (--verbosity=1 shows where)"),
     ("ValueError('a bug')", 1, None),

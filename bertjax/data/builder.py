@@ -30,13 +30,21 @@ from absl import logging
 import numpy as np
 
 from bertjax import errors, files
-from bertjax.data import build_pool, corpus, shards, stdlib_corpus
+from bertjax.data import build_pool, corpus, shards, stdlib_corpus, textfiles
 from bertjax.data.progress import Progress
 
 _SENTENCE_BATCH = 4096  # sentences per call of the Rust tokenizer
 
 
 _STALE = ("documents-", "instances")  # a dataset's shards, every length's instances
+
+# Read one sentence a line (the default), a file whose first this many lines
+# hold no blank line would be one document: most likely a corpus of one
+# document a line, the commonest export, read in the wrong format. The first
+# few files are looked at before any work (read to their first blank line: a
+# file of sentences costs its first document).
+ONE_DOCUMENT_LINES = 1000
+_FILES_LOOKED_AT = 3
 
 
 class NoDocumentsError(errors.UsageError):
@@ -54,6 +62,25 @@ class NoDocumentsError(errors.UsageError):
     self.line = f"{spec}: no usable document{where} ({cause}); {outcome}"
     self.stats = stats
     super().__init__(f"{self.line}\n{stats.summary()}")
+
+
+class OneDocumentALineError(errors.UsageError):
+  """An input file to be read one sentence a line whose first
+  `ONE_DOCUMENT_LINES` lines hold no blank line: one document a line, most
+  likely (`check_sentence_files`).
+
+  Attributes:
+    path: The file.
+  """
+
+  def __init__(self, path: str):
+    super().__init__(
+        f"{path}: its first {ONE_DOCUMENT_LINES:,} lines hold no blank line, so read one "
+        "sentence a line (--file_format=sentences, the default; a blank line ends a document) "
+        "the file would be one document; if it holds one document a line (the usual export), "
+        "pass --file_format=documents, which splits each line into sentences; if it is one "
+        "sentence a line, pass --file_format=sentences to build it so")
+    self.path = path
 
 
 class DatasetMismatchError(errors.UsageError):
@@ -213,15 +240,21 @@ def build_shard(task: dict[str, Any], progress=None) -> dict[str, Any]:
 
 def plan(spec: str, num_shards: int, stats: corpus.CorpusStats, tfds_data_dir: str | None,
          outcome: str = "nothing was written",
-         manifest: dict[str, list] | None = None) -> list[dict[str, Any]]:
+         manifest: dict[str, list] | None = None,
+         check_sentences: bool = False) -> list[dict[str, Any]]:
   """The source part of every shard; checks the input before any work.
 
   Args:
     manifest: Receives what the input files were (`corpus.scan_files`).
+    check_sentences: Refuse input files that look like one document a line
+      (`check_sentence_files`): they are to be read one sentence a line, a
+      format the user did not choose.
 
   Raises:
     NoDocumentsError: every input file is skipped (`outcome` says what that
       left of the output).
+    OneDocumentALineError: with `check_sentences`, a file that looks like one
+      document a line.
   """
   if spec.startswith("demo:"):
     if spec != "demo:stdlib":
@@ -236,16 +269,35 @@ def plan(spec: str, num_shards: int, stats: corpus.CorpusStats, tfds_data_dir: s
   inputs = corpus.scan_files(corpus.expand_inputs(spec), stats, manifest)
   if not inputs:
     raise NoDocumentsError(spec, stats, outcome)
+  if check_sentences:
+    check_sentence_files(inputs)
   return [{"kind": "files", "ranges": [dataclasses.astuple(r) for r in part]}
           for part in corpus.plan_ranges(inputs, num_shards)]
 
 
-def prepare(spec: str, output_dir: str, tokenizer, *, file_format: str = "sentences",
+def check_sentence_files(inputs: list[corpus.InputFile]) -> None:
+  """Refuses input to be read one sentence a line whose first files start
+  with `ONE_DOCUMENT_LINES` lines and no blank line: one document a line.
+
+  Raises:
+    OneDocumentALineError: naming the file and the `--file_format` for either reading.
+  """
+  for file in inputs[:_FILES_LOOKED_AT]:
+    if textfiles.lines_before_blank(file.path, file.compression, file.encoding,
+                                    ONE_DOCUMENT_LINES) >= ONE_DOCUMENT_LINES:
+      raise OneDocumentALineError(file.path)
+
+
+def prepare(spec: str, output_dir: str, tokenizer, *, file_format: str | None = None,
             num_shards: int = 16, num_workers: int = 1, num_hosts: int = 1,
             host_index: int = 0, min_sentences: int = 1, max_line_chars: int = 100_000,
             tfds_data_dir: str | None = None, overwrite: bool = False,
             show_progress: bool = True) -> corpus.CorpusStats:
   """Builds this host's shards; returns the counts over them.
+
+  `file_format` is "sentences" (one a line, a blank line between documents)
+  or "documents" (one a line); None reads sentences and refuses files that
+  look like one document a line (`check_sentence_files`).
 
   Documents with fewer than `min_sentences` sentences are skipped and counted.
   The default keeps every document with a sentence, as the original
@@ -261,22 +313,31 @@ def prepare(spec: str, output_dir: str, tokenizer, *, file_format: str = "senten
   """
   remote = files.is_remote(output_dir)
   with errors.writing(output_dir, "the shards finished before are kept, and an old dataset "
-                      "being replaced (--overwrite) is whole"):
-    # On gs:// the dataset is built in a local copy, each shard uploaded when done.
+                      "being replaced (--overwrite) is whole",
+                      smaller="build smaller shards (more --num_shards, with --overwrite)"):
+    # On gs:// the dataset is built in a local copy (its settings and the stats
+    # of the shards finished there first), each shard uploaded, checked and
+    # removed here when done.
     local = (shards.local_directory(output_dir, lambda name: name.endswith(".json"))
              if remote else output_dir)
     for directory in (local, os.path.dirname(os.path.abspath(local))):
       files.remove_stale_staging(directory)  # of an earlier build that was killed
-    return _prepare_in(spec, local, tokenizer, output_dir if remote else None,
-                       file_format=file_format, num_shards=num_shards,
-                       num_workers=num_workers, num_hosts=num_hosts, host_index=host_index,
-                       min_sentences=min_sentences, max_line_chars=max_line_chars,
-                       tfds_data_dir=tfds_data_dir, overwrite=overwrite,
-                       show_progress=show_progress)
+    stats = _prepare_in(spec, local, tokenizer, output_dir if remote else None,
+                        file_format=file_format, num_shards=num_shards,
+                        num_workers=num_workers, num_hosts=num_hosts, host_index=host_index,
+                        min_sentences=min_sentences, max_line_chars=max_line_chars,
+                        tfds_data_dir=tfds_data_dir, overwrite=overwrite,
+                        show_progress=show_progress)
+  if remote:  # all of it is on gs:// now: a rerun copies back the little it reads
+    left = shards.remove_local_copy(local, output_dir)
+    if left:
+      logging.warning("%s, this host's copy of %s, is kept (%.1f MiB): %s", local, output_dir,
+                      shards.directory_size(local) / 2**20, left)
+  return stats
 
 
 def _prepare_in(spec: str, output_dir: str, tokenizer, publish_to: str | None, *,
-                file_format: str, num_shards: int, num_workers: int, num_hosts: int,
+                file_format: str | None, num_shards: int, num_workers: int, num_hosts: int,
                 host_index: int, min_sentences: int, max_line_chars: int,
                 tfds_data_dir: str | None, overwrite: bool,
                 show_progress: bool) -> corpus.CorpusStats:
@@ -288,6 +349,10 @@ def _prepare_in(spec: str, output_dir: str, tokenizer, publish_to: str | None, *
     raise errors.UsageError(f"num_shards must be positive, got {num_shards}")
   if min_sentences < 1:
     raise errors.UsageError(f"min_sentences must be >= 1, got {min_sentences}")
+  if file_format is not None and file_format not in corpus.FILE_FORMATS:
+    raise errors.UsageError(f"file_format must be one of {', '.join(corpus.FILE_FORMATS)}, got "
+                            f"{file_format!r}")
+  check_sentences, file_format = file_format is None, file_format or "sentences"
   if overwrite and num_hosts > 1:
     raise errors.UsageError("overwrite with several hosts would race (one host deleting what "
                             "another writes); empty the output directory first")
@@ -297,7 +362,7 @@ def _prepare_in(spec: str, output_dir: str, tokenizer, publish_to: str | None, *
   file_stats = corpus.CorpusStats()
   manifest: dict[str, list] = {}
   sources = plan(spec, num_shards, file_stats, tfds_data_dir, kept or "nothing was written",
-                 manifest)
+                 manifest, check_sentences)
 
   # The tokenizer's files go to a scratch directory first: they replace the
   # directory's own only once the dataset is known to be this one.
@@ -444,8 +509,9 @@ def _swap_in(directory: str, names: list[str], info: dict[str, Any],
     remote = files.is_remote(directory)
     if withdrawn and remote:
       left = ("the old dataset there was withdrawn first, as the new one reuses its file "
-              f"names, and the new one is whole in {local}: rerun the same command to "
-              "finish the upload")
+              f"names, and the new one is whole in {local} "
+              f"({shards.directory_size(local) / 2**20:.1f} MiB, kept until it is uploaded): "
+              "rerun the same command to finish the upload")
     elif withdrawn:
       left = ("the old dataset there was withdrawn first, as the new one reuses its file "
               "names: rerun with --overwrite to build the new one again")
@@ -479,8 +545,14 @@ def _build_shards(spec: str, directory: str, publish_to: str | None, *,
   indices = range(host_index, num_shards, num_hosts)
   path = {i: os.path.join(directory, shards.shard_name(i, num_shards)) for i in indices}
   finished = [i for i in indices if os.path.isfile(shards.stats_path(path[i]))]
-  for damaged, reason in shards.damaged_shards([path[i] for i in finished]):
-    logging.warning("%s is damaged (%s): building it again", damaged, reason)
+  sizes = None
+  if publish_to and finished:  # uploaded and removed here (`shards.publish`): check them there
+    from bertjax.data import streaming
+
+    sizes = {name: int(entry["size"]) for name, entry in streaming.listing(publish_to).items()}
+  for damaged, reason in shards.damaged_shards([path[i] for i in finished], sizes):
+    logging.warning("%s is damaged (%s): building it again", files.join(
+        publish_to, os.path.basename(damaged)) if publish_to else damaged, reason)
     os.remove(shards.stats_path(damaged))
     finished.remove(next(i for i in finished if path[i] == damaged))
   tasks = [{"shard": i, "num_shards": num_shards, "source": sources[i],

@@ -28,11 +28,35 @@ from typing import Callable, NamedTuple, Sequence
 import grain
 import numpy as np
 
+from bertjax import errors
+
 OBJECTIVES = ("mlm_nsp", "mlm_pairs", "mlm", "ltr")
 # Instances from the next-sentence generator; the others pack contiguous text.
 PAIR_OBJECTIVES = ("mlm_nsp", "mlm_pairs", "ltr")
 
 Sentences = list[np.ndarray]  # one int32 array of token ids per sentence
+
+
+def check_pair_documents(data_dir: str, objective: str, documents: int, split: str) -> None:
+  """Refuses sentence pairs (`PAIR_OBJECTIVES`) from fewer than two documents:
+  a "random next" B segment comes from another document, and with one there
+  is none, so B would be A's own text labelled random.
+
+  Args:
+    documents: The documents of `split` that pairs are made from (their
+      random B segments drawn from them too).
+
+  Raises:
+    UsageError: naming the data, the count and the ways out.
+  """
+  if objective in PAIR_OBJECTIVES and documents < 2:
+    raise errors.UsageError(
+        f"{data_dir}: {documents} document{'' if documents == 1 else 's'}"
+        f"{'' if split == 'all' else f' in the {split} split'}, and the {objective} objective "
+        "pairs a segment with a random one from another "
+        "document: it needs two or more; a corpus of one document a line read one sentence "
+        "a line is one document (rebuild it with prepare_pretraining_data "
+        "--file_format=documents --overwrite), or use the mlm objective (no pairs)")
 
 
 class DocumentRef(NamedTuple):

@@ -213,6 +213,9 @@ class _NextSentenceInstances(grain.experimental.FlatMapTransform):
     # Random B segments come from the same split: an evaluation document never
     # shows up in a training instance, nor the reverse.
     self.candidates = split_documents(len(source), config.split, config.eval_percent)
+    if config.split != "eval":  # (a held-out split of one document evaluates as it can)
+      instances.check_pair_documents(config.data_dir, config.objective, len(self.candidates),
+                                     config.split)
     # Part of grain's FlatMap interface; only its random-access flat map uses it.
     self.max_fan_out = 4 * config.max_seq_length
 

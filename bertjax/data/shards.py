@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import shlex
+import shutil
 import struct
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
@@ -104,10 +105,48 @@ def mark_finished(shard_path: str, stats: dict[str, Any]) -> None:
 
 def publish(shard_path: str, remote: str | None) -> None:
   """Uploads a finished shard to the remote output directory (when there is
-  one), its stats (the mark of a finished shard) last."""
-  if remote:
-    for path in (shard_path, stats_path(shard_path)):
-      files.upload(path, files.join(remote, os.path.basename(path)))
+  one) and checks the upload's size, then its stats (the mark of a finished
+  shard), then removes the local shard: a build for `gs://` holds no more of
+  the dataset on this host's disk than the shards being written.
+
+  Raises:
+    StorageError: the uploaded shard is not the local one's size (nothing
+      marks it finished there; a rerun uploads it again).
+  """
+  if not remote:
+    return
+  target = files.join(remote, os.path.basename(shard_path))
+  files.upload(shard_path, target)
+  local, uploaded = os.path.getsize(shard_path), files.size(target)
+  if uploaded != local:
+    raise errors.StorageError(f"{target}: {uploaded} bytes arrived of the {local} of "
+                              f"{shard_path}; rerun the same command to upload it again")
+  stats = stats_path(shard_path)
+  files.upload(stats, files.join(remote, os.path.basename(stats)))
+  os.remove(shard_path)
+
+
+def remove_local_copy(local: str, remote: str) -> str:
+  """Removes a build's local copy of the `gs://` directory `remote` once each
+  of its files is there at the same size; returns '' then, or else (the copy
+  kept) what differs."""
+  from bertjax.data import streaming
+
+  uploaded = {name: int(entry["size"]) for name, entry in streaming.listing(remote).items()}
+  differ = [name for name in sorted(os.listdir(local)) if ".tmp" not in name
+            and os.path.isfile(os.path.join(local, name))
+            and uploaded.get(name) != os.path.getsize(os.path.join(local, name))]
+  if differ:
+    return (f"{len(differ)} of its files ({', '.join(differ[:3])}) are not on {remote} at their "
+            "size")
+  shutil.rmtree(local, ignore_errors=True)
+  return ""
+
+
+def directory_size(directory: str) -> int:
+  """The bytes of the files under a local directory."""
+  return sum(os.path.getsize(os.path.join(root, name))
+             for root, _, names in os.walk(directory) for name in names)
 
 
 def publish_files(local_dir: str, remote: str | None, names: list[str]) -> None:
@@ -254,9 +293,15 @@ def complete_shards(directory: str, kind: str = "documents") -> list[str]:
   return paths
 
 
-def damaged_shards(paths: Sequence[str]) -> list[tuple[str, str]]:
+def damaged_shards(paths: Sequence[str], sizes: dict[str, int] | None = None
+                   ) -> list[tuple[str, str]]:
   """(path, why) of the finished local shards whose size is not the one their
-  stats recorded (shards finished before sizes were recorded pass)."""
+  stats recorded (shards finished before sizes were recorded pass).
+
+  Args:
+    sizes: The shards' sizes by name where they are not local (a build's
+      shards on `gs://`, uploaded and removed here), from a listing.
+  """
   damaged = []
   for path in paths:
     try:
@@ -268,8 +313,8 @@ def damaged_shards(paths: Sequence[str]) -> list[tuple[str, str]]:
     if recorded is None:
       continue
     try:
-      size = os.path.getsize(path)
-    except OSError:
+      size = os.path.getsize(path) if sizes is None else sizes[os.path.basename(path)]
+    except (OSError, KeyError):
       damaged.append((path, "it is missing"))
       continue
     if size != recorded:

@@ -10,6 +10,8 @@ import json
 import os
 from typing import Any
 
+from absl import logging
+
 from bertjax import errors, files
 from bertjax.data import build_pool, shards
 from bertjax.data.progress import Progress
@@ -50,7 +52,8 @@ def build_static_shard(task: dict[str, Any], progress=None) -> dict[str, Any]:
 def prepare_static(data_dir: str, *, objective: str, max_seq_length: int, masking,
                    dupe_factor: int, short_seq_prob: float = 0.1, seed: int = 0,
                    eval_percent: float = 1.0, num_workers: int = 1, num_hosts: int = 1,
-                   host_index: int = 0, show_progress: bool = True) -> int:
+                   host_index: int = 0, show_progress: bool = True,
+                   keep_local_copy: bool = False) -> int:
   """Writes statically masked instances, as the original code did (`dupe_factor`
   differently masked copies of the data), from finished document shards.
 
@@ -61,14 +64,26 @@ def prepare_static(data_dir: str, *, objective: str, max_seq_length: int, maskin
   with the same settings are kept (a rerun finishes what is missing); with other
   settings they are replaced.
 
+  On `gs://` they are built from this host's copy of the documents (array_record
+  reads local files), each instance shard uploaded, checked and removed here
+  when done; the copy of the documents is removed at the end unless
+  `keep_local_copy` (a run's: its other phase builds from it, and
+  `data.read_mode="copy"` reads it).
+
   Returns the number of instances this host wrote.
   """
   with errors.writing(data_dir, "the instance shards finished before are kept"):
-    return _prepare_static(data_dir, objective=objective, max_seq_length=max_seq_length,
-                           masking=masking, dupe_factor=dupe_factor,
-                           short_seq_prob=short_seq_prob, seed=seed, eval_percent=eval_percent,
-                           num_workers=num_workers, num_hosts=num_hosts,
-                           host_index=host_index, show_progress=show_progress)
+    count, copied = _prepare_static(
+        data_dir, objective=objective, max_seq_length=max_seq_length, masking=masking,
+        dupe_factor=dupe_factor, short_seq_prob=short_seq_prob, seed=seed,
+        eval_percent=eval_percent, num_workers=num_workers, num_hosts=num_hosts,
+        host_index=host_index, show_progress=show_progress)
+  if copied and not keep_local_copy:  # all of it is on gs:// now
+    left = shards.remove_local_copy(copied, data_dir)
+    if left:
+      logging.warning("%s, this host's copy of %s, is kept (%.1f MiB): %s", copied, data_dir,
+                      shards.directory_size(copied) / 2**20, left)
+  return count
 
 
 def _static_written(data_dir: str, settings: dict[str, Any], host_index: int,
@@ -98,7 +113,9 @@ def _static_written(data_dir: str, settings: dict[str, Any], host_index: int,
 def _prepare_static(data_dir: str, *, objective: str, max_seq_length: int, masking,
                     dupe_factor: int, short_seq_prob: float, seed: int, eval_percent: float,
                     num_workers: int, num_hosts: int, host_index: int,
-                    show_progress: bool) -> int:
+                    show_progress: bool) -> tuple[int, str | None]:
+  """`prepare_static`: (instances this host wrote, this host's copy of a
+  `gs://` data_dir where the instances were built from one, else None)."""
   if dupe_factor < 1:
     raise errors.UsageError(f"dupe_factor must be >= 1, got {dupe_factor}")
   num_shards = shards.read_info(data_dir)["num_shards"]
@@ -112,9 +129,13 @@ def _prepare_static(data_dir: str, *, objective: str, max_seq_length: int, maski
     shards.complete_shards(data_dir)
     written = _static_written(data_dir, settings, host_index, num_hosts)
     if written is not None:  # nothing to build: nothing to copy
-      return written
+      return written, None
     publish_to, data_dir = data_dir, shards.local_directory(data_dir)
   shards.complete_shards(data_dir)  # all documents first: random B segments read any
+  from bertjax.data import instances, loader
+
+  training = loader.split_documents(len(loader.DocumentSource(data_dir)), "train", eval_percent)
+  instances.check_pair_documents(publish_to or data_dir, objective, len(training), "train")
   files.remove_stale_staging(data_dir)  # of an earlier build that was killed
   existing = os.path.join(data_dir, info_file)
   if os.path.isfile(existing):
@@ -149,4 +170,4 @@ def _prepare_static(data_dir: str, *, objective: str, max_seq_length: int, maski
                                                                       kind)))
     with open(path, encoding="utf-8") as f:
       total += json.load(f)["instances"]
-  return total
+  return total, data_dir if publish_to else None

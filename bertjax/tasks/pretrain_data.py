@@ -21,7 +21,7 @@ import ml_collections
 
 from bertjax import errors, files, hosts, paths
 from bertjax.phases import Phase, phases
-from bertjax.data import loader, shards
+from bertjax.data import instances, loader, shards
 from bertjax.data.masking import MaskingConfig
 
 
@@ -263,6 +263,8 @@ def check_splits(config: ml_collections.ConfigDict, data_dir: str) -> None:
   splits = ["train"] + (["eval"] if config.eval.every_steps > 0 else [])
   for split in splits:
     chosen = len(loader.split_documents(num_documents, split, config.data.eval_percent))
+    if split == "train":  # sentence pairs draw random segments from other documents
+      instances.check_pair_documents(data_dir, config.objective, chosen, split)
     if chosen < processes:
       advice = ("raise data.eval_percent" if split == "eval" else "lower data.eval_percent")
       raise errors.UsageError(
@@ -287,7 +289,8 @@ def _build_static(config: ml_collections.ConfigDict, data_dir: str) -> None:
           dupe_factor=config.data.static_dupe_factor,
           short_seq_prob=config.data.short_seq_prob, seed=config.seed + 1000 * phase.index,
           eval_percent=config.data.eval_percent, num_workers=os.cpu_count() or 1,
-          num_hosts=jax.process_count(), host_index=jax.process_index(), show_progress=False)
+          num_hosts=jax.process_count(), host_index=jax.process_index(), show_progress=False,
+          keep_local_copy=True)  # the next phase builds from it, data.read_mode="copy" reads it
     except Exception as e:  # every host learns of a failure on any (none waits)
       error = e
     hosts.agree(error, f"building the static instances of length {phase.max_seq_length}")
@@ -324,6 +327,13 @@ def _build_on_this_host(config: ml_collections.ConfigDict, workdir: str, data_di
     stats = builder.prepare(config.data.build_from, data_dir,
                             tokenizer_from_vocab_file(vocab), num_shards=4, num_workers=1,
                             show_progress=False)
+  except builder.OneDocumentALineError as e:  # (the builder's own flag is --file_format)
+    raise errors.UsageError(
+        f"{e.path}: its first {builder.ONE_DOCUMENT_LINES:,} lines hold no blank line: one "
+        "document a line, most likely, which data.build_from would read as one document (it "
+        "reads one sentence a line, a blank line between documents); prepare it with python -m "
+        "bertjax.tools.prepare_pretraining_data --file_format=documents and give that "
+        "directory as --config.data.dir") from None
   except builder.DatasetMismatchError as e:  # the builder's advice is its own flags'
     raise errors.UsageError(
         f"{data_dir} (partly built) and {vocab} were built from {e.difference}; restore "

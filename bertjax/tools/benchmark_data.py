@@ -132,8 +132,8 @@ def main(argv):
     tokenizer = tokenizer_from_vocab_file(vocab)
     data_dir = os.path.join(scratch, "prepared")
     start = time.perf_counter()
-    stats = builder.prepare(raw, data_dir, tokenizer, num_shards=4, num_workers=1,
-                            show_progress=False)
+    stats = builder.prepare(raw, data_dir, tokenizer, file_format="sentences", num_shards=4,
+                            num_workers=1, show_progress=False)
     seconds = time.perf_counter() - start
     print(json.dumps({"stage": "builder", "cores": 1, "tokens": stats.tokens,
                       "documents": stats.documents_used, "seconds": round(seconds, 2),

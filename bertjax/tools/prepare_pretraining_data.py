@@ -9,10 +9,11 @@ r"""Tokenise a corpus into `array_record` shards of documents for pre-training.
 
 Inputs: files and globs (local or gs://) in the original format (one sentence per
 line, blank line between documents; `--file_format=documents` for one document
-per line), `tfds:NAME[:SPLIT]`, or `demo:stdlib`. Shards are built in parallel
-over `--num_workers` processes; on several hosts, give each its
-`--host_index` of `--num_hosts` and it builds the shards with that index
-modulo the host count. Finished shards are kept, so an interrupted run resumes.
+per line: a file whose first 1,000 lines hold no blank line is refused unless
+`--file_format` says how to read it), `tfds:NAME[:SPLIT]`, or `demo:stdlib`.
+Shards are built in parallel over `--num_workers` processes; on several hosts,
+give each its `--host_index` of `--num_hosts` and it builds the shards with
+that index modulo the host count. Finished shards are kept, so an interrupted run resumes.
 The closing summary accounts for every file, document and line. Input with no
 usable document is an error after the summary, and marks nothing finished;
 with `--overwrite`, the new dataset is built beside the old one and replaces it
@@ -32,7 +33,7 @@ from __future__ import annotations
 import os
 import time
 
-from absl import flags
+from absl import flags, logging
 
 from bertjax import files, paths, usage
 from bertjax.data import builder, corpus, static_instances
@@ -49,9 +50,11 @@ _VOCAB = paths.DEFINE_path("vocab", None, "WordPiece vocab.txt, SentencePiece .m
 _DO_LOWER_CASE = flags.DEFINE_bool("do_lower_case", None, "Lower-case the text (default: true "
                                    "for vocab.txt and .model; a tokenizer.json as its "
                                    "normaliser says).")
-_FILE_FORMAT = flags.DEFINE_enum("file_format", "sentences", list(corpus.FILE_FORMATS),
-                                 "sentences: one per line, blank line between documents; "
-                                 "documents: one document per line.")
+_FILE_FORMAT = flags.DEFINE_enum(
+    "file_format", None, list(corpus.FILE_FORMATS), "sentences: one a line, a blank line "
+    "between documents; documents: one document a line, split into sentences. Unset: "
+    f"sentences, refusing a file whose first {builder.ONE_DOCUMENT_LINES:,} lines hold no blank "
+    "line (one document a line, most likely).")
 _NUM_SHARDS = flags.DEFINE_integer("num_shards", 16, "Output shards (>= hosts x workers "
                                    "for full parallelism).")
 _NUM_WORKERS = flags.DEFINE_integer("num_workers", None, "Processes (default: all cores).")
@@ -109,6 +112,11 @@ def main(argv):
   seconds = time.perf_counter() - start
   print(stats.summary())
   print(f"time:       {seconds:.1f} s, {stats.tokens / max(seconds, 1e-9):,.0f} tokens/s")
+  if stats.documents_used == 1 and _NUM_HOSTS.value == 1:
+    logging.warning("%s holds one document: sentence pairs (the mlm_nsp, mlm_pairs and ltr "
+                    "objectives) need two or more, and are refused; if the input holds one "
+                    "document a line, rebuild with --file_format=documents --overwrite",
+                    _OUTPUT_DIR.value)
   if _STATIC_DUPE_FACTOR.value > 0:
     count = static_instances.prepare_static(
         _OUTPUT_DIR.value, objective=_OBJECTIVE.value, max_seq_length=_MAX_SEQ_LENGTH.value,

@@ -276,6 +276,50 @@ def test_static_instances_on_gcs_are_the_local_ones_and_replaced_whole(tmp_path,
                                                               "rb").read(), name
 
 
+def test_a_build_to_gcs_leaves_no_copy_on_this_host_and_resumes_from_the_bucket(
+    tmp_path, vocab, gcs):
+  """The command, as a user runs it: each shard is built here, uploaded, checked
+  and removed here, the rest once everything is up; static instances too. A
+  rerun builds only what the bucket lacks, or holds at another size."""
+  from bertjax import files
+
+  corpus = write_corpus(tmp_path / "corpus.txt", num_documents=400, seed=5)
+  remote = gcs.url_of("no_copy/data")
+  args = [sys.executable, "-m", "bertjax.tools.prepare_pretraining_data", f"--input={corpus}",
+          f"--vocab={vocab}", f"--output_dir={remote}", "--num_shards=4", "--num_workers=2"]
+  static = ["--static_dupe_factor=1", "--max_seq_length=32", "--max_predictions=5"]
+  cache = files.cache_path(remote)
+
+  def run(*more):
+    result = subprocess.run(args + list(more), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert not os.path.exists(cache), os.listdir(cache)  # nothing left here
+    return result
+
+  run(*static)
+  names = files.listdir(remote)
+  assert len(shards.complete_shards(remote)) == 4
+  assert len(shards.complete_shards(remote, shards.static_kind(32))) == 4
+  local = tmp_path / "local"
+  builder.prepare(str(corpus), str(local), WordPieceTokenizer(vocab), num_shards=4,
+                  show_progress=False)
+  for name in sorted(n for n in os.listdir(local) if n.startswith("documents-")):
+    assert files.read_bytes(files.join(remote, name)) == (local / name).read_bytes(), name
+
+  # A shard missing from the bucket, and one cut short there: only those are built again.
+  missing, cut = (shards.shard_name(i, 4) for i in (1, 2))
+  for name in (missing, shards.stats_path(missing)):
+    files.remove(files.join(remote, name))
+  files.write_bytes(files.join(remote, cut), (local / cut).read_bytes()[:-100])
+  again = run()
+  assert "Building 2 of this host's 4 shards" in again.stderr, again.stderr[-3000:]
+  assert f"{files.join(remote, cut)} is damaged" in again.stderr
+  assert files.listdir(remote) == names
+  for name in (missing, cut):
+    assert files.read_bytes(files.join(remote, name)) == (local / name).read_bytes(), name
+  assert "Building 0 of this host's 4 shards" in run().stderr
+
+
 def _modernbert_layout_tokenizer(path, texts):
   """A byte-level BPE laid out as ModernBERT's tokenizer.json is: its learned
   pieces first, then [UNK] [CLS] [SEP] [PAD] [MASK], then unused tokens to a

@@ -127,7 +127,7 @@ def test_static_instances_stream_too(tmp_path, larger, gcs):
   _upload_directory(local, static_remote)
   count = static_instances.prepare_static(static_local, **settings)
   assert static_instances.prepare_static(static_remote, **settings) == count
-  shutil.rmtree(files.cache_path(static_remote))  # a new host's empty cache
+  assert not os.path.exists(files.cache_path(static_remote))  # the build's copy: removed
   assert static_instances.prepare_static(static_remote, **settings) == count  # finished there
   assert not os.path.exists(files.cache_path(static_remote))
   kw = dict(static=True, batch_size=8, max_seq_length=64, seed=1,

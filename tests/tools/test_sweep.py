@@ -49,6 +49,29 @@ def test_sweep_runs_each_pair_selects_on_dev_and_resumes(tiny_hf_checkpoint, tmp
                          timeout=600)
   assert again.returncode == 0 and again.stderr.count("done before") == 4
 
+  # Another checkpoint: the finished runs are not this sweep's, and are refused
+  # before anything runs.
+  import shutil
+
+  other = str(tmp_path / "other_checkpoint")
+  shutil.copytree(tiny_hf_checkpoint, other)
+  before = {run["workdir"]: os.path.getmtime(os.path.join(run["workdir"], "results.json"))
+            for run in runs}
+  table = open(os.path.join(workdir, "sweep.json")).read()
+  moved = [arg for arg in command if not arg.startswith("--config.init_checkpoint=")]
+  moved.append(f"--config.init_checkpoint={other}")
+  refused = subprocess.run(moved, cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=600)
+  assert refused.returncode == 2, refused.stderr[-3000:]
+  assert "Traceback" not in refused.stderr and "done before" not in refused.stderr
+  line = refused.stderr.strip().splitlines()[-1]
+  first = os.path.join(workdir, "lr0.003_seed0")
+  assert line.startswith(f"error: {first} holds a finished run of other settings "
+                         f"(init_checkpoint: {tiny_hf_checkpoint} then, {other} now)"), line
+  assert "the 3 other runs" in line and "another --workdir" in line, line
+  assert open(os.path.join(workdir, "sweep.json")).read() == table
+  assert {w: os.path.getmtime(os.path.join(w, "results.json")) for w in before} == before
+
 
 def test_a_run_stopped_while_its_model_is_saved_is_not_taken_as_done(tiny_hf_checkpoint,
                                                                      tmp_path, monkeypatch):
