@@ -14,21 +14,22 @@ import threading
 import traceback
 from typing import Any, Callable, Iterator
 
-from bertjax import files, usage
+from bertjax import files, usage, worker_signals
 from bertjax.data.progress import Progress
 
 
 def _worker_init(progress) -> None:
   """Sets up a worker process: one core, progress reports to the parent, and
-  signals left to the parent (Ctrl-C goes to the whole process group)."""
+  a terminal's signals left to the parent (Ctrl-C and SIGHUP go to the whole
+  process group)."""
   global _PROGRESS
   _PROGRESS = progress
   # One core per worker: the Rust tokenizer would otherwise spread over all.
   os.environ["RAYON_NUM_THREADS"] = "1"
   os.environ["TOKENIZERS_PARALLELISM"] = "false"
-  # The parent handles Ctrl-C: it stops the pool (SIGTERM) and removes the
-  # staging files the workers leave (`run_tasks`).
-  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  # The parent handles them: it stops the pool (with SIGTERM, which stays
+  # deadly) and removes the staging files the workers leave (`run_tasks`).
+  worker_signals.ignore_in_worker(keep_sigterm=True)
 
 
 _PROGRESS = None  # a worker's queue to the parent
@@ -64,7 +65,10 @@ def _run_in_pool(context, tasks: list[dict[str, Any]], num_workers: int, sink: "
   pool = progress = pending = None
   finished = False
   try:
-    with usage.signals_held():  # a pool half made would be left behind
+    # A pool half made would be left behind; its workers (and the threads
+    # that replace them) start with the terminal's signals blocked.
+    with usage.signals_held(), worker_signals.blocked_for_children():
+      worker_signals.start_resource_tracker()
       progress = context.Queue()
       pool = context.Pool(min(num_workers, len(tasks)), initializer=_worker_init,
                           initargs=(progress,))

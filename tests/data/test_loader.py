@@ -97,6 +97,40 @@ def test_restore_with_worker_processes(prepared_dir):
   _assert_same(_take(restored, 3), expected)
 
 
+def test_worker_processes_leave_a_terminal_s_signals_to_the_run_which_stops_them(
+    prepared_dir):
+  """A terminal's signals reach the workers too (its whole process group): they
+  ignore them, and the run stops them when its input closes. Batches come back
+  as plain arrays: no shared-memory segment of theirs can outlive the run."""
+  import multiprocessing
+  import os
+  import signal
+  import time
+
+  mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+  config = loader.LoaderConfig(prepared_dir, batch_size=8, worker_count=2)
+  plain = iter(loader.make_dataset(config))
+  expected = _take(plain, 6)
+  plain.close()
+  assert all(type(value) is np.ndarray  # pylint: disable=unidiomatic-typecheck
+             for batch in expected for value in batch.values())
+  before = set(multiprocessing.active_children())
+  device = loader.DeviceIterator(iter(loader.make_dataset(config)),
+                                 jax.NamedSharding(mesh, jax.P("data")))
+  got = [next(device) for _ in range(3)]  # from both workers
+  workers = [p for p in multiprocessing.active_children() if p not in before]
+  assert len(workers) == 2
+  for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+    for worker in workers:
+      os.kill(worker.pid, signum)
+  time.sleep(0.5)
+  assert all(worker.is_alive() for worker in workers)
+  got += [next(device) for _ in range(3)]
+  _assert_same([jax.device_get(b) for b in got], expected)
+  device.close()
+  assert not any(worker.is_alive() for worker in workers)
+
+
 def test_masks_differ_between_epochs(prepared_dir):
   config = loader.LoaderConfig(prepared_dir, objective="mlm", batch_size=1, shuffle_window=1,
                                seed=3)

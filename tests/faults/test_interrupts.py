@@ -2,10 +2,12 @@
 traceback, no staging file, finished work kept, and the rerun completes.
 
 Ctrl-C is sent as a terminal sends it: SIGINT to the command's whole process
-group (its worker processes too), at several points of the work.
+group (its worker processes too), at several points of the work; so is a
+closed terminal's SIGHUP to a data build and to a pre-training run.
 """
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +17,8 @@ import pytest
 
 from bertjax.data import shards
 from tests.conftest import corpus_and_vocab, process_group_gone, staging_files
+from tests.faults.test_training import _start as _start_run, _tiny, _wait_for_step
+from tests.tasks.test_pretrain import _env, _losses, _run, _saved_steps
 
 
 def _start(name, *args, sighup=signal.SIG_DFL):
@@ -150,9 +154,9 @@ def test_ctrl_c_in_a_conversion_leaves_no_output_and_the_rerun_converts(tmp_path
 @pytest.mark.parametrize("point", ["before any shard is finished", "with shards finished"])
 def test_sigterm_or_sighup_to_a_data_build_stops_its_workers_and_the_rerun_completes(
     inputs, tmp_path, point, signum):
-  """`kill` (SIGTERM) or a closed terminal (SIGHUP) reaches the command alone,
-  not its workers: the command stops them, keeps its finished shards, exits
-  128 + the signal, and leaves no process behind."""
+  """`kill PID` (SIGTERM, SIGHUP) reaches the command alone, not its workers:
+  the command stops them, keeps its finished shards, exits 128 + the signal,
+  and leaves no process behind."""
   out, args, ready = _data_build(inputs, tmp_path, point)
   process = _start("prepare_pretraining_data", *args)
   deadline = time.time() + 120
@@ -188,3 +192,96 @@ def test_a_data_build_under_nohup_keeps_building_on_sighup(inputs, tmp_path):
   _, err = process.communicate(timeout=300)
   assert process.returncode == 0, err[-3000:]
   assert len(_finished(out)) == 12
+
+
+@pytest.fixture
+def private_shm(tmp_path):
+  """(a directory, `wrap(command)`): `command` run with that directory as its
+  /dev/shm, in a mount namespace of its own, so that the segments and
+  semaphores it leaves are told from those of other processes on the machine.
+  Needs root (CI runs as root): skipped otherwise."""
+  if os.geteuid() != 0 or shutil.which("unshare") is None:
+    pytest.skip("a private /dev/shm needs root and unshare (CI runs as root)")
+  probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"],
+                         capture_output=True, text=True)
+  if probe.returncode:
+    pytest.skip(f"cannot make a mount namespace here: {probe.stderr.strip()}")
+  shm = tmp_path / "shm"
+  shm.mkdir()
+
+  def wrap(command):
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+            'mount --bind "$0" /dev/shm && exec "$@"', str(shm), *command]
+
+  return shm, wrap
+
+
+def _no_worker_noise(stderr):
+  """No worker's traceback, no resource tracker's complaint (one killed and
+  started again prints a KeyError for each semaphore unregistered)."""
+  for noise in ("Traceback", "KeyError", "leaked", "relaunching", "died unexpectedly"):
+    assert noise not in stderr, stderr[-3000:]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP, signal.SIGTERM],
+                         ids=lambda signum: signal.Signals(signum).name)
+def test_a_terminal_signal_to_a_pretraining_run_leaves_no_worker_and_nothing_in_dev_shm(
+    prepared_dir, tmp_path, private_shm, signum):
+  """Ctrl-C and a closed terminal's SIGHUP reach the run's whole process group:
+  its loader's worker processes and multiprocessing's resource tracker too (as
+  SIGTERM does from `kill -TERM -PGID`, or a supervisor stopping the group).
+  The run saves at the step and exits 130, 129 or 143, as with the signal to
+  it alone; no worker prints a traceback, every process ends, nothing is left
+  in /dev/shm, and the rerun resumes from the step."""
+  shm, in_private_shm = private_shm
+  workdir = str(tmp_path / "run")
+  workers = {"data.worker_count": 2, "optimizer.warmup_steps": 5}
+  args = _tiny(workdir, prepared_dir, **workers, **{"train.total_steps": 400,
+                                                    "checkpoint.every_steps": 1000})
+  log_path = str(tmp_path / "log")
+  process, log = _start_run(in_private_shm(args), log_path, start_new_session=True)
+  try:
+    _wait_for_step(process, workdir, 12)
+    assert os.listdir(shm), "the loader's queues make semaphores: /dev/shm is not the run's"
+    os.killpg(process.pid, signum)
+    process.wait(timeout=300)
+  finally:
+    process.kill()
+    log.close()
+  stderr = open(log_path).read()
+  assert process.returncode == 128 + signum, stderr[-3000:]
+  assert process_group_gone(process.pid), "a worker (or the resource tracker) outlived the run"
+  assert sorted(os.listdir(shm)) == []
+  _no_worker_noise(stderr)
+  stopped = max(_losses(workdir))
+  assert f"checkpoint saved at step {stopped}; rerun" in stderr, stderr[-3000:]
+  result = _run(in_private_shm(_tiny(workdir, prepared_dir, **workers, **{
+      "train.total_steps": stopped + 5, "eval.every_steps": 0})), _env())
+  assert f"at step {stopped}" in result.stderr
+  _no_worker_noise(result.stderr)
+  losses = _losses(workdir)
+  assert all(len(losses[s]) == 1 for s in range(1, stopped + 6))  # nothing ran twice
+  assert _saved_steps(workdir)[-1] == stopped + 5 and sorted(os.listdir(shm)) == []
+
+
+def test_sighup_to_a_data_build_s_process_group_leaves_nothing_in_dev_shm(
+    inputs, tmp_path, private_shm):
+  """A closed terminal's SIGHUP reaches the build's workers and the resource
+  tracker too: the build stops as on SIGHUP to it alone, and leaves no
+  process, no semaphore in /dev/shm and no tracker's KeyError."""
+  shm, in_private_shm = private_shm
+  out, args, ready = _data_build(inputs, tmp_path, "with shards finished")
+  process = subprocess.Popen(
+      in_private_shm([sys.executable, "-m", "bertjax.tools.prepare_pretraining_data", *args]),
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+  deadline = time.time() + 120
+  while not ready():
+    assert process.poll() is None and time.time() < deadline, process.communicate()
+    time.sleep(0.01)
+  os.killpg(process.pid, signal.SIGHUP)
+  _, err = process.communicate(timeout=120)
+  assert process.returncode == 129, err[-3000:]
+  assert process_group_gone(process.pid) and not staging_files(out)
+  assert sorted(os.listdir(shm)) == []
+  _no_worker_noise(err)
+  assert err.strip().splitlines()[-1].startswith("error: interrupted (SIGHUP): "), err[-2000:]

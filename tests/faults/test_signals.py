@@ -2,9 +2,9 @@
 work: exit 128 + the signal with one line saying what was kept, no traceback,
 no process left behind, nothing half-written, and the rerun completes.
 
-The signal is sent as `kill` sends it (and as a closed terminal's SIGHUP
-reaches a command started with `&`): to the command's process alone, not to
-its process group. The data build's cases are in test_interrupts.py.
+The signal is sent as `kill PID` sends it: to the command's process alone, not
+to its process group. The data build's cases, and a terminal's signals (sent
+to the whole group), are in test_interrupts.py.
 """
 
 import json
