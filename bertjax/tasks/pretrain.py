@@ -24,6 +24,7 @@ from bertjax import (checkpoint, divergence, errors, files, flops, hosts, metric
 from bertjax.data import loader
 from bertjax.models import EncoderConfig
 from bertjax.phases import Phase, phases
+from bertjax.tasks import pretrain_resume
 from bertjax.tasks.pretrain_checks import stage_accumulation, validate
 from bertjax.tasks.pretrain_data import (check_stream, check_vocabulary, data_identity,
                                          loader_config, prepare_data, sequences_per_row,
@@ -197,13 +198,7 @@ class _Trainer:
     if not diverged:
       return
     aside = files.join(self.workdir, "checkpoints_diverged")
-    error = None
-    if jax.process_index() == 0:
-      try:
-        self.checkpointer.move_aside(diverged, aside)
-      except Exception as e:  # every host stops with it (none waits)
-        error = e
-    hosts.agree(error, f"moving diverged checkpoints to {aside}")
+    pretrain_resume.set_aside(self.checkpointer, diverged, aside, "diverged")
     logging.warning("Step %s holds weights whose loss was out of range: moved to %s",
                     ", ".join(map(str, diverged)), aside)
 
@@ -212,37 +207,15 @@ class _Trainer:
     return finished[-1] if finished else "0 (no finished checkpoint)"
 
   def _restore_or_init(self, abstract, shardings):
-    """(state, this host's data position or None): the newest step that reads back
-    on every host, or a fresh state. Damaged newer steps are moved to
-    `<workdir>/checkpoints_damaged`, with a warning; a checkpoint of another
-    model stops the run (`CheckpointMismatchError`)."""
-    steps = self.checkpointer.all_steps()
-    if not steps:
+    """(state, this host's data position or None): the newest step that reads
+    back on every host (`pretrain_resume`), or a fresh state."""
+    restored = pretrain_resume.restore_newest(
+        self.checkpointer, checkpoint.abstract_with_shardings(abstract, shardings),
+        self.workdir)
+    if restored is None:
       return train.init_train_state(self.model, self.optimizer, self.config.seed,
                                     shardings), None
-    target = checkpoint.abstract_with_shardings(abstract, shardings)
-    damaged: list[tuple[int, str]] = []
-    for step in reversed(steps):
-      error = None
-      try:
-        state, data, _ = self.checkpointer.restore(step, target)
-      except Exception as e:  # pylint: disable=broad-except  # every host learns it
-        error = e
-      try:
-        hosts.agree(error, f"restoring step {step}")  # damage may be one host's files
-      except (checkpoint.DamagedCheckpointError, hosts.OtherHostError) as e:
-        if isinstance(e, hosts.OtherHostError) and e.kind != "DamagedCheckpointError":
-          raise  # not damage (storage that did not answer, a bug): as that host ends
-        damaged.append((step, str(e)))
-        continue
-      if damaged:
-        self._set_aside_damaged(damaged, step)
-      logging.info("Resumed from %s at step %d", self.checkpointer.directory, step)
-      return state, data
-    raise checkpoint.DamagedCheckpointError(
-        f"no step of {self.checkpointer.directory} reads back ("
-        + "; ".join(message for _, message in damaged) + "); move them away or give another "
-        "--workdir to start over")
+    return restored
 
   def _check_resumed_stream(self, state, restored_data: dict[str, Any] | None) -> None:
     """A data position that the run will resume must be in the stream these
@@ -252,22 +225,6 @@ class _Trainer:
     resumed = [phase for phase in self.phases if phase.index == restored_data["phase"]]
     if resumed and int(state.step) < resumed[0].end:
       check_stream(restored_data.get("stream"), stream_settings(self.config))
-
-  def _set_aside_damaged(self, damaged: list[tuple[int, str]], resumed: int) -> None:
-    aside = files.join(self.workdir, "checkpoints_damaged")
-    error = None
-    if jax.process_index() == 0:
-      try:
-        self.checkpointer.move_aside([step for step, _ in damaged], aside)
-      except Exception as e:  # every host stops with it (none waits)
-        error = e
-    hosts.agree(error, f"moving damaged checkpoints to {aside}")
-    self.checkpointer.reload()
-    for step, message in damaged:
-      logging.warning("DAMAGED CHECKPOINT: step %d cannot be restored (%s); moved to %s/%d",
-                      step, message, aside, step)
-    logging.warning("Resuming from step %d, the newest checkpoint that reads back: the steps "
-                    "after it run again", resumed)
 
   def _train_phase(self, phase: Phase, state, restored_data, result):
     """Opens the phase's data where the checkpoint left it and runs its steps."""
