@@ -3,12 +3,13 @@ terminal closed) during training."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import threading
 import time
-from typing import Any
+from typing import Any, Iterator
 
 from absl import logging
 
@@ -60,10 +61,14 @@ class StopRequests:
       signals.append(signal.SIGHUP)
     if threading.current_thread() is not threading.main_thread():
       return self  # rely on JAX's sync point only
-    for signum in signals:  # (SIGINT first: Python's handler of it is known here)
-      if signum == signal.SIGTERM and self._multi_process:
-        # JAX's own handler, which hears SIGTERM for its sync point.
-        self._native = _NativeHandler.of(signal.SIGTERM, python_handled=signal.SIGINT)
+    if self._multi_process:
+      # JAX's own handler, which hears SIGTERM for its sync point: called as
+      # SIGTERM lands. Unknown (jax.distributed started elsewhere than
+      # `bertjax.main`), SIGTERM is left to it, unnoted.
+      self._native = _jax_sigterm
+      if self._native is None:
+        signals.remove(signal.SIGTERM)
+    for signum in signals:
       self._previous[signum] = signal.signal(signum, self._handle)
     self._watcher = _ArrivalWatcher(self)
     return self
@@ -157,25 +162,6 @@ class _NativeHandler:
   def __init__(self, signum: int, action: _SigAction):
     self._signum, self._action = signum, action
 
-  @classmethod
-  def of(cls, signum: int, python_handled: int) -> "_NativeHandler | None":
-    """The handler of `signum`, if native code installed it.
-
-    Python's `signal.getsignal` cannot tell: it says what Python last
-    installed, though native code may have replaced it since. What the C
-    library says is compared instead with the handler of `python_handled`, a
-    signal whose handler Python installed (all of Python's go through one C
-    function).
-    """
-    libc = _libc()
-    action, python = _SigAction(), _SigAction()
-    if (libc.sigaction(signum, None, ctypes.byref(action)) != 0
-        or libc.sigaction(python_handled, None, ctypes.byref(python)) != 0):
-      return None
-    if action.handler in (None, int(signal.SIG_DFL), int(signal.SIG_IGN), python.handler):
-      return None
-    return cls(signum, action)
-
   def call(self, signum: int) -> None:
     if self._action.flags & _SA_SIGINFO:
       ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(
@@ -185,6 +171,31 @@ class _NativeHandler:
 
   def install(self) -> None:
     _libc().sigaction(self._signum, ctypes.byref(self._action), None)
+
+
+# JAX's own SIGTERM handler, as `jax.distributed` installed it (`installing_jax_sigterm`).
+_jax_sigterm: _NativeHandler | None = None
+
+
+@contextlib.contextmanager
+def installing_jax_sigterm() -> Iterator[None]:
+  """Keeps the SIGTERM handler that native code installs inside the block:
+  wrap `jax.distributed.initialize` in it.
+
+  JAX's preemption notifier installs its handler through the C library, which
+  Python's `signal` module does not see: any `signal.signal(SIGTERM, ...)`
+  later (holding signals around a critical section, a worker pool's start)
+  replaces it for good. What the C library says before and after the block
+  tells JAX's handler from Python's own, which `StopRequests` then calls.
+  """
+  global _jax_sigterm
+  libc, before, after = _libc(), _SigAction(), _SigAction()
+  known = libc.sigaction(signal.SIGTERM, None, ctypes.byref(before)) == 0
+  yield
+  if (known and libc.sigaction(signal.SIGTERM, None, ctypes.byref(after)) == 0
+      and after.handler != before.handler
+      and after.handler not in (None, int(signal.SIG_DFL), int(signal.SIG_IGN))):
+    _jax_sigterm = _NativeHandler(signal.SIGTERM, after)
 
 
 def _libc() -> ctypes.CDLL:

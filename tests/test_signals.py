@@ -1,7 +1,7 @@
 """Stop requests during training (bertjax.signals.StopRequests): the moment a
 SIGTERM lands is noted as it lands, on one process and on several, where
 JAX's own handler takes the signal for its preemption sync point and must
-still hear it."""
+still hear it, even after Python's handlers were installed again over it."""
 
 import subprocess
 import sys
@@ -24,7 +24,12 @@ usage.stop_as_ctrl_c()  # as every command starts: Python's own SIGTERM handler 
 multi_process = sys.argv[1] == "jax.distributed"
 if multi_process:  # JAX's preemption notifier installs its SIGTERM handler
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(f"127.0.0.1:{sys.argv[2]}", num_processes=1, process_id=0)
+  with signals.installing_jax_sigterm():  # as bertjax.main starts it
+    jax.distributed.initialize(f"127.0.0.1:{sys.argv[2]}", num_processes=1, process_id=0)
+  # Python's handlers installed again after JAX's (as holding signals around a
+  # critical section or starting a worker pool does) replace it in C.
+  with usage.signals_held():
+    pass
 step = jax.jit(lambda x: jax.lax.fori_loop(0, 300, lambda i, y: jnp.tanh(y @ y), x))
 x = jnp.ones((500, 500)) / 500
 step(x).block_until_ready()

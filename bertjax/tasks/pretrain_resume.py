@@ -46,11 +46,15 @@ def restore_newest(checkpointer: checkpoint.Checkpointer, target: Any,
       state, data, _ = checkpointer.restore(step, target)
     except Exception as e:  # pylint: disable=broad-except  # every host learns it
       error = e
+    # A failure other than damage on any host (storage that did not answer, a
+    # bug) ends every host alike, with its status; the hosts that found damage
+    # too do not go on to an older step without the others.
+    other = error is not None and not isinstance(error, checkpoint.DamagedCheckpointError)
+    if hosts.worst(int(other)):
+      hosts.agree(error if other else None, f"restoring step {step}")
     try:
       hosts.agree(error, f"restoring step {step}")  # damage may be one host's files
     except (checkpoint.DamagedCheckpointError, hosts.OtherHostError) as e:
-      if isinstance(e, hosts.OtherHostError) and e.kind != "DamagedCheckpointError":
-        raise  # not damage (storage that did not answer, a bug): as that host ends
       damaged.append((step, str(e)))
       continue
     if damaged:
