@@ -24,7 +24,10 @@ as the Google service account of their node pool. This
      logs, the workdir's lock) and roles/artifactregistry.reader on REPO (the nodes pull
      the image with it too);
   5. lets you (the active gcloud account, or --impersonator) act as it, for
-     launch/xpk.sh --check (roles/iam.serviceAccountTokenCreator on it);
+     launch/xpk.sh --check (roles/iam.serviceAccountTokenCreator on it), unless it is
+     the Compute Engine default account, which usually holds roles/editor on the
+     project: that takes --impersonator=MEMBER, and is better left out by giving the
+     TPU nodes an account of their own (docs/tpu.md);
   6. lets docker push to the repository: gcloud auth configure-docker REGION-docker.pkg.dev.
 
   --bucket gs://BUCKET    the bucket of the runs' workdirs (a path in it is fine)
@@ -40,8 +43,8 @@ as the Google service account of their node pool. This
   --project-number N      the project's number, for the Compute Engine default account
                           (default: read from gcloud)
   --impersonator MEMBER   who may act as the account for xpk.sh --check, e.g.
-                          user:you@example.com (default: the active gcloud account; none:
-                          nobody)
+                          user:you@example.com (default: the active gcloud account, and
+                          nobody for the Compute Engine default account; none: nobody)
   --project ID            BERTJAX_PROJECT           Google Cloud project
   --zone ZONE             BERTJAX_ZONE              the cluster's zone, e.g. us-west4-a
   --dry-run                                         print the commands, run nothing
@@ -140,8 +143,18 @@ else
   tpu_node_accounts
 fi
 
-# Who may act as them for xpk.sh --check.
-if [[ -z "$IMPERSONATOR" ]]; then
+# Who may act as them for xpk.sh --check. Acting as the Compute Engine default
+# account, which usually holds roles/editor on the project, is an Editor's
+# token: granted only to an --impersonator given.
+IMPERSONATE_DEFAULT=0
+[[ -z "$IMPERSONATOR" ]] || IMPERSONATE_DEFAULT=1
+OTHERS=0
+for EMAIL in "${NODE_ACCOUNTS[@]}"; do
+  compute_default_account "$EMAIL" || OTHERS=1
+done
+if [[ -z "$IMPERSONATOR" ]] && (( ! OTHERS )); then
+  IMPERSONATOR=none
+elif [[ -z "$IMPERSONATOR" ]]; then
   value IMPERSONATOR ACCOUNT gcloud config get-value account
   [[ -n "$IMPERSONATOR" ]] || fail "no active gcloud account (gcloud auth login); or give" \
     "--impersonator=MEMBER, or --impersonator=none"
@@ -158,8 +171,16 @@ for EMAIL in "${NODE_ACCOUNTS[@]}"; do
     --member="serviceAccount:$EMAIL" --role=roles/storage.objectAdmin
   grant gcloud artifacts repositories add-iam-policy-binding "$REPOSITORY" \
     "${REPOSITORY_SCOPE[@]}" --member="serviceAccount:$EMAIL" --role=roles/artifactregistry.reader
-  [[ "$IMPERSONATOR" == none ]] || grant gcloud iam service-accounts add-iam-policy-binding \
-    "$EMAIL" "${SCOPE[@]}" --role=roles/iam.serviceAccountTokenCreator --member="$IMPERSONATOR"
+  if compute_default_account "$EMAIL" && (( ! IMPERSONATE_DEFAULT )); then
+    echo "gke_setup.sh: not letting you act as $EMAIL, the Compute Engine default service" \
+      "account (it usually holds roles/editor on the project), so xpk.sh --check checks it" \
+      "without acting as it; better, give the TPU nodes an account of their own (xpk cluster" \
+      "create --custom-nodepool-arguments=--service-account=EMAIL, docs/tpu.md), or grant it" \
+      "anyway with --impersonator=user:YOU" >&2
+  elif [[ "$IMPERSONATOR" != none ]]; then
+    grant gcloud iam service-accounts add-iam-policy-binding "$EMAIL" "${SCOPE[@]}" \
+      --role=roles/iam.serviceAccountTokenCreator --member="$IMPERSONATOR"
+  fi
 done
 
 run gcloud auth configure-docker "$REGION-docker.pkg.dev" --quiet

@@ -241,3 +241,10 @@ tpu_node_accounts() {
     [[ " ${NODE_ACCOUNTS[*]-} " == *" $account "* ]] || NODE_ACCOUNTS+=("$account")
   done <<< "$TPU_POOLS"
 }
+
+# Whether EMAIL is a project's Compute Engine default service account
+# (PROJECT_NUMBER-compute@developer.gserviceaccount.com), which usually holds
+# roles/editor on its project: nobody is let act as it by default.
+compute_default_account() {
+  [[ "$1" =~ ^[0-9]+-compute@developer\.gserviceaccount\.com$ ]]
+}

@@ -36,7 +36,10 @@ continues it. After stop.sh, --restarts does not start it again.
                           interrupted (130) is not rerun. The TPU counts as gone only when
                           gcloud says so (NOT_FOUND, PREEMPTED, TERMINATED, DELETING): when
                           its state cannot be read, nothing is deleted, and a recreated TPU
-                          whose setup failed is set up again, not deleted
+                          whose setup failed is set up again, not deleted. A TPU still
+                          being made (CREATING, its queued request ACCEPTED,
+                          WAITING_FOR_RESOURCES or PROVISIONING: create.sh failed or gave up)
+                          is waited for, up to create.sh's --wait-timeout, then set up
   --create-flags "..."    flags for create.sh when recreating, e.g. "--queued --spot
                           --accelerator-type=v4-32"
   --delete-when-done      delete the TPU (its queued resource, if it has one) once the run has
@@ -185,6 +188,46 @@ recreate_tpu() {
   "$HERE/create.sh" "${COMMON[@]}" $CREATE_FLAGS
 }
 
+# How long an attempt waits for a TPU still being made before it sets it up:
+# create.sh's --wait-timeout when --create-flags gives one, else its default.
+WAIT_TIMEOUT=3600
+if [[ " $CREATE_FLAGS " =~ \ --wait-timeout[=\ ]([0-9]+)\  ]]; then
+  WAIT_TIMEOUT="${BASH_REMATCH[1]}"
+fi
+
+# Waits, before setting the TPU up, while it is still being made (create.sh
+# failed or gave up while its queued request was ACCEPTED,
+# WAITING_FOR_RESOURCES or PROVISIONING, or the TPU CREATING): its state is
+# read every POLL_SECONDS, up to WAIT_TIMEOUT seconds, all within one
+# attempt. Returns 1 if it is still being made then; 0 once it is not (or its
+# state cannot be read: setting it up finds out).
+wait_while_made() {
+  local deadline=$((SECONDS + WAIT_TIMEOUT)) what last=""
+  while true; do
+    what=""
+    if [[ " $CREATE_FLAGS " == *" --queued "* ]]; then
+      describe_tpu queued-resources state.state || return 0
+      case "$STATE" in
+        ACCEPTED | WAITING_FOR_RESOURCES | PROVISIONING | CREATING)
+          what="queued resource $NAME is $STATE" ;;
+      esac
+    fi
+    if [[ -z "$what" ]]; then
+      describe_tpu tpu-vm state || return 0
+      [[ "$STATE" != CREATING ]] || what="$NAME is CREATING"
+    fi
+    [[ -n "$what" ]] || return 0
+    if (( SECONDS >= deadline )); then
+      echo "run.sh: still waiting after ${WAIT_TIMEOUT}s (--wait-timeout): $what; not" \
+        "setting it up yet" >&2
+      return 1
+    fi
+    [[ "$what" == "$last" ]] || echo "run.sh: $what: waiting for it before setting it up" >&2
+    last="$what"
+    sleep "$POLL_SECONDS"
+  done
+}
+
 # bertjax.main's exit statuses that decide what comes next (0 is done; 143 a
 # SIGTERM, after a checkpoint when the grace allowed: rerun, it resumes).
 USAGE_ERROR=2  # a setting, file, data or workdir to mend: a rerun ends the same way
@@ -195,13 +238,18 @@ INTERRUPTED=130  # Ctrl-C (after a checkpoint): somebody stopped it
 # from its own describe, never from an earlier one's). set_up: a recreation
 # began and its TPU is not set up yet (create.sh or setup.sh failed); an
 # attempt that finds the TPU up, or cannot read its state, sets it up again
-# and deletes nothing.
-attempt=0 recreate=0 set_up=0 resumed=0
+# and deletes nothing. being_made: that describe found the TPU CREATING, so the
+# next attempt waits for it (wait_while_made) before setting it up.
+attempt=0 recreate=0 set_up=0 resumed=0 being_made=0
 while true; do
   status=0
   if (( recreate )); then
     recreate=0 set_up=1
     recreate_tpu || status=$?
+  fi
+  if (( being_made )); then
+    being_made=0
+    wait_while_made || status=$?
   fi
   if (( status == 0 && set_up )); then
     "$HERE/setup.sh" "${COMMON[@]}" || status=$?
@@ -263,6 +311,10 @@ while true; do
   if [[ " NOT_FOUND PREEMPTED TERMINATED DELETING " == *" $STATE "* ]]; then
     [[ -n "$CREATE_FLAGS" ]] || die "the TPU is $STATE; give --create-flags to recreate it"
     recreate=1
+  elif [[ "$STATE" == CREATING ]]; then
+    # Still being made (create.sh failed or gave up waiting): waited for, then set up.
+    set_up=1 being_made=1
+    echo "run.sh: $NAME is CREATING: waiting for it, then setting it up (deleting nothing)" >&2
   elif (( set_up )); then
     echo "run.sh: $NAME, recreated, is not set up yet: setting it up again (deleting nothing)" >&2
   elif tpu tpu-vm ssh "$NAME" --worker=0 --command="test -e $STOP_MARKER" 2>/dev/null; then

@@ -72,7 +72,10 @@ has the whole route, the identity included (launch/gke_setup.sh).
                           pools' access scopes let them write to Cloud Storage and that the
                           account can write and delete in --workdir and read --image; one line
                           for each thing missing (acting as the account needs
-                          roles/iam.serviceAccountTokenCreator on it: gke_setup.sh grants it)
+                          roles/iam.serviceAccountTokenCreator on it: gke_setup.sh grants it).
+                          The Compute Engine default account is not acted as (gke_setup.sh
+                          lets nobody by default): its role in the bucket's IAM policy is read
+                          instead, and the image is read as you
   --node-service-account EMAIL
                           for --check: the pods' service account, instead of reading it from
                           the cluster (its scopes are then not checked)
@@ -169,6 +172,38 @@ writes_storage() {
      || ";$1;" == *"/auth/devstorage.read_write;"* ]]
 }
 
+# The bucket's IAM policy, one "ROLE MEMBER" a line.
+BUCKET="gs://$(cut -d/ -f3 <<< "$WORKDIR")"
+POLICY=(gcloud storage buckets get-iam-policy "$BUCKET" --project="$PROJECT"
+        --flatten='bindings[].members' --format='value[separator=" "](bindings.role,bindings.members)')
+ACTED=1  # whether --check acted as every account
+
+# check_without_acting ACCOUNT ERRORS: --check for the Compute Engine default
+# account, which nobody may act as by default (it usually holds roles/editor
+# on the project): its role in the bucket's IAM policy, and the image read as
+# you. Returns 1 after a line for each thing missing.
+check_without_acting() {
+  local account="$1" errors="$2" policy missing=0
+  ACTED=0
+  echo "xpk.sh: --check: not acting as $account, the Compute Engine default service account" \
+    "(launch/gke_setup.sh lets nobody by default): reading its role in $BUCKET's IAM policy" \
+    "and the image as you instead (docs/tpu.md: give the TPU nodes an account of their own)" >&2
+  if ! policy="$("${POLICY[@]}" 2> "$errors")"; then
+    echo "xpk.sh: --check: reading the IAM policy of $BUCKET failed: $(first_error "$errors")" >&2
+    missing=1
+  elif ! grep -qxF -e "roles/storage.objectAdmin serviceAccount:$account" \
+      -e "roles/storage.admin serviceAccount:$account" <<< "$policy"; then
+    echo "xpk.sh: --check: $account has no roles/storage.objectAdmin in the IAM policy of" \
+      "$BUCKET (launch/gke_setup.sh grants it)" >&2
+    missing=1
+  fi
+  if ! gcloud artifacts docker images describe "$IMAGE" > /dev/null 2> "$errors"; then
+    echo "xpk.sh: --check: you cannot read $IMAGE: $(first_error "$errors"); push it" >&2
+    missing=1
+  fi
+  return "$missing"
+}
+
 # --check: what the workload will do, done as the account its pods act as
 # (impersonated): their TPU node pools' service account, since the pods run on
 # the host's network, outside Workload Identity.
@@ -183,6 +218,11 @@ preflight() {
   tpu_node_accounts
   if (( DRY_RUN )); then
     for account in "${NODE_ACCOUNTS[@]}"; do
+      if compute_default_account "$account"; then
+        run "${POLICY[@]}"
+        run gcloud artifacts docker images describe "$IMAGE"
+        continue
+      fi
       as=(--impersonate-service-account="$account")
       echo "echo bertjax-check | $(printf '%q ' gcloud storage cp - "$object" "${as[@]}" \
         | sed 's/ $//')"
@@ -201,6 +241,10 @@ preflight() {
   done <<< "$TPU_POOLS"
   errors="$(mktemp)"
   for account in "${NODE_ACCOUNTS[@]}"; do
+    if compute_default_account "$account"; then
+      check_without_acting "$account" "$errors" || missing=1
+      continue
+    fi
     as=(--impersonate-service-account="$account")
     if ! echo bertjax-check | gcloud storage cp - "$object" "${as[@]}" > /dev/null \
         2> "$errors"; then
@@ -221,9 +265,15 @@ preflight() {
   done
   rm -f "$errors"
   (( ! missing )) || exit 1
-  echo "xpk.sh: --check: the pods act as ${NODE_ACCOUNTS[*]} (the service account of their" \
-    "TPU node pools: xpk runs them on the host's network), which writes and deletes in" \
-    "$WORKDIR and reads $IMAGE"
+  if (( ACTED )); then
+    echo "xpk.sh: --check: the pods act as ${NODE_ACCOUNTS[*]} (the service account of their" \
+      "TPU node pools: xpk runs them on the host's network), which writes and deletes in" \
+      "$WORKDIR and reads $IMAGE"
+  else
+    echo "xpk.sh: --check: the pods act as ${NODE_ACCOUNTS[*]} (the service account of their" \
+      "TPU node pools: xpk runs them on the host's network), which holds a role that writes" \
+      "in $BUCKET by its IAM policy; $IMAGE exists"
+  fi
 }
 
 if (( CHECK )); then

@@ -20,7 +20,8 @@ IMAGE = "us-west4-docker.pkg.dev/my-project/bertjax/bertjax:v1"
 SUBMIT = [*PROJECT, "--cluster=bert", "--tpu-type=v5litepod-16", f"--image={IMAGE}",
           "--config=configs/base_pretrain.py", "--workdir=gs://my-bucket/runs/base",
           "--workload=bert-base"]
-AS = f"--impersonate-service-account={NODES}"
+OWN = "bert-nodes@my-project.iam.gserviceaccount.com"  # an account of the nodes' own
+AS = f"--impersonate-service-account={OWN}"
 OBJECT = "gs://my-bucket/runs/base/.bertjax-check-bert-base"
 REPOSITORY = ["--location=us-west4", "--project=my-project"]
 LIST = ["gcloud", "container", "node-pools", "list", "--cluster=bert", "--location=us-west4",
@@ -34,6 +35,8 @@ SCOPES = ";".join(f"https://www.googleapis.com/auth/{scope}" for scope in [
 # The node pools as gcloud lists them for xpk's cluster of two v5e slices: no
 # account of their own ("default").
 POOLS = f"echo 'bert-np-0|default|{SCOPES}'; echo 'bert-np-1|default|{SCOPES}'"
+# The same, made with --custom-nodepool-arguments=--service-account=OWN.
+OWN_POOLS = POOLS.replace("|default|", f"|{OWN}|")
 
 
 def test_setup_dry_run_prints_every_command():
@@ -88,47 +91,90 @@ _PROJECT = """case "$*" in
 esac"""
 
 
+_ENABLE = ("gcloud services enable artifactregistry.googleapis.com container.googleapis.com "
+           "iam.googleapis.com iamcredentials.googleapis.com storage.googleapis.com "
+           "tpu.googleapis.com")
+_LEFT_OUT = (f"gke_setup.sh: not letting you act as {NODES}, the Compute Engine default service "
+             "account (it usually holds roles/editor on the project), so xpk.sh --check checks "
+             "it without acting as it; better, give the TPU nodes an account of their own (xpk "
+             "cluster create --custom-nodepool-arguments=--service-account=EMAIL, docs/tpu.md), "
+             "or grant it anyway with --impersonator=user:YOU")
+
+
 def test_setup_grants_the_node_pools_account_what_the_pods_do(tmp_path):
-  """The pools run as the Compute Engine default account (read once for both
-  pools): it gets the bucket, the repository, and the user may act as it."""
-  result, calls = _setup(tmp_path, _PROJECT % POOLS)
+  """The pools run as an account of their own: it gets the bucket, the
+  repository, and the user may act as it."""
+  result, calls = _setup(tmp_path, _PROJECT % OWN_POOLS)
   assert result.returncode == 0, result.stderr
   assert calls == [
-      "gcloud services enable artifactregistry.googleapis.com container.googleapis.com "
-      "iam.googleapis.com iamcredentials.googleapis.com storage.googleapis.com "
-      "tpu.googleapis.com",
+      _ENABLE,
       "gcloud artifacts repositories describe bertjax",
       "gcloud container node-pools list",
-      "gcloud projects describe my-project",
       "gcloud config get-value account",
       "gcloud storage buckets add-iam-policy-binding gs://my-bucket",
       "gcloud artifacts repositories add-iam-policy-binding bertjax",
-      f"gcloud iam service-accounts add-iam-policy-binding {NODES}",
+      f"gcloud iam service-accounts add-iam-policy-binding {OWN}",
       "gcloud auth configure-docker us-west4-docker.pkg.dev"]
   log = (tmp_path / "calls.txt").read_text()
-  assert log.count(f"--member=serviceAccount:{NODES}") == 2
-  assert "--member=user:me@example.com" in log
+  assert log.count(f"--member=serviceAccount:{OWN}") == 2
+  assert ("--role=roles/iam.serviceAccountTokenCreator --member=user:me@example.com") in log
+  assert result.stderr == ""
   assert result.stdout.strip() == (
-      f"gke_setup.sh: the TPU pods of bert act as their node pools' service account, {NODES}, "
+      f"gke_setup.sh: the TPU pods of bert act as their node pools' service account, {OWN}, "
       "which writes in gs://my-bucket and reads us-west4-docker.pkg.dev/my-project/bertjax; "
       "check a run with launch/xpk.sh ... --check")
+
+
+def test_setup_lets_nobody_act_as_the_compute_engine_default_account(tmp_path):
+  """The pools run as the Compute Engine default account (read once for both
+  pools), which usually holds roles/editor: it gets the bucket and the
+  repository, but nobody is let act as it (an Editor's token), and one line
+  says so and how to do better."""
+  result, calls = _setup(tmp_path, _PROJECT % POOLS)
+  assert result.returncode == 0, result.stderr
+  assert calls == [
+      _ENABLE,
+      "gcloud artifacts repositories describe bertjax",
+      "gcloud container node-pools list",
+      "gcloud projects describe my-project",
+      "gcloud storage buckets add-iam-policy-binding gs://my-bucket",
+      "gcloud artifacts repositories add-iam-policy-binding bertjax",
+      "gcloud auth configure-docker us-west4-docker.pkg.dev"]
+  assert (tmp_path / "calls.txt").read_text().count(f"--member=serviceAccount:{NODES}") == 2
+  assert result.stderr.splitlines() == [_LEFT_OUT]
+
+
+def test_setup_lets_an_impersonator_given_act_as_the_default_account(tmp_path):
+  result, calls = _setup(tmp_path, _PROJECT % POOLS, "--impersonator=user:me@example.com")
+  assert result.returncode == 0, result.stderr
+  assert f"gcloud iam service-accounts add-iam-policy-binding {NODES}" in calls
+  assert ("--role=roles/iam.serviceAccountTokenCreator --member=user:me@example.com") in (
+      tmp_path / "calls.txt").read_text()
+  assert result.stderr == ""
 
 
 def test_setup_grants_each_account_of_the_tpu_pools(tmp_path):
   """Pools made with an account of their own (xpk cluster create
   --custom-nodepool-arguments=--service-account=...) keep it; each account is
-  granted once."""
+  granted once, and the user may act as the pools' own account only."""
   own = "bert-nodes@my-project.iam.gserviceaccount.com"
   pools = f"echo 'bert-np-0|{own}|{SCOPES}'; echo 'bert-np-1|{own}|{SCOPES}'; " + (
       f"echo 'bert-np-2|default|{SCOPES}'")
-  result, calls = _setup(tmp_path, _PROJECT % pools, "--impersonator=none")
+  result, calls = _setup(tmp_path, _PROJECT % pools)
   assert result.returncode == 0, result.stderr
   log = (tmp_path / "calls.txt").read_text()
   for account in (own, NODES):
     assert log.count(f"buckets add-iam-policy-binding gs://my-bucket --member=serviceAccount:"
                      f"{account} --role=roles/storage.objectAdmin") == 1
-  assert "serviceAccountTokenCreator" not in log
+  assert [c for c in calls if c.startswith("gcloud iam")] == [
+      f"gcloud iam service-accounts add-iam-policy-binding {own}"]
+  assert result.stderr.splitlines() == [_LEFT_OUT]
   assert f"act as their node pools' service account, {own} {NODES}," in result.stdout
+  (tmp_path / "calls.txt").unlink()
+  result, calls = _setup(tmp_path, _PROJECT % pools, "--impersonator=none")
+  assert result.returncode == 0, result.stderr
+  assert "serviceAccountTokenCreator" not in (tmp_path / "calls.txt").read_text()
+  assert result.stderr == ""
 
 
 @pytest.mark.parametrize("pools,line", [
@@ -166,14 +212,18 @@ def test_check_dry_run_prints_what_it_would_do_as_the_node_pools_account():
 
 # gcloud as the node pools' account sees things: xpk's pools, and the account
 # may write, delete and read. Each test takes one of these away.
+_POLICY = (f"echo 'roles/storage.legacyBucketOwner projectOwner:my-project'; "
+           f"echo 'roles/storage.objectAdmin serviceAccount:{NODES}'")
 _GRANTED = {
-    "pools": POOLS,
+    "pools": OWN_POOLS,
     "number": "echo 123",
+    "policy": _POLICY,
     "cp": 'cat > "$TMPDIR/uploaded"',
     "rm": "true",
     "image": "echo image_summary",
 }
 _PATTERNS = {"pools": "container node-pools list", "number": "projects describe",
+             "policy": "storage buckets get-iam-policy",
              "cp": "storage cp", "rm": "storage rm", "image": "artifacts docker images describe"}
 
 
@@ -191,14 +241,59 @@ def test_check_passes_when_the_node_pools_account_has_what_the_workload_needs(tm
   result, calls = _check(tmp_path)
   assert result.returncode == 0, result.stderr
   assert result.stdout.strip() == (
-      f"xpk.sh: --check: the pods act as {NODES} (the service account of their TPU node pools: "
+      f"xpk.sh: --check: the pods act as {OWN} (the service account of their TPU node pools: "
       "xpk runs them on the host's network), which writes and deletes in "
       f"gs://my-bucket/runs/base and reads {IMAGE}")
   assert (tmp_path / "uploaded").read_text() == "bertjax-check\n"
-  assert calls == ["pools", "number", "cp", "rm", "image"]
+  assert calls == ["pools", "cp", "rm", "image"]
   log = (tmp_path / "calls.txt").read_text().splitlines()
   assert log[0].startswith("container node-pools list --cluster=bert --location=us-west4 ")
-  assert all(line.endswith(AS) for line in log[2:])
+  assert all(line.endswith(AS) for line in log[1:])
+
+
+_NOT_ACTING = (f"xpk.sh: --check: not acting as {NODES}, the Compute Engine default service "
+               "account (launch/gke_setup.sh lets nobody by default): reading its role in "
+               "gs://my-bucket's IAM policy and the image as you instead (docs/tpu.md: give "
+               "the TPU nodes an account of their own)")
+
+
+def test_check_reads_the_bucket_policy_for_the_compute_engine_default_account(tmp_path):
+  """Nobody may act as the Compute Engine default account (gke_setup.sh grants
+  no token creator on it): --check says so in one line, reads the pools'
+  scopes, the account's role in the bucket's IAM policy and the image as the
+  user, and acts as nobody."""
+  result, calls = _check(tmp_path, pools=POOLS)
+  assert result.returncode == 0, result.stderr
+  assert result.stderr.splitlines() == [_NOT_ACTING]
+  assert result.stdout.strip() == (
+      f"xpk.sh: --check: the pods act as {NODES} (the service account of their TPU node pools: "
+      "xpk runs them on the host's network), which holds a role that writes in gs://my-bucket "
+      f"by its IAM policy; {IMAGE} exists")
+  assert calls == ["pools", "number", "policy", "image"]
+  log = (tmp_path / "calls.txt").read_text()
+  assert "impersonate" not in log
+  assert ("storage buckets get-iam-policy gs://my-bucket --project=my-project "
+          "--flatten=bindings[].members") in log
+
+
+@pytest.mark.parametrize("refused,line", [
+    ({"policy": "echo 'roles/storage.objectViewer serviceAccount:%s'" % NODES},
+     f"xpk.sh: --check: {NODES} has no roles/storage.objectAdmin in the IAM policy of "
+     "gs://my-bucket (launch/gke_setup.sh grants it)"),
+    ({"policy": 'echo "ERROR: (gcloud.storage.buckets.get-iam-policy) HTTPError 403: me does '
+                'not have storage.buckets.getIamPolicy access" >&2; exit 1'},
+     "xpk.sh: --check: reading the IAM policy of gs://my-bucket failed: ERROR: (gcloud.storage."
+     "buckets.get-iam-policy) HTTPError 403: me does not have storage.buckets.getIamPolicy "
+     "access"),
+    ({"image": 'echo "ERROR: (gcloud.artifacts.docker.images.describe) NOT_FOUND: Requested '
+               'entity was not found." >&2; exit 1'},
+     f"xpk.sh: --check: you cannot read {IMAGE}: ERROR: (gcloud.artifacts.docker.images."
+     "describe) NOT_FOUND: Requested entity was not found.; push it"),
+])
+def test_check_without_acting_says_what_is_missing_in_one_line(tmp_path, refused, line):
+  result, _ = _check(tmp_path, pools=POOLS, **refused)
+  assert result.returncode == 1
+  assert result.stderr.splitlines() == [_NOT_ACTING, line]
 
 
 def test_check_acts_as_the_account_it_is_given(tmp_path):
@@ -210,10 +305,10 @@ def test_check_acts_as_the_account_it_is_given(tmp_path):
   assert all(line.endswith(f"--impersonate-service-account={account}") for line in log)
 
 
-_DENIED = (f"ERROR: (gcloud.storage.cp) [{NODES}] does not have permission to access b "
+_DENIED = (f"ERROR: (gcloud.storage.cp) [{OWN}] does not have permission to access b "
            "instance [my-bucket] (or it may not exist): Permission 'storage.objects.create' "
            "denied on resource (or it may not exist). This command is authenticated as "
-           f"{NODES} which is the active account specified by the [auth/impersonate_"
+           f"{OWN} which is the active account specified by the [auth/impersonate_"
            "service_account] property.")
 _READ_ONLY = ";".join(f"https://www.googleapis.com/auth/{scope}" for scope in [
     "devstorage.read_only", "logging.write", "monitoring"])
@@ -221,16 +316,16 @@ _READ_ONLY = ";".join(f"https://www.googleapis.com/auth/{scope}" for scope in [
 
 @pytest.mark.parametrize("refused,line", [
     ({"cp": f'echo "{_DENIED}" >&2; exit 1'},
-     f"xpk.sh: --check: {NODES} cannot write to gs://my-bucket/runs/base: {_DENIED}; it "
+     f"xpk.sh: --check: {OWN} cannot write to gs://my-bucket/runs/base: {_DENIED}; it "
      "needs roles/storage.objectAdmin (launch/gke_setup.sh grants it)"),
     ({"image": 'echo "ERROR: (gcloud.artifacts.docker.images.describe) NOT_FOUND: Requested '
                'entity was not found." >&2; exit 1'},
-     f"xpk.sh: --check: {NODES} cannot read {IMAGE}: ERROR: (gcloud.artifacts.docker."
+     f"xpk.sh: --check: {OWN} cannot read {IMAGE}: ERROR: (gcloud.artifacts.docker."
      "images.describe) NOT_FOUND: Requested entity was not found.; push it, and grant "
      "roles/artifactregistry.reader on its repository"),
-    ({"pools": f"echo 'bert-np-0|default|{SCOPES}'; echo 'bert-np-1|default|{_READ_ONLY}'"},
+    ({"pools": f"echo 'bert-np-0|{OWN}|{SCOPES}'; echo 'bert-np-1|{OWN}|{_READ_ONLY}'"},
      f"xpk.sh: --check: node pool bert-np-1's access scopes ({_READ_ONLY}) do not let its pods "
-     f"write to Cloud Storage, whatever roles {NODES} has; xpk cluster create gives TPU pools "
+     f"write to Cloud Storage, whatever roles {OWN} has; xpk cluster create gives TPU pools "
      "storage-full and cloud-platform: make the pool again with those"),
 ])
 def test_a_refused_permission_is_one_line_naming_what_is_missing(tmp_path, refused, line):
@@ -252,11 +347,11 @@ def test_a_cluster_without_tpu_node_pools_is_one_line(tmp_path):
 def test_an_account_you_may_not_act_as_says_which_role_is_missing(tmp_path):
   error = ('echo "ERROR: (gcloud.storage.cp) Failed to impersonate [%s]. Make sure the account '
            'that\'s trying to impersonate it has access to the service account itself and the '
-           '\\"roles/iam.serviceAccountTokenCreator\\" role." >&2; exit 1' % NODES)
+           '\\"roles/iam.serviceAccountTokenCreator\\" role." >&2; exit 1' % OWN)
   result, _ = _check(tmp_path, cp=error, image=error.replace("storage.cp", "artifacts"))
   assert result.returncode == 1
   lines = result.stderr.splitlines()
   assert len(lines) == 2
-  assert all(line.endswith(f"; you may not act as {NODES}: roles/iam.serviceAccountToken"
+  assert all(line.endswith(f"; you may not act as {OWN}: roles/iam.serviceAccountToken"
                            "Creator on it (launch/gke_setup.sh --impersonator=YOU grants it)")
              for line in lines)
