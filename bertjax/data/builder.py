@@ -30,22 +30,15 @@ from absl import logging
 import numpy as np
 
 from bertjax import errors, files
-from bertjax.data import build_pool, corpus, shards, stdlib_corpus, textfiles
+from bertjax.data import build_pool, corpus, shards, stdlib_corpus
+from bertjax.data.file_format import (  # noqa: F401 (the builder's, as well)
+    ONE_DOCUMENT_LINES, OneDocumentALineError, check_input, check_sentence_files)
 from bertjax.data.progress import Progress
 
 _SENTENCE_BATCH = 4096  # sentences per call of the Rust tokenizer
 
 
 _STALE = ("documents-", "instances")  # a dataset's shards, every length's instances
-
-# Read one sentence a line (the default), a file whose first this many lines
-# hold no blank line would be one document: most likely a corpus of one
-# document a line, the commonest export, read in the wrong format. The first
-# few files are looked at before any work (read to their first blank line: a
-# file of sentences costs its first document).
-ONE_DOCUMENT_LINES = 1000
-_FILES_LOOKED_AT = 3
-
 
 class NoDocumentsError(errors.UsageError):
   """The input holds no usable document; no shard was marked finished.
@@ -62,25 +55,6 @@ class NoDocumentsError(errors.UsageError):
     self.line = f"{spec}: no usable document{where} ({cause}); {outcome}"
     self.stats = stats
     super().__init__(f"{self.line}\n{stats.summary()}")
-
-
-class OneDocumentALineError(errors.UsageError):
-  """An input file to be read one sentence a line whose first
-  `ONE_DOCUMENT_LINES` lines hold no blank line: one document a line, most
-  likely (`check_sentence_files`).
-
-  Attributes:
-    path: The file.
-  """
-
-  def __init__(self, path: str):
-    super().__init__(
-        f"{path}: its first {ONE_DOCUMENT_LINES:,} lines hold no blank line, so read one "
-        "sentence a line (--file_format=sentences, the default; a blank line ends a document) "
-        "the file would be one document; if it holds one document a line (the usual export), "
-        "pass --file_format=documents, which splits each line into sentences; if it is one "
-        "sentence a line, pass --file_format=sentences to build it so")
-    self.path = path
 
 
 class DatasetMismatchError(errors.UsageError):
@@ -273,19 +247,6 @@ def plan(spec: str, num_shards: int, stats: corpus.CorpusStats, tfds_data_dir: s
     check_sentence_files(inputs)
   return [{"kind": "files", "ranges": [dataclasses.astuple(r) for r in part]}
           for part in corpus.plan_ranges(inputs, num_shards)]
-
-
-def check_sentence_files(inputs: list[corpus.InputFile]) -> None:
-  """Refuses input to be read one sentence a line whose first files start
-  with `ONE_DOCUMENT_LINES` lines and no blank line: one document a line.
-
-  Raises:
-    OneDocumentALineError: naming the file and the `--file_format` for either reading.
-  """
-  for file in inputs[:_FILES_LOOKED_AT]:
-    if textfiles.lines_before_blank(file.path, file.compression, file.encoding,
-                                    ONE_DOCUMENT_LINES) >= ONE_DOCUMENT_LINES:
-      raise OneDocumentALineError(file.path)
 
 
 def prepare(spec: str, output_dir: str, tokenizer, *, file_format: str | None = None,

@@ -54,7 +54,7 @@ _FILE_FORMAT = flags.DEFINE_enum(
     "file_format", None, list(corpus.FILE_FORMATS), "sentences: one a line, a blank line "
     "between documents; documents: one document a line, split into sentences. Unset: "
     f"sentences, refusing a file whose first {builder.ONE_DOCUMENT_LINES:,} lines hold no blank "
-    "line (one document a line, most likely).")
+    "line and a median line of several sentences (one document a line, most likely).")
 _NUM_SHARDS = flags.DEFINE_integer("num_shards", 16, "Output shards (>= hosts x workers "
                                    "for full parallelism).")
 _NUM_WORKERS = flags.DEFINE_integer("num_workers", None, "Processes (default: all cores).")
