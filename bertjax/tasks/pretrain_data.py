@@ -329,7 +329,8 @@ def _build_on_this_host(config: ml_collections.ConfigDict, workdir: str, data_di
     logging.info("Preparing %s into %s", config.data.build_from, data_dir)
     stats = builder.prepare(config.data.build_from, data_dir,
                             tokenizer_from_vocab_file(vocab), file_format=file_format,
-                            num_shards=4, num_workers=1, show_progress=False)
+                            num_shards=4, num_workers=1, show_progress=False,
+                            keep_local_copy=config.data.static)  # the static build's input
   except builder.OneDocumentALineError as e:  # the run's setting, not the builder's flag
     raise errors.UsageError(e.message("--config.data.file_format")) from None
   except builder.DatasetMismatchError as e:  # the builder's advice is its own flags'

@@ -105,7 +105,8 @@ def main(argv):
         num_shards=_NUM_SHARDS.value, num_workers=_NUM_WORKERS.value or os.cpu_count() or 1,
         num_hosts=_NUM_HOSTS.value, host_index=_HOST_INDEX.value,
         min_sentences=_MIN_SENTENCES.value, max_line_chars=_MAX_LINE_CHARS.value,
-        tfds_data_dir=_TFDS_DATA_DIR.value, overwrite=_OVERWRITE.value)
+        tfds_data_dir=_TFDS_DATA_DIR.value, overwrite=_OVERWRITE.value,
+        keep_local_copy=_STATIC_DUPE_FACTOR.value > 0)  # the static build reads it, removes it
   except builder.NoDocumentsError as e:
     print(e.stats.summary())
     usage.fail(e.line)
