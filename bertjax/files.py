@@ -118,6 +118,14 @@ def size(path: str) -> int:
   return os.path.getsize(path)
 
 
+def modified(path: str) -> float | None:
+  """The modification time of a file, local or at a URL, as `local_copy`
+  compares it (seconds since the epoch)."""
+  if is_remote(path):
+    return _epath(path).stat().mtime
+  return os.path.getmtime(path)
+
+
 def makedirs(path: str) -> None:
   """Creates a local directory and its parents (nothing to do on `gs://`)."""
   if not is_remote(path):

@@ -95,7 +95,8 @@ def schedule_changes(config: Any, workdir: str) -> list[str]:
 def settings_changes(config: Any, workdir: str) -> list[str]:
   """How `config` differs from the `config.json` a run saved in `workdir`:
   `"init_checkpoint: /models/a then, /models/b now"`, one entry a setting
-  (nested ones dotted); `["no config.json"]` where the run saved none."""
+  (nested ones dotted); `["no config.json"]` where the run saved none. A
+  setting the saved config lacks (one a later bertjax added) is no change."""
   path = files.join(workdir, CONFIG_FILE)
   if not files.isfile(path):
     return [f"no {CONFIG_FILE} to compare"]
@@ -107,9 +108,10 @@ def settings_changes(config: Any, workdir: str) -> list[str]:
 
 
 def _changed(saved: Any, now: Any, prefix: str = "") -> list[str]:
-  """`settings_changes` between two JSON trees, their keys under `prefix`."""
+  """`settings_changes` between two JSON trees, their keys under `prefix`; keys
+  `saved` lacks are left out."""
   if isinstance(saved, dict) and isinstance(now, dict):
-    return [change for key in sorted(set(saved) | set(now))
+    return [change for key in sorted(saved)
             for change in _changed(saved.get(key), now.get(key), f"{prefix}{key}.")]
   if saved == now:
     return []

@@ -85,6 +85,10 @@ def pretrain_config(size: str = "bert_base") -> ml_collections.ConfigDict:
   config.data.build_from = ""     # if set and `dir` is empty: build <workdir>/data from it
   config.data.vocab_size = 30522  # of the vocabulary trained for `build_from`
   config.data.tokenizer = "wordpiece"  # what it trains for `build_from`: or "bpe" (byte-level)
+  # How `build_from` is read: "sentences" (one a line, a blank line between
+  # documents) or "documents" (one a line, split into sentences); "": sentences,
+  # refusing a file that looks like one document a line.
+  config.data.file_format = ""
   config.data.masked_lm_prob = 0.15  # the share of tokens predicted
   # Of the predicted tokens: replaced by [MASK], by a random token; the rest
   # stay (80/10/10, the paper's Table 8 varies them).

@@ -1,8 +1,11 @@
 """What a run tells its user at the end: commands that paste back into a
 shell as printed, from any directory."""
 
+import json
 import os
 import shlex
+
+import ml_collections
 
 from bertjax import metrics, runs, usage
 
@@ -96,3 +99,17 @@ def test_a_rerun_of_a_finished_run_shows_its_last_held_out_figures(monkeypatch, 
       '{"step": 1000, "eval/mlm_accuracy": 0.5, "eval/mlm_loss": 3.0}\n{"step": 10')
   lines = _printed(monkeypatch, runs.say_pretraining_is_done, str(tmp_path), 1000, {}, 0)
   assert "Held-out at step 1000: mlm_accuracy 0.5000  mlm_loss 3.0000" in lines
+
+
+def test_a_setting_a_later_bertjax_added_is_no_change(tmp_path):
+  """A run saved before a field existed is its rerun's (the field's value now is
+  the one it ran without); a setting it saved and the rerun changes is not."""
+  saved = {"init_checkpoint": "/models/a", "train": {"learning_rate": 2e-5}}
+  (tmp_path / runs.CONFIG_FILE).write_text(json.dumps(saved), encoding="utf-8")
+  now = ml_collections.ConfigDict({**saved, "train": {"learning_rate": 2e-5, "ramp": 5},
+                                   "data": {"file_format": ""}})
+  assert runs.settings_changes(now, str(tmp_path)) == []
+  now.init_checkpoint, now.train.learning_rate = "/models/b", 3e-5
+  assert runs.settings_changes(now, str(tmp_path)) == [
+      "init_checkpoint: /models/a then, /models/b now", "train.learning_rate: 2e-05 then, "
+      "3e-05 now"]

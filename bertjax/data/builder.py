@@ -30,22 +30,15 @@ from absl import logging
 import numpy as np
 
 from bertjax import errors, files
-from bertjax.data import build_pool, corpus, shards, stdlib_corpus, textfiles
+from bertjax.data import build_pool, corpus, shards, stdlib_corpus
+from bertjax.data.file_format import (  # noqa: F401 (the builder's, as well)
+    ONE_DOCUMENT_LINES, OneDocumentALineError, check_input, check_sentence_files)
 from bertjax.data.progress import Progress
 
 _SENTENCE_BATCH = 4096  # sentences per call of the Rust tokenizer
 
 
 _STALE = ("documents-", "instances")  # a dataset's shards, every length's instances
-
-# Read one sentence a line (the default), a file whose first this many lines
-# hold no blank line would be one document: most likely a corpus of one
-# document a line, the commonest export, read in the wrong format. The first
-# few files are looked at before any work (read to their first blank line: a
-# file of sentences costs its first document).
-ONE_DOCUMENT_LINES = 1000
-_FILES_LOOKED_AT = 3
-
 
 class NoDocumentsError(errors.UsageError):
   """The input holds no usable document; no shard was marked finished.
@@ -62,25 +55,6 @@ class NoDocumentsError(errors.UsageError):
     self.line = f"{spec}: no usable document{where} ({cause}); {outcome}"
     self.stats = stats
     super().__init__(f"{self.line}\n{stats.summary()}")
-
-
-class OneDocumentALineError(errors.UsageError):
-  """An input file to be read one sentence a line whose first
-  `ONE_DOCUMENT_LINES` lines hold no blank line: one document a line, most
-  likely (`check_sentence_files`).
-
-  Attributes:
-    path: The file.
-  """
-
-  def __init__(self, path: str):
-    super().__init__(
-        f"{path}: its first {ONE_DOCUMENT_LINES:,} lines hold no blank line, so read one "
-        "sentence a line (--file_format=sentences, the default; a blank line ends a document) "
-        "the file would be one document; if it holds one document a line (the usual export), "
-        "pass --file_format=documents, which splits each line into sentences; if it is one "
-        "sentence a line, pass --file_format=sentences to build it so")
-    self.path = path
 
 
 class DatasetMismatchError(errors.UsageError):
@@ -234,7 +208,7 @@ def build_shard(task: dict[str, Any], progress=None) -> dict[str, Any]:
     flush(writer)
   if stats.documents_used:
     shards.mark_finished(path, stats.to_dict())
-    shards.publish(path, task.get("publish_to"))
+    shards.publish(path, task.get("publish_to"), task.get("keep_local", False))
   return stats.to_dict()
 
 
@@ -275,24 +249,11 @@ def plan(spec: str, num_shards: int, stats: corpus.CorpusStats, tfds_data_dir: s
           for part in corpus.plan_ranges(inputs, num_shards)]
 
 
-def check_sentence_files(inputs: list[corpus.InputFile]) -> None:
-  """Refuses input to be read one sentence a line whose first files start
-  with `ONE_DOCUMENT_LINES` lines and no blank line: one document a line.
-
-  Raises:
-    OneDocumentALineError: naming the file and the `--file_format` for either reading.
-  """
-  for file in inputs[:_FILES_LOOKED_AT]:
-    if textfiles.lines_before_blank(file.path, file.compression, file.encoding,
-                                    ONE_DOCUMENT_LINES) >= ONE_DOCUMENT_LINES:
-      raise OneDocumentALineError(file.path)
-
-
 def prepare(spec: str, output_dir: str, tokenizer, *, file_format: str | None = None,
             num_shards: int = 16, num_workers: int = 1, num_hosts: int = 1,
             host_index: int = 0, min_sentences: int = 1, max_line_chars: int = 100_000,
             tfds_data_dir: str | None = None, overwrite: bool = False,
-            show_progress: bool = True) -> corpus.CorpusStats:
+            show_progress: bool = True, keep_local_copy: bool = False) -> corpus.CorpusStats:
   """Builds this host's shards; returns the counts over them.
 
   `file_format` is "sentences" (one a line, a blank line between documents)
@@ -304,7 +265,9 @@ def prepare(spec: str, output_dir: str, tokenizer, *, file_format: str | None = 
   `create_pretraining_data.py` does: a one-sentence document gives
   random-next pairs only.
 
-  Files are scanned (and counted) by every host; host 0 reports them.
+  Files are scanned (and counted) by every host; host 0 reports them. Built
+  for `gs://`, the local copy is removed as the shards are uploaded, unless
+  `keep_local_copy` (static instances are built from it next, and remove it).
 
   Raises:
     ValueError: bad settings, an output directory holding a different dataset
@@ -327,9 +290,11 @@ def prepare(spec: str, output_dir: str, tokenizer, *, file_format: str | None = 
                         num_workers=num_workers, num_hosts=num_hosts, host_index=host_index,
                         min_sentences=min_sentences, max_line_chars=max_line_chars,
                         tfds_data_dir=tfds_data_dir, overwrite=overwrite,
-                        show_progress=show_progress)
-  if remote:  # all of it is on gs:// now: a rerun copies back the little it reads
-    left = shards.remove_local_copy(local, output_dir)
+                        show_progress=show_progress, keep_local=keep_local_copy)
+  if remote and not keep_local_copy:  # all on gs:// now: a rerun copies back what it reads
+    host = functools.partial(shards.shard_host, kind="documents", num_hosts=num_hosts)
+    left = shards.remove_local_copy(local, output_dir, others=lambda name: host(name) not in (
+        None, host_index), own=lambda name: host(name) == host_index)
     if left:
       logging.warning("%s, this host's copy of %s, is kept (%.1f MiB): %s", local, output_dir,
                       shards.directory_size(local) / 2**20, left)
@@ -339,8 +304,8 @@ def prepare(spec: str, output_dir: str, tokenizer, *, file_format: str | None = 
 def _prepare_in(spec: str, output_dir: str, tokenizer, publish_to: str | None, *,
                 file_format: str | None, num_shards: int, num_workers: int, num_hosts: int,
                 host_index: int, min_sentences: int, max_line_chars: int,
-                tfds_data_dir: str | None, overwrite: bool,
-                show_progress: bool) -> corpus.CorpusStats:
+                tfds_data_dir: str | None, overwrite: bool, show_progress: bool,
+                keep_local: bool) -> corpus.CorpusStats:
   """`prepare` into a local `output_dir`, uploading to `publish_to` (if given)
   the settings, and each shard once finished."""
   if not 0 <= host_index < num_hosts:
@@ -379,7 +344,7 @@ def _prepare_in(spec: str, output_dir: str, tokenizer, publish_to: str | None, *
     build = functools.partial(
         _build_shards, spec, sources=sources, info=info, file_stats=file_stats,
         host_index=host_index, num_hosts=num_hosts, num_workers=num_workers,
-        show_progress=show_progress)
+        show_progress=show_progress, keep_local=keep_local)
     difference = None if existing is None else differences(existing, info)
     if difference:
       if not overwrite:
@@ -533,7 +498,8 @@ def _swap_in(directory: str, names: list[str], info: dict[str, Any],
 def _build_shards(spec: str, directory: str, publish_to: str | None, *,
                   sources: list[dict[str, Any]], info: dict[str, Any],
                   file_stats: corpus.CorpusStats, host_index: int, num_hosts: int,
-                  num_workers: int, show_progress: bool, outcome: str) -> corpus.CorpusStats:
+                  num_workers: int, show_progress: bool, outcome: str,
+                  keep_local: bool = False) -> corpus.CorpusStats:
   """Builds this host's unfinished shards into `directory` (holding the
   tokenizer and `info`); returns the counts over all of the host's shards.
 
@@ -556,7 +522,8 @@ def _build_shards(spec: str, directory: str, publish_to: str | None, *,
     os.remove(shards.stats_path(damaged))
     finished.remove(next(i for i in finished if path[i] == damaged))
   tasks = [{"shard": i, "num_shards": num_shards, "source": sources[i],
-            "output_dir": directory, "publish_to": publish_to, "tokenizer": info["tokenizer"],
+            "output_dir": directory, "publish_to": publish_to, "keep_local": keep_local,
+            "tokenizer": info["tokenizer"],
             "token_dtype": info["token_dtype"], "file_format": info["file_format"],
             "min_sentences": info["min_sentences"], "max_line_chars": info["max_line_chars"]}
            for i in indices if i not in finished]
@@ -582,7 +549,7 @@ def _build_shards(spec: str, directory: str, publish_to: str | None, *,
                            " in this host's shards" if num_hosts > 1 else "")
   for task, result in empty:
     shards.mark_finished(path[task["shard"]], result)
-    shards.publish(path[task["shard"]], task.get("publish_to"))
+    shards.publish(path[task["shard"]], task.get("publish_to"), task.get("keep_local", False))
   return stats
 
 

@@ -23,12 +23,13 @@ read, `bertjax.data.streaming`), or from a host's copy (`reading_directory`).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import json
 import os
+import re
 import shlex
-import shutil
 import struct
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
@@ -103,15 +104,17 @@ def mark_finished(shard_path: str, stats: dict[str, Any]) -> None:
                    {**stats, SHARD_BYTES: os.path.getsize(shard_path)})
 
 
-def publish(shard_path: str, remote: str | None) -> None:
+def publish(shard_path: str, remote: str | None, keep: bool = False) -> None:
   """Uploads a finished shard to the remote output directory (when there is
-  one) and checks the upload's size, then its stats (the mark of a finished
-  shard), then removes the local shard: a build for `gs://` holds no more of
-  the dataset on this host's disk than the shards being written.
+  one) and checks the upload's size and checksum, then its stats (the mark of a
+  finished shard), then removes the local shard (unless `keep`: static
+  instances are built from it next): a build for `gs://` holds no more of the
+  dataset on this host's disk than the shards being written.
 
   Raises:
-    StorageError: the uploaded shard is not the local one's size (nothing
-      marks it finished there; a rerun uploads it again).
+    StorageError: the uploaded shard is not the local one (its size or
+      checksum): the local shard is kept, nothing marks it finished there, and
+      a rerun uploads it again.
   """
   if not remote:
     return
@@ -121,25 +124,77 @@ def publish(shard_path: str, remote: str | None) -> None:
   if uploaded != local:
     raise errors.StorageError(f"{target}: {uploaded} bytes arrived of the {local} of "
                               f"{shard_path}; rerun the same command to upload it again")
+  if not _same_checksum(shard_path, target):
+    raise errors.StorageError(f"{target}: its checksum is not that of {shard_path} (kept "
+                              "here); rerun the same command to upload it again")
   stats = stats_path(shard_path)
   files.upload(stats, files.join(remote, os.path.basename(stats)))
-  os.remove(shard_path)
+  if not keep:
+    os.remove(shard_path)
+  elif (mtime := files.modified(target)) is not None:  # the copy `local_directory` keeps
+    os.utime(shard_path, (mtime, mtime))
 
 
-def remove_local_copy(local: str, remote: str) -> str:
-  """Removes a build's local copy of the `gs://` directory `remote` once each
-  of its files is there at the same size; returns '' then, or else (the copy
-  kept) what differs."""
+def _same_checksum(local: str, remote: str) -> bool:
+  """Whether the object `remote` holds the bytes of the file `local`, by the
+  checksum the bucket gives (MD5, or CRC32C where it gives none: a composed
+  object); True where it gives neither."""
   from bertjax.data import streaming
 
+  fs = streaming.filesystem()
+  fs.invalidate_cache(remote)
+  entry = fs.info(remote)
+  if entry.get("md5Hash"):
+    digest, expected = hashlib.md5(), entry["md5Hash"]
+  elif entry.get("crc32c"):
+    import google_crc32c
+
+    digest, expected = google_crc32c.Checksum(), entry["crc32c"]
+  else:
+    return True
+  with open(local, "rb") as f:
+    for block in iter(lambda: f.read(1 << 22), b""):
+      digest.update(block)
+  return base64.b64encode(digest.digest()).decode() == expected
+
+
+def shard_host(name: str, kind: str, num_hosts: int) -> int | None:
+  """The host that builds the shard (or its stats) `name` of `kind`, by the
+  builder's rule (shard index modulo host count); None for another file."""
+  match = re.fullmatch(rf"{re.escape(kind)}-(\d+)-of-\d+\.(array_record|stats\.json)", name)
+  return int(match.group(1)) % num_hosts if match else None
+
+
+def remove_local_copy(local: str, remote: str,
+                      others: Callable[[str], bool] = lambda name: False,
+                      own: Callable[[str], bool] = lambda name: False) -> str:
+  """Removes a build's local copy of the `gs://` directory `remote` once the
+  files it removes are there at the same size; returns '' then, or else (the
+  copy kept) what differs.
+
+  Several hosts may share the cache (an NFS home): `others(name)` is a file of
+  another host's build, which is left. While one is there, or a staging file,
+  only this host's own shards (`own`) go: the settings and documents the others
+  may still read stay; the directory goes once empty.
+  """
+  from bertjax.data import streaming
+
+  names = sorted(name for name in os.listdir(local)
+                 if os.path.isfile(os.path.join(local, name)))
+  busy = any(".tmp" in name or others(name) for name in names)
+  gone = [name for name in names if ".tmp" not in name and not others(name)
+          and (own(name) or not busy)]
   uploaded = {name: int(entry["size"]) for name, entry in streaming.listing(remote).items()}
-  differ = [name for name in sorted(os.listdir(local)) if ".tmp" not in name
-            and os.path.isfile(os.path.join(local, name))
-            and uploaded.get(name) != os.path.getsize(os.path.join(local, name))]
+  differ = [name for name in gone if uploaded.get(name) != os.path.getsize(
+      os.path.join(local, name))]
   if differ:
     return (f"{len(differ)} of its files ({', '.join(differ[:3])}) are not on {remote} at their "
             "size")
-  shutil.rmtree(local, ignore_errors=True)
+  for name in gone:
+    with contextlib.suppress(FileNotFoundError):
+      os.remove(os.path.join(local, name))
+  with contextlib.suppress(OSError):  # another host's files are left in it
+    os.rmdir(local)
   return ""
 
 

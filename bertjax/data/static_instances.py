@@ -6,6 +6,7 @@ their own, one set per sequence length."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from typing import Any
@@ -79,7 +80,10 @@ def prepare_static(data_dir: str, *, objective: str, max_seq_length: int, maskin
         eval_percent=eval_percent, num_workers=num_workers, num_hosts=num_hosts,
         host_index=host_index, show_progress=show_progress)
   if copied and not keep_local_copy:  # all of it is on gs:// now
-    left = shards.remove_local_copy(copied, data_dir)
+    host = functools.partial(shards.shard_host, kind=shards.static_kind(max_seq_length),
+                             num_hosts=num_hosts)
+    left = shards.remove_local_copy(copied, data_dir, others=lambda name: host(name) not in (
+        None, host_index), own=lambda name: host(name) == host_index)
     if left:
       logging.warning("%s, this host's copy of %s, is kept (%.1f MiB): %s", copied, data_dir,
                       shards.directory_size(copied) / 2**20, left)
@@ -128,8 +132,9 @@ def _prepare_static(data_dir: str, *, objective: str, max_seq_length: int, maski
   if files.is_remote(data_dir):  # built from a local copy, each shard uploaded when done
     shards.complete_shards(data_dir)
     written = _static_written(data_dir, settings, host_index, num_hosts)
-    if written is not None:  # nothing to build: nothing to copy
-      return written, None
+    if written is not None:  # nothing to build: nothing to copy (the builder's, removed)
+      return written, files.cache_path(data_dir) if os.path.isdir(
+          files.cache_path(data_dir)) else None
     publish_to, data_dir = data_dir, shards.local_directory(data_dir)
   shards.complete_shards(data_dir)  # all documents first: random B segments read any
   from bertjax.data import instances, loader

@@ -28,7 +28,8 @@ from bertjax import files
 # (a PDF's cross-reference table) is still binary. Formats that text never
 # starts with are named by their signature.
 _SAMPLE_BYTES = 8192
-_SCAN_BYTES = 1 << 20  # a long line's bytes read at a time by `lines_before_blank`
+_SCAN_BYTES = 1 << 20  # a long line's bytes read at a time by `first_document`
+_KEEP_BYTES = 4096  # of each line `first_document` gives
 _COMPRESSED_SAMPLE_BYTES = 1 << 20
 _MAX_CONTROL_SHARE = 0.05
 _MAX_UNDECODABLE_SHARE = 0.3
@@ -238,20 +239,22 @@ def _is_utf16_without_mark(head: bytes) -> bool:
   return False
 
 
-def lines_before_blank(path: str, compression: str = "", encoding: str = "utf-8",
-                       most: int = 1000) -> int:
-  """How many lines of text a file starts with before its first blank line
+def first_document(path: str, compression: str = "", encoding: str = "utf-8",
+                   most: int = 1000) -> list[str]:
+  """The lines of text a file starts with before its first blank line
   (whitespace only; blank lines before the first text do not count), up to
-  `most`: the lines its first document holds, read one sentence a line.
+  `most`: its first document, read one sentence a line. Each line is given
+  to its first `_KEEP_BYTES` bytes.
 
   A line of any length costs at most a MiB of memory; a file that ends first
   gives the lines it has.
   """
+  lines = []
   with open_binary(path) as raw:
     f = (Utf8Lines(raw, compression, encoding, lambda reason: None)
          if compression or encoding != "utf-8" else raw)
-    count, first = 0, True
-    while count < most:
+    first = True
+    while len(lines) < most:
       line = f.readline(_SCAN_BYTES)
       if not line:
         break
@@ -260,11 +263,12 @@ def lines_before_blank(path: str, compression: str = "", encoding: str = "utf-8"
       rest = line
       while rest and not rest.endswith(b"\n"):  # the rest of a long line, unkept
         rest = f.readline(_SCAN_BYTES)
-      if line.strip() and line.decode("utf-8", "replace").strip():
-        count += 1
-      elif count:
+      text = line[:_KEEP_BYTES].decode("utf-8", "replace").strip() if line.strip() else ""
+      if text:
+        lines.append(text)
+      elif lines:
         break
-  return count
+  return lines
 
 
 def decompressed(raw, compression: str):

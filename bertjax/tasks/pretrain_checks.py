@@ -9,6 +9,7 @@ import jax
 import ml_collections
 
 from bertjax import config_ranges, errors, sharding
+from bertjax.data import corpus
 from bertjax.models import EncoderConfig, family
 from bertjax.phases import Phase, phases
 from bertjax.tasks.pretrain_data import masking_config, vocabulary_file
@@ -24,6 +25,9 @@ def validate(config: ml_collections.ConfigDict, mesh_devices: int) -> tuple[int,
   bert = EncoderConfig.from_run_config(config)  # hidden size vs heads and the like
   family.of(bert).check_objective(config.objective)
   vocabulary_file(config, "")  # a data.tokenizer it can train
+  if config.data.get("file_format", "") not in ("", *corpus.FILE_FORMATS):
+    raise errors.UsageError(f"data.file_format={config.data.file_format!r} is not one of "
+                            f"'', {', '.join(map(repr, corpus.FILE_FORMATS))}")
   shape = sharding.mesh_shape([config.mesh.data, config.mesh.fsdp, config.mesh.tensor],
                               mesh_devices)
   accumulation = config.train.accumulation_steps

@@ -315,25 +315,24 @@ def _build_on_this_host(config: ml_collections.ConfigDict, workdir: str, data_di
   from bertjax.data.tokenizers import tokenizer_from_vocab_file
 
   vocab = vocabulary_file(config, workdir)
-  if not files.isfile(vocab):
-    kind = config.data.tokenizer
-    logging.info("Training a %d-token %s vocabulary on %s", config.data.vocab_size,
-                 "WordPiece" if kind == "wordpiece" else "byte-level BPE",
-                 config.data.build_from)
-    vocabulary.train(config.data.build_from, vocab, model=kind,
-                     vocab_size=config.data.vocab_size, show_progress=False)
-  logging.info("Preparing %s into %s", config.data.build_from, data_dir)
+  file_format = config.data.get("file_format", "") or None  # "": sentences, checked
   try:
+    if not files.isfile(vocab):
+      if file_format is None:  # refused before a vocabulary is trained on it
+        builder.check_input(config.data.build_from)
+      kind = config.data.tokenizer
+      logging.info("Training a %d-token %s vocabulary on %s", config.data.vocab_size,
+                   "WordPiece" if kind == "wordpiece" else "byte-level BPE",
+                   config.data.build_from)
+      vocabulary.train(config.data.build_from, vocab, model=kind,
+                       vocab_size=config.data.vocab_size, show_progress=False)
+    logging.info("Preparing %s into %s", config.data.build_from, data_dir)
     stats = builder.prepare(config.data.build_from, data_dir,
-                            tokenizer_from_vocab_file(vocab), num_shards=4, num_workers=1,
-                            show_progress=False)
-  except builder.OneDocumentALineError as e:  # (the builder's own flag is --file_format)
-    raise errors.UsageError(
-        f"{e.path}: its first {builder.ONE_DOCUMENT_LINES:,} lines hold no blank line: one "
-        "document a line, most likely, which data.build_from would read as one document (it "
-        "reads one sentence a line, a blank line between documents); prepare it with python -m "
-        "bertjax.tools.prepare_pretraining_data --file_format=documents and give that "
-        "directory as --config.data.dir") from None
+                            tokenizer_from_vocab_file(vocab), file_format=file_format,
+                            num_shards=4, num_workers=1, show_progress=False,
+                            keep_local_copy=config.data.static)  # the static build's input
+  except builder.OneDocumentALineError as e:  # the run's setting, not the builder's flag
+    raise errors.UsageError(e.message("--config.data.file_format")) from None
   except builder.DatasetMismatchError as e:  # the builder's advice is its own flags'
     raise errors.UsageError(
         f"{data_dir} (partly built) and {vocab} were built from {e.difference}; restore "

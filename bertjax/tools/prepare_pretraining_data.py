@@ -54,7 +54,7 @@ _FILE_FORMAT = flags.DEFINE_enum(
     "file_format", None, list(corpus.FILE_FORMATS), "sentences: one a line, a blank line "
     "between documents; documents: one document a line, split into sentences. Unset: "
     f"sentences, refusing a file whose first {builder.ONE_DOCUMENT_LINES:,} lines hold no blank "
-    "line (one document a line, most likely).")
+    "line and a median line of several sentences (one document a line, most likely).")
 _NUM_SHARDS = flags.DEFINE_integer("num_shards", 16, "Output shards (>= hosts x workers "
                                    "for full parallelism).")
 _NUM_WORKERS = flags.DEFINE_integer("num_workers", None, "Processes (default: all cores).")
@@ -105,7 +105,8 @@ def main(argv):
         num_shards=_NUM_SHARDS.value, num_workers=_NUM_WORKERS.value or os.cpu_count() or 1,
         num_hosts=_NUM_HOSTS.value, host_index=_HOST_INDEX.value,
         min_sentences=_MIN_SENTENCES.value, max_line_chars=_MAX_LINE_CHARS.value,
-        tfds_data_dir=_TFDS_DATA_DIR.value, overwrite=_OVERWRITE.value)
+        tfds_data_dir=_TFDS_DATA_DIR.value, overwrite=_OVERWRITE.value,
+        keep_local_copy=_STATIC_DUPE_FACTOR.value > 0)  # the static build reads it, removes it
   except builder.NoDocumentsError as e:
     print(e.stats.summary())
     usage.fail(e.line)

@@ -320,6 +320,82 @@ def test_a_build_to_gcs_leaves_no_copy_on_this_host_and_resumes_from_the_bucket(
   assert "Building 0 of this host's 4 shards" in run().stderr
 
 
+def test_a_build_to_gcs_followed_by_static_instances_downloads_no_shard_back(
+    tmp_path, vocab, gcs, monkeypatch):
+  """The builder keeps its copy for the static build that follows, which reads
+  it as is (nothing downloaded) and removes it when done."""
+  from bertjax import files
+  from bertjax.data.masking import MaskingConfig
+
+  corpus = write_corpus(tmp_path / "corpus.txt", num_documents=60, seed=3)
+  remote = gcs.url_of("static_after/data")
+  builder.prepare(str(corpus), remote, WordPieceTokenizer(vocab), num_shards=2,
+                  show_progress=False, keep_local_copy=True)
+  cache = files.cache_path(remote)
+  assert shards.complete_shards(cache) and shards.complete_shards(remote)
+  downloaded, download = [], files.download
+  monkeypatch.setattr(files, "download", lambda remote_path, *args: (
+      downloaded.append(os.path.basename(remote_path)), download(remote_path, *args))[1])
+  assert static_instances.prepare_static(remote, objective="mlm_nsp", max_seq_length=32,
+                                         masking=MaskingConfig(max_predictions=5),
+                                         dupe_factor=1, show_progress=False) > 0
+  assert not [name for name in downloaded if name.endswith(".array_record")], downloaded
+  assert not os.path.exists(cache)
+
+
+@pytest.mark.parametrize("arrived", ["cut short", "other bytes"])
+def test_a_shard_that_did_not_arrive_whole_is_kept_here(tmp_path, gcs, monkeypatch, arrived):
+  """The only copy of a shard is deleted only once the bucket holds it at its
+  size and checksum; nothing marks it finished there before."""
+  from bertjax import errors, files
+
+  shard = tmp_path / shards.shard_name(0, 1)
+  shard.write_bytes(bytes(range(256)) * 8)
+  shards.mark_finished(str(shard), {})
+  remote = gcs.url_of(f"arrived/{arrived.replace(' ', '_')}")
+  upload = files.upload
+
+  def garbled(local, target):
+    upload(local, target)
+    if target.endswith(".array_record"):
+      data = open(local, "rb").read()
+      files.write_bytes(target, data[:-10] if arrived == "cut short" else data[::-1])
+
+  monkeypatch.setattr(files, "upload", garbled)
+  with pytest.raises(errors.StorageError, match="bytes arrived" if arrived == "cut short"
+                     else "its checksum is not that of"):
+    shards.publish(str(shard), remote)
+  assert shard.read_bytes() == bytes(range(256)) * 8
+  assert not files.exists(files.join(remote, os.path.basename(shards.stats_path(str(shard)))))
+  monkeypatch.undo()
+  shards.publish(str(shard), remote)
+  assert not shard.exists()
+
+
+def test_a_cache_shared_by_hosts_loses_only_this_hosts_files(tmp_path, gcs):
+  """Hosts sharing one cache directory (an NFS home): one host done removes its
+  shards, not the others' staging files and shards, nor the settings they
+  read; the last one removes the rest and the directory."""
+  from bertjax import files
+
+  remote, local = gcs.url_of("shared_cache/data"), tmp_path / "cache"
+  local.mkdir()
+  ours = [shards.shard_name(0, 2), shards.stats_path(shards.shard_name(0, 2))]
+  for name in ours + [shards.INFO_FILE]:
+    (local / name).write_text(name)
+    files.upload(str(local / name), files.join(remote, name))
+  theirs = files.staging_name(str(local / shards.shard_name(1, 2)))
+  open(theirs, "w").close()
+  host = lambda name, index: shards.shard_host(name, "documents", 2) == index
+  assert shards.remove_local_copy(str(local), remote, others=lambda n: host(n, 1),
+                                  own=lambda n: host(n, 0)) == ""
+  assert sorted(os.listdir(local)) == sorted([shards.INFO_FILE, os.path.basename(theirs)])
+  os.remove(theirs)
+  assert shards.remove_local_copy(str(local), remote, others=lambda n: host(n, 1),
+                                  own=lambda n: host(n, 0)) == ""
+  assert not local.exists()
+
+
 def _modernbert_layout_tokenizer(path, texts):
   """A byte-level BPE laid out as ModernBERT's tokenizer.json is: its learned
   pieces first, then [UNK] [CLS] [SEP] [PAD] [MASK], then unused tokens to a

@@ -86,15 +86,18 @@ def test_a_corpus_of_one_document_a_line_is_refused_and_named_the_flag_that_read
 
 
 def test_a_corpus_of_sentences_whose_first_document_is_long_is_built(tmp_path):
-  """A blank line within the first 1,000 lines: one sentence a line, as written."""
+  """A book one sentence a line (BookCorpus: a book a document) runs far past
+  1,000 lines without a blank one: its lines are sentences, and it is built as
+  written."""
   vocab = str(tmp_path / "vocab.txt")
   reference.write_vocab(vocab)
-  corpus = tmp_path / "sentences.txt"
-  lines = ["the quick brown fox."] * 999 + ["", "hello world."]
-  corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+  corpus = tmp_path / "book.txt"
+  lines = [f"The quick brown fox {i} jumps over the lazy dog." for i in range(2500)]
+  lines[7] = "Mr. Smith met the fox. It ran."  # a line the splitter reads as two or three
+  corpus.write_text("\n".join(lines + ["", "hello world."]) + "\n", encoding="utf-8")
   stats = builder.prepare(str(corpus), str(tmp_path / "data"), WordPieceTokenizer(vocab),
                           num_shards=1, show_progress=False)
-  assert (stats.documents_used, stats.sentences) == (2, 1000)
+  assert (stats.documents_used, stats.sentences) == (2, 2501)
 
 
 @pytest.fixture(scope="module")
@@ -136,15 +139,20 @@ def test_pretraining_on_one_document_is_refused_in_one_line(one_document, tmp_pa
 
 
 def test_a_pretraining_run_that_builds_from_one_document_a_line_is_refused(inputs, tmp_path):
-  """`data.build_from` reads one sentence a line: the run names the builder's
-  flag that reads the file as it is."""
+  """`data.build_from` reads one sentence a line: the run refuses the file before
+  it trains a vocabulary on it, naming the setting that reads it as it is."""
   corpus, _ = inputs
   workdir = str(tmp_path / "run")
   args = [a for a in _args(workdir, "", **{"eval.every_steps": 0}) if "data.dir" not in a]
-  result = subprocess.run(args + [f"--config.data.build_from={corpus}",
-                                  "--config.data.vocab_size=300"],
-                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+  args += [f"--config.data.build_from={corpus}", "--config.data.vocab_size=300"]
+  result = subprocess.run(args, cwd=ROOT, env=_env(), capture_output=True, text=True,
+                          timeout=600)
   line = _error_line(result)
   assert line.startswith(f"error: {corpus}: its first 1,000 lines hold no blank line"), line
-  assert "prepare_pretraining_data --file_format=documents" in line, line
-  assert "--config.data.dir" in line, line
+  assert "pass --config.data.file_format=documents" in line, line
+  assert "--config.data.file_format=sentences" in line and " --file_format" not in line, line
+  assert not os.path.exists(os.path.join(workdir, "vocab.txt"))  # nothing trained on it
+
+  bad = subprocess.run(args + ["--config.data.file_format=paragraphs"], cwd=ROOT, env=_env(),
+                       capture_output=True, text=True, timeout=600)
+  assert "data.file_format='paragraphs' is not one of" in _error_line(bad)
