@@ -18,8 +18,6 @@ import shlex
 import shutil
 from typing import Any, Mapping
 
-import jax
-
 from bertjax import errors, files, metrics
 
 CONFIG_FILE = "config.json"
@@ -118,6 +116,14 @@ def _changed(saved: Any, now: Any, prefix: str = "") -> list[str]:
   return [f"{prefix.rstrip('.')}: {_shown(saved)} then, {_shown(now)} now"]
 
 
+def _process_0() -> bool:
+  """Whether this is the run's process 0 (JAX, imported here only: a sweep's
+  --help or refusal answers without it)."""
+  import jax
+
+  return jax.process_index() == 0
+
+
 def _shown(value: Any) -> str:
   """A setting's value as a user types it (a path bare, others as JSON)."""
   return value if isinstance(value, str) and value else json.dumps(value)
@@ -126,7 +132,7 @@ def _shown(value: Any) -> str:
 def save_config(config: Any, workdir: str) -> None:
   """Writes a run's resolved config to `<workdir>/config.json` (process 0 only),
   atomically: readers see the old file or the new one."""
-  if jax.process_index() != 0:
+  if not _process_0():
     return
   files.makedirs(workdir)
   files.write_text(files.join(workdir, CONFIG_FILE),
@@ -140,7 +146,7 @@ def say_pretraining_is_done(workdir: str, step: int, held_out: Mapping[str, floa
   it and fine-tune from it (`demo`: on the offline task of the demo corpus,
   configs/demo_finetune.py; otherwise on GLUE's SST-2, whose files the user
   brings)."""
-  if jax.process_index() != 0:
+  if not _process_0():
     return
   if not held_out:  # a rerun of a finished run: its last evaluation, as recorded
     held_out, held_out_step = last_evaluation(workdir)
@@ -205,7 +211,7 @@ def plot_command(workdir: str) -> str:
 def say_fine_tuning_is_done(workdir: str, results: Mapping[str, Any]) -> None:
   """A fine-tuning run's last lines (process 0): its dev figures, the files it
   wrote, and the commands to look at its metrics and convert its model."""
-  if jax.process_index() != 0:
+  if not _process_0():
     return
 
   def figures(values: Mapping[str, Any]) -> str:
