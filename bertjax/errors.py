@@ -376,10 +376,13 @@ def one_line(error: BaseException) -> str | None:
             "command resumes once it answers (a supervisor restarts it on exit status 42)")
   failure = write_failure(error)
   named = getattr(failure, "filename", None)
-  if failure is not None and (named or isinstance(failure, StorageWriteError)
+  if failure is not None and (isinstance(failure, StorageWriteError)
                               or _write_errno(failure) in _WRITE_ONLY_ERRNOS):
     return str(storage_write_error(os.fspath(named or "a file"), failure,
                                    "what was finished before is kept"))
+  if failure is not None and named:  # an input/output error, a stale handle: a read's too
+    what, advice = write_problem(os.fspath(named), failure)
+    return f"{os.fspath(named)}: {what}; {advice}, then rerun the same command"
   if (isinstance(error, OSError) and error.errno in _FILE_ERRNOS
       and getattr(error, "filename", None)):
     return f"{error.filename}: {error.strerror}"

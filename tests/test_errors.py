@@ -74,9 +74,11 @@ def test_every_write_the_storage_refuses_is_one_line(tmp_path, code, what, advic
   # Outside a writer, a named file is enough; an input/output error without
   # one may be a read's, and is not said as a write's.
   named = errors.one_line(OSError(code, os.strerror(code), str(tmp_path / "x")))
-  assert named.startswith(f"writing {tmp_path / 'x'} failed: {what}"), named
-  if code in (errno.EIO, errno.ESTALE):
+  if code in (errno.EIO, errno.ESTALE):  # a read's as well: said of the file, not as a write
+    assert named.startswith(f"{tmp_path / 'x'}: {what}") and "writing" not in named, named
     assert errors.one_line(OSError(code, os.strerror(code))) is None
+  else:
+    assert named.startswith(f"writing {tmp_path / 'x'} failed: {what}"), named
 
 
 def test_a_file_size_limit_says_the_limit_and_what_makes_files_smaller(tmp_path, monkeypatch):

@@ -44,12 +44,11 @@ class OneDocumentALineError(errors.UsageError):
 
   def message(self, flag: str) -> str:
     """The refusal, naming `flag` (the command's way to give the file format)."""
-    return (f"{self.path}: its first {ONE_DOCUMENT_LINES:,} lines hold no blank line and "
-            f"{self.sentences:g} sentences a line (the median), so read one sentence a line "
-            f"({flag}=sentences, the default; a blank line ends a document) the file would be "
-            f"one document; if it holds one document a line (the usual export), pass "
-            f"{flag}=documents, which splits each line into sentences; if it is one sentence "
-            f"a line, pass {flag}=sentences to build it so")
+    return (f"{self.path}: its first {ONE_DOCUMENT_LINES:,} lines hold no blank line and a "
+            f"median of {self.sentences:g} sentences a line, so it looks like one document a "
+            "line (the usual export), which read one sentence a line would be a single "
+            f"document; pass {flag}=documents to read one document a line, or "
+            f"{flag}=sentences if it is one sentence a line")
 
 
 def check_sentence_files(inputs: list[corpus.InputFile]) -> None:
