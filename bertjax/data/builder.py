@@ -292,12 +292,7 @@ def prepare(spec: str, output_dir: str, tokenizer, *, file_format: str | None = 
                         tfds_data_dir=tfds_data_dir, overwrite=overwrite,
                         show_progress=show_progress, keep_local=keep_local_copy)
   if remote and not keep_local_copy:  # all on gs:// now: a rerun copies back what it reads
-    host = functools.partial(shards.shard_host, kind="documents", num_hosts=num_hosts)
-    left = shards.remove_local_copy(local, output_dir, others=lambda name: host(name) not in (
-        None, host_index), own=lambda name: host(name) == host_index)
-    if left:
-      logging.warning("%s, this host's copy of %s, is kept (%.1f MiB): %s", local, output_dir,
-                      shards.directory_size(local) / 2**20, left)
+    shards.remove_this_hosts_copy(local, output_dir, "documents", num_hosts, host_index)
   return stats
 
 

@@ -33,6 +33,7 @@ import shlex
 import struct
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
+from absl import logging
 import numpy as np
 
 from bertjax import errors, files
@@ -163,6 +164,21 @@ def shard_host(name: str, kind: str, num_hosts: int) -> int | None:
   builder's rule (shard index modulo host count); None for another file."""
   match = re.fullmatch(rf"{re.escape(kind)}-(\d+)-of-\d+\.(array_record|stats\.json)", name)
   return int(match.group(1)) % num_hosts if match else None
+
+
+def remove_this_hosts_copy(local: str, remote: str, kind: str, num_hosts: int,
+                           host_index: int) -> None:
+  """Removes this host's local copy of a build of `kind` shards now on the
+  `gs://` directory `remote` (`remove_local_copy`, by the builder's rule of
+  which host builds which shard); says what is kept, and why, if anything."""
+  def host(name: str) -> int | None:
+    return shard_host(name, kind, num_hosts)
+
+  left = remove_local_copy(local, remote, others=lambda name: host(name) not in (None, host_index),
+                           own=lambda name: host(name) == host_index)
+  if left:
+    logging.warning("%s, this host's copy of %s, is kept (%.1f MiB): %s", local, remote,
+                    directory_size(local) / 2**20, left)
 
 
 def remove_local_copy(local: str, remote: str,

@@ -6,12 +6,10 @@ their own, one set per sequence length."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
 from typing import Any
 
-from absl import logging
 
 from bertjax import errors, files
 from bertjax.data import build_pool, shards
@@ -80,13 +78,8 @@ def prepare_static(data_dir: str, *, objective: str, max_seq_length: int, maskin
         eval_percent=eval_percent, num_workers=num_workers, num_hosts=num_hosts,
         host_index=host_index, show_progress=show_progress)
   if copied and not keep_local_copy:  # all of it is on gs:// now
-    host = functools.partial(shards.shard_host, kind=shards.static_kind(max_seq_length),
-                             num_hosts=num_hosts)
-    left = shards.remove_local_copy(copied, data_dir, others=lambda name: host(name) not in (
-        None, host_index), own=lambda name: host(name) == host_index)
-    if left:
-      logging.warning("%s, this host's copy of %s, is kept (%.1f MiB): %s", copied, data_dir,
-                      shards.directory_size(copied) / 2**20, left)
+    shards.remove_this_hosts_copy(copied, data_dir, shards.static_kind(max_seq_length),
+                                  num_hosts, host_index)
   return count
 
 
