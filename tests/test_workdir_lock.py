@@ -275,8 +275,8 @@ def test_on_gcs_a_holder_in_another_containers_pid_namespace_is_not_judged_by_it
   ended; it is watched, and refused while it renews."""
   workdir = gcs.url_of("locks/namespaces")
   process = subprocess.Popen(
-      ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", sys.executable, "-c", _HOLD, workdir,
-       "0.3", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", sys.executable, "-c",
+       _HOLD, workdir, "0.3", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
       env={**os.environ, **gcs.env})
   try:
     assert process.stdout.readline().strip() == "holding", process.stderr.read()

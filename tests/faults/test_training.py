@@ -277,7 +277,8 @@ def test_a_rerun_refuses_a_data_position_of_other_stream_settings(finished_run,
     with pytest.raises(ValueError, match=f"the checkpoint's data position is in the stream of "
                                          f"{flag}, not of this run's .*: resume with {flag}, "
                                          "or start a new --workdir"):
-      pretrain.run(tiny_pretrain_config(prepared_dir, **{"train.total_steps": 30, **changes}), workdir)
+      pretrain.run(tiny_pretrain_config(prepared_dir, **{"train.total_steps": 30, **changes}),
+                   workdir)
     assert open(os.path.join(workdir, "config.json")).read() == before  # left as it was
   # Unpacked rows never read the packing window: changing it changes nothing.
   pretrain.run(tiny_pretrain_config(prepared_dir, **{"train.total_steps": 30,
