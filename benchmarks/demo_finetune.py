@@ -61,8 +61,6 @@ def main() -> None:
   parser.add_argument("--learning_rates", nargs="+", default=["3e-4"])
   parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
   args = parser.parse_args()
-  from bertjax import usage
-  usage.keep_jax_off_absent_tpus()  # the [tpu] extra on a CPU machine: no TPU runtime
   pretrained = os.path.abspath(args.pretrained)
   from bertjax.data import stdlib_topics
   dev = [e.label for e in stdlib_topics.read_split("dev")]

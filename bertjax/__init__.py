@@ -19,7 +19,12 @@ import fsspec.config as _fsspec_config
 for _protocol in ("gs", "gcs"):
   _fsspec_config.conf.setdefault(_protocol, {}).setdefault("use_listings_cache", False)
 
-from bertjax import lazy
+from bertjax import lazy, platforms
+
+# A script on a CPU machine with the [tpu] extra installed runs JAX on the CPU
+# without the TPU runtime's errors about the TPU it does not find (as the
+# commands do): see bertjax.platforms.
+platforms.keep_library_jax_off_absent_tpus()
 
 # The public API, imported when first used: `import bertjax.data...` (the data
 # tools) then starts without JAX and Flax, which take seconds to import.

@@ -28,7 +28,7 @@ checkpoint in its workdir (docs/checkpoints.md).
 from absl import flags, logging
 from ml_collections import config_flags
 
-from bertjax import outage, paths, preemption, signals, tasks, usage
+from bertjax import outage, paths, platforms, preemption, signals, tasks, usage
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (get_config(arg)); "
                                           "`path.py:arg` passes an argument.",
@@ -67,7 +67,7 @@ def main(argv):
     if _COORDINATOR.value or _NUM_PROCESSES.value:
       jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                                  initialization_timeout=_INITIALIZATION_TIMEOUT_S.value)
-    elif _DISTRIBUTED.value or usage.tpu_chips_here():
+    elif _DISTRIBUTED.value or platforms.tpu_chips_here():
       # Finds the other hosts of a pod slice (or cluster) itself.
       jax.distributed.initialize(initialization_timeout=_INITIALIZATION_TIMEOUT_S.value)
   logging.info("Process %d of %d, %d local / %d global devices", jax.process_index(),

@@ -26,7 +26,6 @@ from __future__ import annotations
 import ast
 import contextlib
 import difflib
-import glob
 import importlib.util
 import logging as std_logging
 import os
@@ -41,7 +40,7 @@ from typing import Any, Callable, Iterator, NoReturn, TypeVar
 from absl import app, flags, logging
 import ml_collections
 
-from bertjax import config_ranges, errors, paths, preemption
+from bertjax import config_ranges, errors, paths, platforms, preemption
 
 T = TypeVar("T")
 EXIT_CODE = errors.USAGE_EXIT_CODE
@@ -106,37 +105,6 @@ def run(fn: Callable[[], T],
 _running = False  # whether `run` is running a command (a Ctrl-C is its to end)
 
 
-def tpu_chips_here() -> bool:
-  """Whether this machine is a Cloud TPU VM (or a GKE TPU node), judged
-  without starting JAX.
-
-  libtpu started off a TPU machine (a notebook that imported JAX with the
-  `[tpu]` extra) writes placeholders into these variables ("WARNING: could not
-  determine TPU worker number, ..."), which the commands it starts inherit:
-  those are no sign of a TPU.
-  """
-  return (any(not os.environ.get(name, "WARNING:").startswith("WARNING:")
-              for name in ("TPU_WORKER_ID", "TPU_WORKER_HOSTNAMES", "TPU_ACCELERATOR_TYPE"))
-          or bool(glob.glob("/dev/accel*")) or os.path.isdir("/dev/vfio/devices"))
-
-
-# JAX's GPU plugins: where one is installed, JAX chooses among the platforms.
-_GPU_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm7_plugin")
-
-
-def keep_jax_off_absent_tpus() -> None:
-  """On a machine without TPU chips, JAX runs on its CPU even where libtpu is
-  installed (the `[tpu]` extra, which the compile tool needs): left to choose,
-  JAX starts the TPU runtime, which prints errors about the TPU it does not
-  find (and, with two processes, about a lock file). A `JAX_PLATFORMS` of the
-  user's own, a TPU machine, and a GPU plugin are left as they are."""
-  if ("JAX_PLATFORMS" in os.environ or tpu_chips_here()
-      or importlib.util.find_spec("libtpu") is None
-      or any(importlib.util.find_spec(name) for name in _GPU_PLUGINS)):
-    return
-  os.environ["JAX_PLATFORMS"] = "cpu"
-
-
 def run_main(main: Callable[[list[str]], Any], *,
              interrupted: str | Callable[[], str] = "nothing was left half-written") -> None:
   """Runs a command's `main(argv)` as every bertjax command runs (see above).
@@ -148,7 +116,7 @@ def run_main(main: Callable[[list[str]], Any], *,
   """
 
   stop_as_ctrl_c()
-  keep_jax_off_absent_tpus()  # before anything starts JAX
+  platforms.keep_jax_off_absent_tpus()  # before anything starts JAX
 
   def checked(argv: list[str]) -> Any:
     from bertjax import metrics

@@ -14,7 +14,7 @@ ROOMS = [
     # metrics, the optimizer, sharding rules, evaluation metrics.
     {"errors", "lazy", "paths", "files", "hosts", "outage", "preemption", "signals",
      "topology", "sharding", "metrics", "divergence", "optim", "evaluation", "usage", "runs",
-     "workdir_lock", "throughput", "worker_signals", "config_ranges"},
+     "workdir_lock", "throughput", "worker_signals", "config_ranges", "platforms"},
     {"models"},
     {"data"},
     {"interop", "flops", "phases"},

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from bertjax import usage
+from bertjax import platforms
+from tests import reference
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOISE = ("TPU_WORKER_HOSTNAMES", "host bounds", "libtpu", "E0000", "InitGoogle")
@@ -23,6 +24,10 @@ def _env():
   return env
 
 
+def _noise(stderr: str) -> list[str]:
+  return [line for line in stderr.splitlines() if any(n in line for n in NOISE)]
+
+
 @needs_libtpu
 def test_a_command_on_a_cpu_machine_prints_no_tpu_errors(tmp_path):
   result = subprocess.run(
@@ -30,8 +35,7 @@ def test_a_command_on_a_cpu_machine_prints_no_tpu_errors(tmp_path):
        f"--workdir={tmp_path / 'run'}", f"--config.data.dir={tmp_path / 'none'}"],
       cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
   assert "Process 0 of 1" in result.stderr  # JAX started (on the CPU)
-  assert not [line for line in result.stderr.splitlines() if any(n in line for n in NOISE)], (
-      result.stderr[-3000:])
+  assert _noise(result.stderr) == [], result.stderr[-3000:]
 
 
 @needs_libtpu
@@ -42,8 +46,36 @@ def test_the_compile_tool_prints_no_tpu_errors(tmp_path):
       cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
   assert '"device_kind": "TPU v5 lite"' in result.stdout
-  assert not [line for line in result.stderr.splitlines() if any(n in line for n in NOISE)], (
-      result.stderr[-3000:])
+  assert _noise(result.stderr) == [], result.stderr[-3000:]
+
+
+# The README's "From Python" use, as a script or notebook cell runs it.
+_LIBRARY_USE = """
+import bertjax
+bundle = bertjax.load_pretrained({directory!r})
+features = bertjax.encode(bundle, ["The cat sat."], max_length=16)
+print("devices", __import__("jax").devices(), features["pooled_output"].shape)
+"""
+
+
+@needs_libtpu
+@pytest.mark.parametrize("jax_first", [False, True], ids=["bertjax_first", "jax_imported_first"])
+def test_the_library_in_a_script_prints_no_tpu_errors(tmp_path, jax_first):
+  directory = reference.write_tiny_checkpoint(tmp_path / "bert")
+  script = ("import jax\n" if jax_first else "") + _LIBRARY_USE.format(directory=directory)
+  result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=_env(),
+                          capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "devices [CpuDevice(id=0)" in result.stdout and "(1, 32)" in result.stdout
+  assert _noise(result.stderr) == [], result.stderr[-3000:]
+
+
+@needs_libtpu
+def test_a_jax_the_script_started_itself_is_left_as_it_is(tmp_path):
+  script = "import jax; jax.devices()\nimport bertjax; print(jax.config.jax_platforms)"
+  result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=_env(),
+                          capture_output=True, text=True, timeout=300)
+  assert result.stdout.strip() == "None", result.stderr[-3000:]
 
 
 @needs_libtpu
@@ -65,13 +97,13 @@ def test_a_command_started_by_a_process_that_started_libtpu_runs_on_the_cpu(tmp_
 def test_libtpus_placeholders_are_no_sign_of_a_tpu(monkeypatch):
   for name in ("TPU_WORKER_ID", "TPU_WORKER_HOSTNAMES", "TPU_ACCELERATOR_TYPE"):
     monkeypatch.delenv(name, raising=False)
-  monkeypatch.setattr(usage.glob, "glob", lambda pattern: [])
-  monkeypatch.setattr(usage.os.path, "isdir", lambda path: False)
+  monkeypatch.setattr(platforms.glob, "glob", lambda pattern: [])
+  monkeypatch.setattr(platforms.os.path, "isdir", lambda path: False)
   monkeypatch.setenv("TPU_WORKER_ID", "WARNING: could not determine TPU worker number, please "
                      "set env var `TPU_WORKER_ID` manually")
-  assert not usage.tpu_chips_here()
+  assert not platforms.tpu_chips_here()
   monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v5litepod-8")
-  assert usage.tpu_chips_here()
+  assert platforms.tpu_chips_here()
 
 
 def test_the_platforms_are_left_to_the_user_and_to_tpu_machines(monkeypatch):
@@ -82,6 +114,6 @@ def test_the_platforms_are_left_to_the_user_and_to_tpu_machines(monkeypatch):
     monkeypatch.delenv("JAX_PLATFORMS", raising=False)
     for key, value in env.items():
       monkeypatch.setenv(key, value)
-    monkeypatch.setattr(usage, "tpu_chips_here", lambda chips=chips: chips)
-    usage.keep_jax_off_absent_tpus()
+    monkeypatch.setattr(platforms, "tpu_chips_here", lambda chips=chips: chips)
+    platforms.keep_jax_off_absent_tpus()
     assert os.environ.get("JAX_PLATFORMS") == expected

@@ -47,7 +47,7 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
-from bertjax import paths, usage
+from bertjax import paths, platforms, usage
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Pre-training config file.",
                                           lock_config=True)
@@ -76,7 +76,7 @@ flags.register_multi_flags_validator(
 
 def main(argv):
   del argv
-  if not usage.tpu_chips_here():
+  if not platforms.tpu_chips_here():
     # libtpu describes "this host" before any topology; off a TPU VM, these
     # spare it a metadata server it cannot reach and the errors it prints.
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", _TOPOLOGY.value)
