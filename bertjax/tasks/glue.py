@@ -139,7 +139,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   logging.info("%s: %d train examples, %s; %d steps of %d", spec.name, len(train_examples),
                ", ".join(f"{len(v)} {k}" for k, v in {**eval_splits, **test_splits}.items()),
                total_steps, recipe.batch_size)
-  writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0)
+  writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0, config=config)
   tuner = finetune.FineTuner(bundle, "regression" if spec.is_regression else "classification",
                              recipe, total_steps, config, writer,
                              packed=config.data.get("pack_examples", False))

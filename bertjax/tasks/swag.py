@@ -45,7 +45,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   train_features, dev_features = featurize(train_examples), featurize(dev_examples)
   recipe = finetune.Recipe.from_config(config)
   total_steps = finetune.run_steps(len(train_examples), "training examples", recipe)
-  writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0)
+  writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0, config=config)
   tuner = finetune.FineTuner(bundle, "multiple_choice", recipe, total_steps, config, writer,
                              packed=config.data.get("pack_examples", False))
   runs.save_config(config, workdir)  # the settings are checked, the model loaded
