@@ -139,6 +139,20 @@ def test_a_wrong_mode_and_a_missing_client_are_refused_in_one_line(monkeypatch):
   trackers.check(_config(**{"wandb.project": ""}))  # W&B not asked for: nothing needed
 
 
+def test_the_command_says_in_one_line_to_install_the_extra_before_it_starts(tmp_path):
+  code = ("import sys; sys.modules['wandb'] = None  # as where it is not installed\n"
+          "from bertjax import main; main.run()")
+  result = subprocess.run(
+      [sys.executable, "-c", code, "--config=configs/demo_finetune.py",
+       f"--workdir={tmp_path / 'run'}", "--config.wandb.project=bertjax-tests"],
+      cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines() == [
+      "error: --config.wandb.project is set but wandb is not installed: pip install "
+      "'bertjax[wandb]', or leave out --config.wandb.project"]
+  assert not os.path.exists(tmp_path / "run")
+
+
 def test_a_run_killed_with_sigkill_resumes_as_the_same_wandb_run(prepared_dir, tmp_path):
   from tests.tasks import test_pretrain
 
