@@ -158,8 +158,8 @@ def test_a_run_killed_with_sigkill_resumes_as_the_same_wandb_run(prepared_dir, t
 
   workdir = str(tmp_path / "run")
   args = test_pretrain._args(workdir, prepared_dir, **{
-      "train.total_steps": 60, "train.long_from_step": -1, "checkpoint.every_steps": 23,
-      "eval.every_steps": 30, "wandb.project": "bertjax-tests", "wandb.mode": "offline"})
+      "train.total_steps": 100, "train.long_from_step": -1, "checkpoint.every_steps": 23,
+      "eval.every_steps": 50, "wandb.project": "bertjax-tests", "wandb.mode": "offline"})
   env = {**{k: v for k, v in test_pretrain._env().items() if k != "WANDB_SERVICE"}, "WANDB_MODE": "offline", "WANDB_SILENT": "true",
          "WANDB_DIR": str(tmp_path / "wandb_dir")}
   code, log = test_pretrain._start_and_stop(args, env, workdir, 35, signal.SIGKILL)
@@ -190,5 +190,5 @@ def test_a_run_killed_with_sigkill_resumes_as_the_same_wandb_run(prepared_dir, t
   assert sorted(sent) == sorted(first)
   for step, values in first.items():
     assert sent[step] == pytest.approx(values), step
-  assert all("train/loss" in sent[step] for step in range(1, 61))
-  assert {"eval/mlm_accuracy", "checkpoint/save_blocking_s"} <= set(sent[60])
+  assert all("train/loss" in sent[step] for step in range(1, 101))
+  assert {"eval/mlm_accuracy", "checkpoint/save_blocking_s"} <= set(sent[100])
