@@ -63,9 +63,13 @@ _EXTRAS = {
         # create_pretraining_data.py, ...), what the paper ran; it imports
         # TensorFlow (the [tf] extra).
         "bert-tensorflow==1.0.4",
+        # Weights & Biases, run offline and read back (the [wandb] extra).
+        "wandb>=0.31",
     ],
     # Only to read Google's original TF1 checkpoints (bert_model.ckpt.*).
     "tf": ["tensorflow-cpu>=2.18"],
+    # Weights & Biases: --config.wandb.project sends a run's metrics and config there.
+    "wandb": ["wandb>=0.31"],
     # A run's curves as a PNG (bertjax.tools.plot), and TensorBoard.
     "plot": ["matplotlib>=3.8", "tensorboard>=2.18"],
     # The accelerator builds of JAX (the base install is CPU-only). libtpu also

@@ -354,7 +354,8 @@ class EventFileWriter:
 
 
 class MetricWriter:
-  """Writes metrics to `<workdir>/metrics.jsonl` and TensorBoard events (process 0).
+  """Writes metrics to `<workdir>/metrics.jsonl`, TensorBoard events and the
+  trackers the config asks for (`bertjax.trackers`: W&B), from process 0.
 
   `metrics.jsonl` is appended to by every run and resume in the workdir (no
   earlier line is ever lost); each run writes its own TensorBoard event file.
@@ -366,25 +367,41 @@ class MetricWriter:
     workdir: The run's directory, local or a URL.
     enabled: Whether this process writes (process 0 does).
     flush_every_s: Seconds between uploads to a URL.
+    config: The run's config: its `wandb` block starts a W&B run (None: none).
   """
 
-  def __init__(self, workdir: str, enabled: bool = True, flush_every_s: float = 30.0):
+  def __init__(self, workdir: str, enabled: bool = True, flush_every_s: float = 30.0,
+               config: Any = None):
     self.enabled = enabled
+    self._trackers: list[Any] = []
     if not enabled:
       return
     self._jsonl = AppendFile(os.path.join(workdir, "metrics.jsonl"), flush_every_s,
                              record_end=b"\n")
     self._events = EventFileWriter(os.path.join(workdir, "tensorboard"), flush_every_s)
+    if config is not None:
+      from bertjax import trackers  # pylint: disable=import-outside-toplevel
+
+      self._trackers = [sink for sink in [trackers.open_wandb(config, workdir)] if sink]
+    self._tracker_failed = False
 
   def write(self, step: int, values: Mapping[str, Any], prefix: str = "") -> None:
     """Writes a step's scalars, named `prefix/name` in TensorBoard."""
     if not self.enabled:
       return
-    record = {"step": step, **{f"{prefix}{k}": v for k, v in values.items()}}
-    self._jsonl.append((json.dumps(record) + "\n").encode())
-    numeric = {f"{prefix}{k}": v for k, v in values.items()
+    named = {f"{prefix}{k}": v for k, v in values.items()}
+    self._jsonl.append((json.dumps({"step": step, **named}) + "\n").encode())
+    numeric = {k: v for k, v in named.items()
                if isinstance(v, (int, float)) and not isinstance(v, bool)}
     self._events.scalars(step, numeric)
+    for tracker in self._trackers:
+      try:
+        tracker.write(step, named)
+      except Exception as e:  # pylint: disable=broad-except  # never fatal to training
+        if not self._tracker_failed:
+          logging.warning("%s could not take the metrics of step %d (training goes on): %s",
+                          type(tracker).__name__, step, e)
+        self._tracker_failed = True
 
   def flush(self) -> None:
     """Stores what was written so far (waits for a remote upload; never raises)."""
@@ -396,6 +413,9 @@ class MetricWriter:
     if self.enabled:
       self._jsonl.close()
       self._events.close()
+      for tracker in self._trackers:
+        tracker.close()
+      self._trackers = []
 
 
 def format_line(step: int, total: int, values: Mapping[str, float]) -> str:

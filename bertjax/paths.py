@@ -69,6 +69,7 @@ _CONFIG_PATHS: tuple[tuple[str, Callable[[str], str], Callable[[Any], bool]], ..
     ("init_checkpoint", resolve_model, lambda config: True),
     ("data.dir", resolve, lambda config: True),
     ("data.build_from", resolve_inputs, lambda config: True),
+    ("wandb.dir", resolve, lambda config: True),  # W&B's local files
     # SQuAD's JSON files (with data.source="tfds" these name TFDS splits; the
     # NER files are names inside data.dir).
     *((name, resolve, lambda config: config.data.get("source") == "json")

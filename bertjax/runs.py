@@ -208,19 +208,30 @@ def plot_command(workdir: str) -> str:
   return command if installed else f"pip install matplotlib && {command}"
 
 
+def _figures(values: Mapping[str, Any]) -> str:
+  """"accuracy 76.8000  f1 80.1000": the numbers of `values`."""
+  return "  ".join(f"{k} {v:.4f}" for k, v in values.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
+def _baseline(baseline: Mapping[str, Any] | None) -> str:
+  """"; always guessing the commonest class (gui): accuracy 29.0000", or ""."""
+  if not baseline:
+    return ""
+  return f"; always guessing the commonest class ({baseline['always']}): {_figures(baseline)}"
+
+
 def say_fine_tuning_is_done(workdir: str, results: Mapping[str, Any]) -> None:
-  """A fine-tuning run's last lines (process 0): its dev figures, the files it
-  wrote, and the commands to look at its metrics and convert its model."""
+  """A fine-tuning run's last lines (process 0): its dev figures beside their
+  baseline (`results["baseline"]`, where it has one), the files it wrote, and
+  the commands to look at its metrics and convert its model."""
   if not _process_0():
     return
-
-  def figures(values: Mapping[str, Any]) -> str:
-    return "  ".join(f"{k} {v:.4f}" for k, v in values.items()
-                     if isinstance(v, (int, float)) and not isinstance(v, bool))
-
-  dev = {split: values for split, values in results.items() if isinstance(values, Mapping)}
-  lines = [f"Done. {split}: {figures(values)}" for split, values in dev.items()
-           if figures(values)] or ["Done."]
+  dev = {split: values for split, values in results.items()
+         if isinstance(values, Mapping) and split != "baseline"}
+  baselines = results.get("baseline") or {}
+  lines = [f"Done. {split}: {_figures(values)}" + _baseline(baselines.get(split))
+           for split, values in dev.items() if _figures(values)] or ["Done."]
   written = sorted(name for name in files.listdir(workdir)
                    if name.endswith((".json", ".tsv", ".csv", ".txt", ".jsonl"))
                    and name != "config.json" or name in ("submission", "model"))

@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterator, NoReturn, TypeVar
 from absl import app, flags, logging
 import ml_collections
 
-from bertjax import config_ranges, errors, paths, platforms, preemption
+from bertjax import config_ranges, errors, paths, platforms, preemption, trackers
 
 T = TypeVar("T")
 EXIT_CODE = errors.USAGE_EXIT_CODE
@@ -307,7 +307,8 @@ def parse_flags(argv: list[str]) -> list[str]:
   with a flag mistake, an unknown `--config.*` field included, as one line, a
   shipped config found from any directory (`shipped_configs`), a config's
   path fields resolved (`bertjax.paths.resolve_config`), and a number outside
-  its range (`bertjax.config_ranges`) one line naming the field, before
+  its range (`bertjax.config_ranges`) one line naming the field, and a
+  tracker that is not installed (`bertjax.trackers`) one line, before
   anything starts."""
   argv = shipped_configs(argv)
   try:
@@ -327,6 +328,10 @@ def parse_flags(argv: list[str]) -> list[str]:
         out_of_range = config_ranges.out_of_range(config)
         if out_of_range:
           fail(out_of_range)
+        try:
+          trackers.check(config)  # a tracker asked for and not installed
+        except errors.Error as e:
+          fail(str(e))
     return remaining
   except errors.Error as e:  # a config's own check (an unknown size, argument)
     fail(f"--config: {e}")

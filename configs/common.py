@@ -208,6 +208,7 @@ def pretrain_config(size: str = "bert_base") -> ml_collections.ConfigDict:
   config.divergence = divergence_config()
   # Capture a profiler trace (<workdir>/profile) for num_steps from start_step.
   config.profile = ml_collections.ConfigDict(dict(start_step=-1, num_steps=5))
+  config.wandb = wandb_config()
   return locked(config)
 
 
@@ -311,6 +312,7 @@ def finetune_config(task: str) -> ml_collections.ConfigDict:
   config.log_every_steps = 50  # a progress line every this many steps
   config.max_consecutive_skips = 10  # non-finite steps in a row before the run stops
   config.divergence = divergence_config()
+  config.wandb = wandb_config()
   return config  # each task's config file adds its fields, then returns it `locked`
 
 
@@ -342,3 +344,20 @@ def divergence_config() -> ml_collections.ConfigDict:
       max_shift=10.0,  # a new level: every loss at most this x the median
       max_rise=1.2,  # a new level: its later half's median at most this x the earlier's
       max_grad_ratio=10.0))  # a new level: gradient norms at most this x the median norm
+
+
+def wandb_config() -> ml_collections.ConfigDict:
+  """Weights & Biases (`bertjax.trackers`, the `[wandb]` extra): off until
+  `project` is set; then process 0 sends every metric the run writes and the
+  config, and a resumed pre-training run goes on as the same W&B run."""
+  return ml_collections.ConfigDict(dict(
+      project="",  # the W&B project the run goes to ("": no W&B)
+      entity="",  # the W&B team or user ("": your default entity)
+      name="",  # the run's display name ("": W&B names it)
+      group="",  # the W&B group the run joins ("": none)
+      tags=(),  # W&B tags, a tuple of strings
+      notes="",  # the run's description in W&B
+      # "online"; "offline": written locally only, for `wandb sync` later;
+      # "disabled": no W&B at all.
+      mode="online",
+      dir=""))  # where W&B keeps its local files ("": the workdir; a gs:// workdir: W&B's own)

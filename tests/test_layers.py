@@ -11,10 +11,11 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "bertjax"
 # or, for a top-level module, its name.
 ROOMS = [
     # What everything may use: errors, files and storage, hosts, signals,
-    # metrics, the optimizer, sharding rules, evaluation metrics.
+    # metrics and trackers, the optimizer, sharding rules, evaluation metrics.
     {"errors", "lazy", "paths", "files", "hosts", "outage", "preemption", "signals",
      "topology", "sharding", "metrics", "divergence", "optim", "evaluation", "usage", "runs",
-     "workdir_lock", "throughput", "worker_signals", "config_ranges", "platforms"},
+     "workdir_lock", "throughput", "worker_signals", "config_ranges", "platforms",
+     "trackers"},
     {"models"},
     {"data"},
     {"interop", "flops", "phases"},

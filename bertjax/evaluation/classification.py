@@ -66,6 +66,17 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
   return pearson(_ranks(x), _ranks(y))
 
 
+def commonest(labels: np.ndarray) -> tuple[int, float]:
+  """The commonest class of `labels` (the lowest id of a tie) and its share in
+  percent: the accuracy of always guessing it, the baseline a classifier
+  must beat."""
+  classes, counts = np.unique(np.asarray(labels), return_counts=True)
+  if not len(classes):
+    raise errors.UsageError("no labels to find the commonest class of")
+  best = int(np.argmax(counts))  # the first of the largest counts: the lowest id
+  return int(classes[best]), 100.0 * float(counts[best]) / float(counts.sum())
+
+
 MetricFn = Callable[[np.ndarray, np.ndarray], float]
 
 # GLUE task -> (metric name -> function of (labels, predictions)). The first

@@ -35,7 +35,8 @@ def run(config: Any, workdir: str) -> Any:
 
   The config's paths and the workdir are resolved (`bertjax.paths`: a
   notebook's relative paths too), its numbers are checked against their
-  ranges (`bertjax.config_ranges`: a config built in Python too), the workdir
+  ranges (`bertjax.config_ranges`: a config built in Python too) and its
+  trackers against what is installed (`bertjax.trackers`), the workdir
   is checked (not another task's run, not the checkpoint the run starts from)
   and then locked (`bertjax.workdir_lock`, once per run: by process 0, every
   process learning the outcome) before anything is written. Storage that does
@@ -50,11 +51,12 @@ def run(config: Any, workdir: str) -> Any:
   from bertjax import usage
 
   jax = usage.import_held("jax")  # (a signal inside its start can crash Python)
-  from bertjax import config_ranges, files, hosts, paths, runs, workdir_lock
+  from bertjax import config_ranges, files, hosts, paths, runs, trackers, workdir_lock
 
   module = task_module(config.task)
   paths.resolve_config(config)
   config_ranges.check(config)
+  trackers.check(config)  # W&B asked for: its client is there
   workdir = paths.resolve(workdir)
   _waiting_out_outages(lambda: files.check_directory(workdir, "--workdir"), workdir)
   _waiting_out_outages(lambda: runs.check_workdir(config, workdir), workdir)

@@ -233,7 +233,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     labelled = all(s.tags for s in sentences)
     return (ner.scores(sentences, predicted) if labelled else None), predicted
 
-  writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0)
+  writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0, config=config)
   history, step = [], 0
   rng = jax.random.key(config.seed + 1)
   for epoch in range(epochs):

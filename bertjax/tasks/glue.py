@@ -5,8 +5,10 @@
 
 Reads the task's train and dev sets (TSV or TFDS), fine-tunes for
 `train.epochs`, evaluates dev after every epoch with the task's metrics, and
-writes into the workdir: `results.json` (every epoch's dev metrics, the
-final ones first), `dev_predictions.tsv`, the GLUE server's submission files
+writes into the workdir: `results.json` (the final dev metrics, the
+baseline beside them: always guessing dev's commonest class, for every task but
+STS-B, and every epoch's), `dev_predictions.tsv` (each prediction beside its
+gold label), the GLUE server's submission files
 for the test sets (`submission/<Task>.tsv`; MNLI also predicts AX), and the
 fine-tuned model (`model/`, a bertjax model directory with its labels).
 """
@@ -102,6 +104,28 @@ def score(spec: glue_data.TaskSpec, examples: Sequence[glue_data.Example],
   return classification.glue_metrics(spec.name, labels, predictions)
 
 
+def baseline(spec: glue_data.TaskSpec,
+             examples: Sequence[glue_data.Example]) -> dict[str, Any] | None:
+  """What always guessing the commonest class of `examples` scores, in the
+  task's metrics and accuracy (the class's share); None for STS-B, whose
+  correlations a constant guess does not have."""
+  if spec.is_regression:
+    return None
+  ids = glue_data.label_ids(spec)
+  labels = np.array([ids[e.label] for e in examples])
+  guess, share = classification.commonest(labels)
+  constant = np.full(len(labels), guess)
+  return {"always": spec.labels[guess],
+          **classification.glue_metrics(spec.name, labels, constant), "accuracy": share}
+
+
+def gold_strings(spec: glue_data.TaskSpec, examples: Sequence[glue_data.Example]) -> list[str]:
+  """Each example's gold label as a prediction of it is written."""
+  if spec.is_regression:
+    return [f"{float(e.label):.3f}" for e in examples]
+  return [str(e.label) for e in examples]
+
+
 def label_strings(spec: glue_data.TaskSpec, predictions: np.ndarray) -> list[str]:
   if spec.is_regression:
     # The GLUE server takes STS-B scores in [0, 5].
@@ -110,11 +134,15 @@ def label_strings(spec: glue_data.TaskSpec, predictions: np.ndarray) -> list[str
 
 
 def write_predictions(path: str, examples: Sequence[glue_data.Example],
-                      labels: Sequence[str]) -> None:
-  """GLUE's submission format: a header `index<TAB>prediction`, a row per example."""
+                      labels: Sequence[str], gold: Sequence[str] | None = None) -> None:
+  """GLUE's submission format: a header `index<TAB>prediction`, a row per
+  example; with `gold`, a third column `label`, the gold label beside each
+  prediction (a dev set's)."""
   if not files.is_remote(path):
     os.makedirs(os.path.dirname(path), exist_ok=True)
-  lines = ["index\tprediction"] + [f"{e.index}\t{label}" for e, label in zip(examples, labels)]
+  columns = [[e.index for e in examples], labels] + ([gold] if gold is not None else [])
+  header = "index\tprediction" + ("\tlabel" if gold is not None else "")
+  lines = [header] + ["\t".join(map(str, row)) for row in zip(*columns)]
   files.write_text(path, "\n".join(lines) + "\n")
 
 
@@ -139,7 +167,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   logging.info("%s: %d train examples, %s; %d steps of %d", spec.name, len(train_examples),
                ", ".join(f"{len(v)} {k}" for k, v in {**eval_splits, **test_splits}.items()),
                total_steps, recipe.batch_size)
-  writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0)
+  writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0, config=config)
   tuner = finetune.FineTuner(bundle, "regression" if spec.is_regression else "classification",
                              recipe, total_steps, config, writer,
                              packed=config.data.get("pack_examples", False))
@@ -159,8 +187,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     logging.info("epoch %d: %s", epoch + 1, json.dumps(results))
     history.append({"epoch": epoch + 1, "step": int(tuner.state.step), **results})
   writer.close()
-  final = {"task": spec.name, **{k: v for k, v in history[-1].items() if k in eval_splits},
-           "epochs": history}
+  final = {"task": spec.name, **{k: v for k, v in history[-1].items() if k in eval_splits}}
+  if not spec.is_regression:
+    final["baseline"] = {split: baseline(spec, examples) for split, examples in eval_splits.items()}
+  final["epochs"] = history
 
   # Every process predicts and gathers (collectives); process 0 writes.
   test_predictions = {
@@ -171,7 +201,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   if jax.process_index() == 0:
     for split, examples in eval_splits.items():
       write_predictions(os.path.join(workdir, f"{split}_predictions.tsv"), examples,
-                        label_strings(spec, dev_predictions[split]))
+                        label_strings(spec, dev_predictions[split]), gold_strings(spec, examples))
     for split, examples in test_splits.items():
       write_predictions(os.path.join(workdir, "submission", spec.submission[split]), examples,
                         label_strings(spec, test_predictions[split]))

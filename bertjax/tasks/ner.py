@@ -89,7 +89,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   total_steps = finetune.run_steps(rows, "training rows", recipe)
   logging.info("%d training sentences in %d rows; %d steps; labels %s", len(train), rows,
                total_steps, labels)
-  writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0)
+  writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0, config=config)
   tuner = finetune.FineTuner(bundle, "token", recipe, total_steps, config, writer,
                              packed=config.data.get("pack_examples", False))
   runs.save_config(config, workdir)  # the settings are checked, the model loaded

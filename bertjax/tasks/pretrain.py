@@ -60,7 +60,7 @@ class _Trainer:
     self.phases = phases(config)
     self.total_steps = config.train.total_steps
     self.optimizer, self.learning_rate_fn = optim.make_optimizer(config)
-    self.writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0)
+    self.writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0, config=config)
     self.checkpointer = checkpoint.Checkpointer(
         os.path.join(workdir, "checkpoints"), max_to_keep=config.checkpoint.max_to_keep,
         async_save=config.checkpoint.async_save)

@@ -261,7 +261,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     total_steps = finetune.run_steps(len(examples), "training questions", recipe)
     logging.info("%d training questions, %d windows, %d steps of %d", len(examples),
                  len(features), total_steps, recipe.batch_size)
-  writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0)
+  writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0, config=config)
   tuner = finetune.FineTuner(bundle, "span", recipe, total_steps, config, writer)
   runs.save_config(config, workdir)  # the settings are checked, the model loaded
   if train_arrays is not None:

@@ -5,9 +5,10 @@ vector scoring each [CLS], a softmax over the choices (the paper's section 4.4).
       --config.init_checkpoint=uncased_L-24_H-1024_A-16 --config.data.dir=swagaf/data
 
 Reads `train.csv` and `val.csv` (and predicts `test.csv` if present) from
-`data.dir`; writes `results.json` (dev accuracy after every epoch),
-`val_predictions.csv`, `test_predictions.csv` (`index,prediction`) and the
-fine-tuned model in `model/`.
+`data.dir`; writes `results.json` (dev accuracy after every epoch, and the
+baseline: always guessing dev's commonest right ending), `val_predictions.csv`
+(`index,prediction,label`), `test_predictions.csv` (`index,prediction`) and
+the fine-tuned model in `model/`.
 """
 
 from __future__ import annotations
@@ -23,12 +24,17 @@ import numpy as np
 
 from bertjax import files, metrics, runs
 from bertjax.data import swag as swag_data
+from bertjax.evaluation import classification
 from bertjax.pretrained import Pretrained, save_pretrained
 from bertjax.tasks import finetune
 
 
-def _write_predictions(path: str, examples, predictions: np.ndarray) -> None:
-  lines = ["index,prediction"] + [f"{e.index},{int(p)}" for e, p in zip(examples, predictions)]
+def _write_predictions(path: str, examples, predictions: np.ndarray,
+                       gold: bool = False) -> None:
+  """`index,prediction` rows; with `gold`, a `label` column: the right ending."""
+  lines = ["index,prediction" + (",label" if gold else "")] + [
+      f"{e.index},{int(p)}" + (f",{e.label}" if gold else "")
+      for e, p in zip(examples, predictions)]
   files.write_text(path, "\n".join(lines) + "\n")
 
 
@@ -45,7 +51,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   train_features, dev_features = featurize(train_examples), featurize(dev_examples)
   recipe = finetune.Recipe.from_config(config)
   total_steps = finetune.run_steps(len(train_examples), "training examples", recipe)
-  writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0)
+  writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0, config=config)
   tuner = finetune.FineTuner(bundle, "multiple_choice", recipe, total_steps, config, writer,
                              packed=config.data.get("pack_examples", False))
   runs.save_config(config, workdir)  # the settings are checked, the model loaded
@@ -60,13 +66,15 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     history.append({"epoch": epoch + 1, "step": int(tuner.state.step),
                     "dev": {"accuracy": accuracy}})
   writer.close()
-  results = {"dev": history[-1]["dev"], "epochs": history}
+  guess, share = classification.commonest(labels)  # the baseline: always that ending
+  results = {"dev": history[-1]["dev"],
+             "baseline": {"dev": {"always": str(guess), "accuracy": share}}, "epochs": history}
   test_predictions = (tuner.predict(featurize(test_examples), "test")["logits"].argmax(-1)
                       if test_examples else None)
   params = tuner.params()
   if jax.process_index() == 0:
     _write_predictions(os.path.join(workdir, "val_predictions.csv"), dev_examples,
-                       dev_predictions)
+                       dev_predictions, gold=True)
     if test_examples:
       _write_predictions(os.path.join(workdir, "test_predictions.csv"), test_examples,
                          test_predictions)

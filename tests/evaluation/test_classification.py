@@ -45,3 +45,14 @@ def test_glue_task_metrics_in_percent():
   assert result["accuracy"] == 75.0 and result["f1"] == pytest.approx(80.0)
   with pytest.raises(ValueError, match="unknown GLUE task 'mnli_m'"):
     classification.glue_metrics("mnli_m", [0], [0])
+
+
+def test_the_commonest_class_and_its_share_are_the_majority_baseline():
+  labels = np.array([2, 0, 2, 1, 2, 0, 1, 2])
+  guess, share = classification.commonest(labels)
+  assert (guess, share) == (2, 50.0)
+  # Its share is what always guessing it scores (scikit-learn's accuracy).
+  assert share == 100.0 * sk.accuracy_score(labels, np.full(len(labels), guess))
+  assert classification.commonest([1, 0, 0, 1]) == (0, 50.0)  # a tie: the lowest id
+  with pytest.raises(ValueError, match="no labels"):
+    classification.commonest([])

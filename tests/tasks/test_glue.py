@@ -91,7 +91,13 @@ def test_fine_tunes_from_a_pretraining_run(pretrained_run, tmp_path, absl_caplog
   assert "initialised randomly: classifier/bias, classifier/kernel" in caplog.text
   # Log lines with the time left; the last lines say what was made and what next.
   assert re.search(r"step 20/64  loss \S+  accuracy \S+ .* eta \dm\d\ds", caplog.text)
-  assert re.search(r"Done\. dev: accuracy (9\d|100)\.\d{4}", caplog.text)
+  dev_labels = [line.rsplit("\t", 1)[1] for line in open(os.path.join(data, "dev.tsv"))
+                .read().splitlines()[1:]]
+  commonest = max(sorted(set(dev_labels)), key=dev_labels.count)
+  share = 100.0 * dev_labels.count(commonest) / len(dev_labels)
+  # The dev figures beside what always guessing dev's commonest class scores.
+  assert re.search(r"Done\. dev: accuracy (9\d|100)\.\d{4}; always guessing the commonest "
+                   rf"class \({commonest}\): accuracy {share:.4f}", caplog.text)
   assert (f"Wrote to {workdir}: dev_predictions.tsv, metrics.jsonl, model, results.json, "
           "submission") in caplog.text
   assert f"--input={workdir}/model --output={workdir}/model_hf" in caplog.text
@@ -99,12 +105,16 @@ def test_fine_tunes_from_a_pretraining_run(pretrained_run, tmp_path, absl_caplog
   assert [h["step"] for h in result["epochs"]] == [16, 32, 48, 64]
   saved = json.load(open(os.path.join(workdir, "results.json")))
   assert saved["dev"] == result["dev"]
+  assert saved["baseline"] == {"dev": {"always": commonest, "accuracy": share}}
   submission = open(os.path.join(workdir, "submission", "SST-2.tsv")).read().splitlines()
   assert submission[0] == "index\tprediction" and len(submission) == 41
   assert submission[1].startswith("0\t")
   assert sum(line.endswith("\t1") for line in submission[1:]) >= 38  # every test row has "hello"
   dev_rows = open(os.path.join(workdir, "dev_predictions.tsv")).read().splitlines()
-  assert len(dev_rows) == 129
+  assert len(dev_rows) == 129 and dev_rows[0] == "index\tprediction\tlabel"
+  assert [row.split("\t")[2] for row in dev_rows[1:]] == dev_labels  # the gold labels
+  correct = [row.split("\t")[1] == row.split("\t")[2] for row in dev_rows[1:]]
+  assert 100.0 * sum(correct) / len(correct) == pytest.approx(result["dev"]["accuracy"])
 
   # The fine-tuned model loads back with its labels and predicts the same.
   import bertjax
@@ -131,6 +141,11 @@ def test_fine_tunes_on_the_demo_task_offline(pretrained_run, tmp_path):
   rows = open(os.path.join(workdir, "dev_predictions.tsv")).read().splitlines()
   assert len(rows) == len(dev) + 1
   assert {row.split("\t")[1] for row in rows[1:]} <= set(stdlib_topics.AREAS)
+  assert [row.split("\t")[2] for row in rows[1:]] == [e.label for e in dev]
+  # The baseline the docs quote: always guessing the commonest area.
+  areas = [e.label for e in dev]
+  assert result["baseline"]["dev"]["always"] == "gui" == max(set(areas), key=areas.count)
+  assert f"{result['baseline']['dev']['accuracy']:.1f}" == "29.0"
   assert not os.path.exists(os.path.join(workdir, "submission"))
   assert bertjax.load_pretrained(os.path.join(workdir, "model")).labels == list(
       stdlib_topics.AREAS)
@@ -138,6 +153,29 @@ def test_fine_tunes_on_the_demo_task_offline(pretrained_run, tmp_path):
   with pytest.raises(ValueError, match="config.data.source='demo' has one task, "
                                        "'stdlib_topics', not 'sst2'"):
     glue.run(config, str(tmp_path / "other"))
+
+
+def test_the_baseline_and_the_gold_labels_of_a_class_task_and_of_sts_b(tmp_path):
+  from bertjax.data import glue as glue_data
+  from bertjax.tasks import glue
+
+  def examples(labels):
+    return [glue_data.Example(f"dev-{i}", "a", "b", label, i) for i, label in enumerate(labels)]
+
+  cola = glue_data.task_spec("cola")
+  dev = examples(["1", "0", "1", "1"])
+  # Always "1": 75% accurate, no correlation with the gold labels.
+  assert glue.baseline(cola, dev) == {"always": "1", "matthews_corr": 0.0, "accuracy": 75.0}
+  mrpc = examples(["1", "0", "1", "1"])
+  assert glue.baseline(glue_data.task_spec("mrpc"), mrpc) == {
+      "always": "1", "f1": pytest.approx(100 * 6 / 7), "accuracy": 75.0}
+  stsb = glue_data.task_spec("stsb")
+  assert glue.baseline(stsb, examples([4.2, 1.0])) is None  # a constant has no correlation
+  path = str(tmp_path / "dev_predictions.tsv")
+  dev = examples([4.25, 0.0])
+  glue.write_predictions(path, dev, glue.label_strings(stsb, np.array([3.5, 5.5])),
+                         glue.gold_strings(stsb, dev))
+  assert open(path).read() == "index\tprediction\tlabel\n0\t3.500\t4.250\n1\t5.000\t0.000\n"
 
 
 def test_a_left_to_right_model_fine_tunes(prepared_dir, tmp_path):

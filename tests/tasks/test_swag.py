@@ -50,4 +50,12 @@ def test_swag_fine_tunes_to_high_accuracy(tiny_hf_checkpoint, tmp_path):
   assert len(results["epochs"]) == 6
   rows = open(os.path.join(workdir, "test_predictions.csv")).read().splitlines()
   assert rows[0] == "index,prediction" and len(rows) == 13
-  assert json.load(open(os.path.join(workdir, "results.json")))["dev"] == results["dev"]
+  saved = json.load(open(os.path.join(workdir, "results.json")))
+  assert saved["dev"] == results["dev"]
+  # Dev's gold endings beside the predictions, and the share of the commonest.
+  gold = [line.rsplit(",", 1)[1] for line in (data / "val.csv").read_text().splitlines()[1:]]
+  rows = open(os.path.join(workdir, "val_predictions.csv")).read().splitlines()
+  assert rows[0] == "index,prediction,label" and [r.split(",")[2] for r in rows[1:]] == gold
+  commonest = max(sorted(set(gold)), key=gold.count)
+  assert saved["baseline"] == {"dev": {"always": commonest,
+                                       "accuracy": 100.0 * gold.count(commonest) / len(gold)}}
