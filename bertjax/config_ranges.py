@@ -14,8 +14,8 @@ have the model's. A value outside the numbers is accepted where it means
 something (-1: "the devices left"); None (a field left unset) and fields the
 table does not name (a config's own, added with `config.unlocked()`) are not
 checked. Ranges here are each field's own; settings that bound each other
-(the warmup within the run, heads dividing the width) are checked by the
-tasks. docs/configs.md's field tables show each range
+are checked by `bertjax.schedule_fit` (the warmup and decay within the run)
+and by the tasks (heads dividing the width). docs/configs.md's field tables show each range
 (`bertjax.tools.config_fields`).
 """
 

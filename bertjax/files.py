@@ -132,6 +132,30 @@ def makedirs(path: str) -> None:
     os.makedirs(path, exist_ok=True)
 
 
+@contextlib.contextmanager
+def removed_if_left_empty(directory: str) -> Iterator[None]:
+  """Removes `directory`, with the parents made for it, if the block fails
+  leaving no file in them and they did not exist before it: a run refused
+  once its workdir was made leaves no empty one behind. Only empty folders
+  go (`os.rmdir`); anything that existed before stays. On `gs://` a folder
+  is the objects under it: none is left once the last is removed."""
+  made = None
+  if not is_remote(directory):
+    path = os.path.abspath(directory)
+    while not os.path.exists(path) and path != os.path.dirname(path):
+      made, path = path, os.path.dirname(path)
+  try:
+    yield
+  except BaseException:
+    if made is not None:
+      for root, _, _ in os.walk(made, topdown=False):
+        try:
+          os.rmdir(root)
+        except OSError:
+          pass  # holds something: kept
+    raise
+
+
 def remove(path: str) -> None:
   if is_remote(path):
     _epath(path).unlink()

@@ -23,7 +23,6 @@ Each command's module ends with `usage.run_main(main)`, which
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import difflib
 import importlib.util
@@ -38,9 +37,14 @@ import traceback
 from typing import Any, Callable, Iterator, NoReturn, TypeVar
 
 from absl import app, flags, logging
+from absl.flags import _helpers as absl_helpers
 import ml_collections
+from ml_collections.config_flags.config_flags import is_config_flag
 
-from bertjax import config_ranges, errors, paths, platforms, preemption, trackers
+from bertjax import (config_files, config_ranges, errors, paths, platforms, preemption,
+                     schedule_fit, trackers)
+# (Their home is bertjax.config_files; every command's code names them here.)
+from bertjax.config_files import config_leaves, load_config_file, shipped_configs
 
 T = TypeVar("T")
 EXIT_CODE = errors.USAGE_EXIT_CODE
@@ -276,58 +280,45 @@ def _redeliver_swallowed_interrupts() -> None:
   sys.unraisablehook = hook
 
 
-# How the docs and the commands bertjax prints name a shipped config.
-_SHIPPED_CONFIG = re.compile(r"^configs/(\w+\.py)(:.*)?$")
-
-
-def shipped_configs(argv: list[str]) -> list[str]:
-  """`argv` with `--config=configs/NAME.py[:arg]` read from the installed
-  configs (`bertjax.configs`) where no such file is under the working
-  directory: the commands in the docs, and those bertjax prints, run from any
-  directory."""
-  def shipped(value: str) -> str:
-    match = _SHIPPED_CONFIG.match(value)
-    if match is None or os.path.exists(value.split(":", 1)[0]):
-      return value
-    from bertjax import configs  # pylint: disable=import-outside-toplevel
-    installed = os.path.join(os.path.dirname(os.path.abspath(configs.__file__)), match.group(1))
-    return installed + (match.group(2) or "") if os.path.exists(installed) else value
-
-  out = list(argv)
-  for i, arg in enumerate(out):
-    if arg.startswith("--config="):
-      out[i] = "--config=" + shipped(arg[len("--config="):])
-    elif arg == "--config" and i + 1 < len(out):  # --config PATH
-      out[i + 1] = shipped(out[i + 1])
-  return out
-
 
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing (pass as `app.run(main, flags_parser=usage.parse_flags)`),
   with a flag mistake, an unknown `--config.*` field included, as one line, a
   shipped config found from any directory (`shipped_configs`), a config's
-  path fields resolved (`bertjax.paths.resolve_config`), and a number outside
-  its range (`bertjax.config_ranges`) one line naming the field, and a
-  tracker that is not installed (`bertjax.trackers`) one line, before
-  anything starts."""
+  path fields resolved (`bertjax.paths.resolve_config`), a number outside
+  its range (`bertjax.config_ranges`) one line naming the field, a tracker
+  that is not installed (`bertjax.trackers`) one line, and a pre-training
+  schedule that does not fit in its run one line naming every conflict
+  (`bertjax.schedule_fit`), before anything starts. A config path that names
+  no file lists the shipped configs (`config_files.missing`), a required flag
+  left out is named with what it is for, and an unknown flag is answered
+  with the command's own flags (or a config field) before absl's built-in
+  ones."""
   argv = shipped_configs(argv)
+  # (A command whose --config is a plain string reads the file itself.)
+  takes_config = "config" in flags.FLAGS and is_config_flag(flags.FLAGS["config"])
+  if takes_config:
+    for value in _values_of("config", argv):
+      line = config_files.missing(value)
+      if line:
+        fail(line)
   try:
     remaining = flags.FLAGS(argv)
-    if "config" in flags.FLAGS and flags.FLAGS["config"].present:
+    if takes_config and flags.FLAGS["config"].present:
       # config_flags keeps a config file it cannot load as an error raised on
       # first use: use it here, where it is a flag mistake.
       config = flags.FLAGS["config"].value
       if not isinstance(config, dict):  # (a dict has a task too)
         getattr(config, "task", None)
       if config is not None and not isinstance(config, ml_collections.ConfigDict):
-        fail(f"--config: {_config_path(argv)}'s get_config returned a "
+        fail(f"--config: {config_files.config_path(argv)}'s get_config returned a "
              f"{type(config).__name__}, not a config: return the ml_collections.ConfigDict it "
              "builds (docs/configs.md)")
       paths.resolve_config(config)
       if isinstance(config, ml_collections.ConfigDict):
-        out_of_range = config_ranges.out_of_range(config)
-        if out_of_range:
-          fail(out_of_range)
+        refusal = config_ranges.out_of_range(config) or schedule_fit.misfit(config)
+        if refusal:
+          fail(refusal)
         try:
           trackers.check(config)  # a tracker asked for and not installed
         except errors.Error as e:
@@ -339,10 +330,15 @@ def parse_flags(argv: list[str]) -> list[str]:
     where = f"{e.filename}, line {e.lineno}" + (f", column {e.offset}" if e.offset else "")
     fail(f"--config: {where}: {e.msg} ({type(e).__name__}); correct the config file")
   except Exception as e:  # pylint: disable=broad-except
-    frame, e = _config_file_frame(e, argv)
+    required = _required_left_out(e, argv)
+    if required:
+      fail(required)
+    if isinstance(e, flags.UnrecognizedFlagError) and not e.flagname.startswith("config."):
+      fail(_unknown_flag(e.flagname, argv))
+    frame, e = config_files.file_frame(e, argv)
     if isinstance(e, errors.Error):  # the config's own refusal (an unknown argument)
       fail(f"--config: {e}")
-    shape = _config_file_shape(e, argv) if frame is None else None
+    shape = config_files.file_shape(e, argv) if frame is None else None
     if shape:
       fail(shape)
     if frame is not None:  # the config file's own code failed (a typo, an import)
@@ -362,97 +358,61 @@ def parse_flags(argv: list[str]) -> list[str]:
     raise
 
 
-def _config_path(argv: list[str]) -> str | None:
-  """The --config file's path (without its `:argument`), if one is given."""
-  given = [arg.split("=", 1)[1] for arg in argv[1:] if arg.startswith("--config=")]
-  return given[-1].split(":", 1)[0] if given else None
+def _values_of(name: str, argv: list[str]) -> list[str]:
+  """The values `argv` gives the flag `--name` (`--name=V` or `--name V`)."""
+  values = []
+  for i, arg in enumerate(argv[1:], 1):
+    for prefix in (f"--{name}=", f"-{name}="):
+      if arg.startswith(prefix):
+        values.append(arg[len(prefix):])
+    if arg in (f"--{name}", f"-{name}") and i + 1 < len(argv):
+      values.append(argv[i + 1])
+  return values
 
 
-def _config_file_shape(error: BaseException, argv: list[str]) -> str | None:
-  """The line for a config file without a get_config, or whose get_config
-  returned nothing (config_flags words both as other mistakes)."""
-  path = _config_path(argv)
-  if path is None or not os.path.isfile(path):
+def _required_left_out(error: BaseException, argv: list[str]) -> str | None:
+  """The line naming each required flag `argv` leaves out, and what it is for
+  (absl says "must have a value other than None"; a --config given whose
+  get_config returned None is the config file's mistake, said elsewhere)."""
+  names = re.findall(r"Flag --(\w+) must have a value other than None", str(error))
+  left_out = [name for name in names if name != "config"
+              or not any(arg == "--config" or arg.startswith("--config=") for arg in argv[1:])]
+  if not left_out:
     return None
-  try:
-    with open(path, "rb") as f:
-      tree = ast.parse(f.read())
-  except (OSError, SyntaxError, ValueError):
-    return None  # said by the file's own error
-  if not any(isinstance(node, ast.FunctionDef) and node.name == "get_config"
-             for node in tree.body):
-    return (f"--config: {path} has no get_config function: a config file defines "
-            "get_config(arg=None) returning the config (docs/configs.md)")
-  if "must have a value other than None" in str(error):
-    return (f"--config: {path}'s get_config returned None: return the "
-            "ml_collections.ConfigDict it builds (docs/configs.md)")
-  return None
+
+  def what(name: str) -> str:
+    text = " ".join((flags.FLAGS[name].help or "").split()).rstrip(".")
+    return text[:1].lower() + text[1:] if text[1:2].islower() else text
+
+  if len(left_out) == 1:
+    return f"--{left_out[0]} is required: {what(left_out[0])}"
+  named = ", ".join(f"--{name}" for name in left_out[:-1]) + f" and --{left_out[-1]}"
+  return f"{named} are required: " + "; ".join(f"--{name}: {what(name)}" for name in left_out)
 
 
-def _config_file_frame(error: BaseException, argv: list[str]):
-  """(The innermost traceback entry in the --config file, the error it is of):
-  of `error` or an error it was raised from (no entry when the file's own code
-  raised none)."""
-  path = _config_path(argv)
-  if path is None:
-    return None, error
-  path = os.path.realpath(path)
-  given = error
-  found, seen = None, set()
-  while error is not None and id(error) not in seen:
-    seen.add(id(error))
-    for frame in traceback.extract_tb(error.__traceback__):
-      if os.path.realpath(frame.filename) == path:
-        found = frame
-    if found is not None:
-      return found, error
-    error = error.__cause__ or error.__context__
-  return None, given
+def _unknown_flag(name: str, argv: list[str]) -> str:
+  """The line for a flag the command does not take: the command's own flags
+  that are close (absl's own rule), and the config field it most likely
+  means, before absl's built-in flags (--run_with_pdb, --log_dir), which are
+  suggested only where nothing of the command's is close."""
+  defined = flags.FLAGS
+  own = [flag for flag in defined if "." not in flag
+         and not (defined.find_module_defining_flag(flag) or "absl").startswith("absl")]
+  built_in = [flag for flag in defined if "." not in flag and flag not in own]
+  suggestions = absl_helpers.get_flag_suggestions(name, own)
+  takes_config = "config" in own and is_config_flag(defined["config"])
+  config = config_files.given_config(argv) if takes_config else None
+  field = config_files.field_for(name, config) if config is not None else None
+  if field:
+    suggestions.append(f"config.{field}")
+  hint = f" (did you mean {' or '.join('--' + flag for flag in suggestions)}?)"
+  if not suggestions:
+    suggestions = absl_helpers.get_flag_suggestions(name, built_in)
+    hint = (f" (only absl's own flags are close: {', '.join('--' + flag for flag in suggestions)})"
+            if suggestions else "")
+  fields = "; a config's settings are --config.FIELD=VALUE flags" if takes_config else ""
+  return f"--{name} is not a flag of this command{hint}; --help lists its flags{fields}"
 
-
-def load_config_file(file: str, argument: str = "") -> Any:
-  """`get_config(argument)` of a config file loaded from its path, as
-  `--config=file:argument` loads it."""
-  name = f"_bertjax_config_{os.path.splitext(os.path.basename(file))[0]}"
-  spec = importlib.util.spec_from_file_location(name, file)
-  if spec is None or spec.loader is None:
-    raise errors.UsageError(f"{file}: not a Python config file")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(argument) if argument else module.get_config()
-
-
-def config_leaves(config: ml_collections.ConfigDict,
-                  prefix: str = "") -> Iterator[tuple[str, Any]]:
-  """(dotted name, value) of every field of a config; an empty section is a field."""
-  for key, value in config.items():
-    if isinstance(value, ml_collections.ConfigDict) and len(value):
-      yield from config_leaves(value, f"{prefix}{key}.")
-    else:
-      yield f"{prefix}{key}", value
-
-
-def _field_elsewhere(path: str, argv: list[str]) -> str | None:
-  """The field of `argv`'s config that a mistaken `--config.<path>` most
-  likely means: one of the same name in another section (`train.learning_rate`
-  for `optimizer.learning_rate`), else the nearest path. (The config file is
-  loaded again: config_flags has not kept it when an override fails.)"""
-  given = [arg.split("=", 1)[1] for arg in argv[1:] if arg.startswith("--config=")]
-  if not given:
-    return None
-  file, _, argument = given[-1].partition(":")
-  try:
-    config = load_config_file(file, argument)
-  except Exception:  # pylint: disable=broad-except  (the hint is a nicety)
-    return None
-  if not isinstance(config, ml_collections.ConfigDict):
-    return None
-  fields = [field for field, _ in config_leaves(config)]
-  same_name = [field for field in fields if field.split(".")[-1] == path.split(".")[-1]]
-  if len(same_name) == 1:
-    return same_name[0]
-  close = difflib.get_close_matches(path, fields, 1, cutoff=0.75)
-  return close[0] if close else None
 
 
 def _flag_error(e: BaseException, argv: list[str]) -> str:
@@ -478,7 +438,9 @@ def _flag_error(e: BaseException, argv: list[str]) -> str:
     given = [arg.split("=")[0] for arg in argv[1:] if arg.startswith("--config.")
              and name in arg.split("=")[0].split(".")]
     hint = f" (did you mean {suggestion.group(1)!r}?)" if suggestion else ""
-    elsewhere = _field_elsewhere(given[0][len("--config."):], argv) if given else None
+    config = config_files.given_config(argv) if given else None
+    elsewhere = (config_files.field_for(given[0][len("--config."):], config)
+                 if config is not None else None)
     if elsewhere:
       hint = f" (did you mean --config.{elsewhere}?)"
     return (f"{given[0] if given else '--config'}: the config has no field {name!r}{hint}"

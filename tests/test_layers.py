@@ -15,7 +15,7 @@ ROOMS = [
     {"errors", "lazy", "paths", "files", "hosts", "outage", "preemption", "signals",
      "topology", "sharding", "metrics", "divergence", "optim", "evaluation", "usage", "runs",
      "workdir_lock", "throughput", "worker_signals", "config_ranges", "platforms",
-     "trackers"},
+     "trackers", "config_files", "schedule_fit"},
     {"models"},
     {"data"},
     {"interop", "flops", "phases"},

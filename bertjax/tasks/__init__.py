@@ -35,13 +35,14 @@ def run(config: Any, workdir: str) -> Any:
 
   The config's paths and the workdir are resolved (`bertjax.paths`: a
   notebook's relative paths too), its numbers are checked against their
-  ranges (`bertjax.config_ranges`: a config built in Python too) and its
-  trackers against what is installed (`bertjax.trackers`), the workdir
-  is checked (not another task's run, not the checkpoint the run starts from)
+  ranges (`bertjax.config_ranges`: a config built in Python too), its
+  trackers against what is installed (`bertjax.trackers`) and a pre-training
+  schedule against the run's length (`bertjax.schedule_fit`), the workdir is
+  checked (not another task's run, not the checkpoint the run starts from)
   and then locked (`bertjax.workdir_lock`, once per run: by process 0, every
-  process learning the outcome) before anything is written. Storage that does
-  not answer is waited for (`bertjax.outage`) before the run gives up,
-  restartably.
+  process learning the outcome) before anything is written; a workdir the run
+  made and left empty when it fails is removed. Storage that does not answer
+  is waited for (`bertjax.outage`) before the run gives up, restartably.
 
   Returns:
     What the task's `run` returns (its metrics).
@@ -51,12 +52,14 @@ def run(config: Any, workdir: str) -> Any:
   from bertjax import usage
 
   jax = usage.import_held("jax")  # (a signal inside its start can crash Python)
-  from bertjax import config_ranges, files, hosts, paths, runs, trackers, workdir_lock
+  from bertjax import (config_ranges, files, hosts, paths, runs, schedule_fit, trackers,
+                       workdir_lock)
 
   module = task_module(config.task)
   paths.resolve_config(config)
   config_ranges.check(config)
   trackers.check(config)  # W&B asked for: its client is there
+  schedule_fit.check(config)
   workdir = paths.resolve(workdir)
   _waiting_out_outages(lambda: files.check_directory(workdir, "--workdir"), workdir)
   _waiting_out_outages(lambda: runs.check_workdir(config, workdir), workdir)
@@ -64,6 +67,8 @@ def run(config: Any, workdir: str) -> Any:
     error = None
     if jax.process_index() == 0:
       try:
+        # A run refused once the workdir is made leaves no empty one behind.
+        stack.enter_context(files.removed_if_left_empty(workdir))
         stack.enter_context(workdir_lock.hold(workdir))
         files.remove_stale_staging(workdir)  # of an earlier run that was killed
       except Exception as e:  # every process stops with it

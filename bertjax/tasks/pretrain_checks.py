@@ -1,14 +1,15 @@
 """Checks of a pre-training config before anything is compiled: every number's
-range (`bertjax.config_ranges`), then the settings that bound each other: batch
+range (`bertjax.config_ranges`), the schedule within the run, every conflict at
+once (`bertjax.schedule_fit`), then the settings that bound each other: batch
 sizes against the mesh, gradient accumulation and processes (the batch-size
-warmup's too), sequence lengths against the model, the warmup within the run."""
+warmup's too), sequence lengths against the model."""
 
 from __future__ import annotations
 
 import jax
 import ml_collections
 
-from bertjax import config_ranges, errors, sharding
+from bertjax import config_ranges, errors, optim, schedule_fit, sharding
 from bertjax.data import corpus
 from bertjax.models import EncoderConfig, family
 from bertjax.phases import Phase, phases
@@ -22,6 +23,7 @@ def validate(config: ml_collections.ConfigDict, mesh_devices: int) -> tuple[int,
     ValueError: saying what to change.
   """
   config_ranges.check(config)  # (a config checked on its own: the compile tool's)
+  schedule_fit.check(config)
   bert = EncoderConfig.from_run_config(config)  # hidden size vs heads and the like
   family.of(bert).check_objective(config.objective)
   vocabulary_file(config, "")  # a data.tokenizer it can train
@@ -68,15 +70,11 @@ def validate(config: ml_collections.ConfigDict, mesh_devices: int) -> tuple[int,
     raise errors.UsageError(
         "data.static masks the data once, for the masked-LM objectives; the ltr "
         "objective has nothing to mask: set --config.data.static=false")
+  optim.make_optimizer(config)  # its settings' refusals, before the data is built
   if config.eval.every_steps > 0 and config.data.eval_percent == 0:
     raise errors.UsageError("data.eval_percent=0 holds no document out, but eval.every_steps="
                             f"{config.eval.every_steps} evaluates: hold some out or set "
                             "--config.eval.every_steps=0")
-  warmup, total = config.optimizer.warmup_steps, config.train.total_steps
-  if warmup >= total:  # a shortened run: the learning rate would end at its peak
-    raise errors.UsageError(
-        f"optimizer.warmup_steps={warmup} is the whole run (train.total_steps={total}): set "
-        "--config.optimizer.warmup_steps below it (the paper warms up over 1% of the steps)")
   return shape
 
 
@@ -104,6 +102,3 @@ def check_ramp(phase: Phase, accumulation: int, data_shards: int, processes: int
           f"the warmup's batch of {rows} rows does not divide into micro-batches of at most "
           f"{micro} (train.batch_size / train.accumulation_steps) that divide over the "
           f"{data_shards} data shards; choose train.batch_ramp_start to make it so")
-  if phase.ramp_steps > phase.end - phase.start:
-    raise errors.UsageError(f"train.batch_ramp_steps={phase.ramp_steps} is longer than the "
-                            f"first phase ({phase.end - phase.start} steps)")

@@ -1,7 +1,7 @@
 r"""Every field of a config: its value and what it does.
 
-  python -m bertjax.tools.config_fields --config_path=configs/demo.py
-  python -m bertjax.tools.config_fields --config_path=configs/glue.py:mrpc
+  python -m bertjax.tools.config_fields --config=configs/demo.py
+  python -m bertjax.tools.config_fields --config=configs/glue.py:mrpc
 
 The meanings come from the configs themselves: the comment on a field's line
 or the comment block above it in the config files (`configs/`), the model's
@@ -23,10 +23,11 @@ from typing import Sequence
 from absl import flags
 import ml_collections
 
-from bertjax import config_ranges, errors, usage
+from bertjax import config_files, config_ranges, errors, usage
 
-_CONFIG = flags.DEFINE_string("config_path", None, "configs/NAME.py[:ARG] (a shipped config), "
+_CONFIG = flags.DEFINE_string("config", None, "configs/NAME.py[:ARG] (a shipped config), "
                               "or a config file of your own: its fields, values and meanings.")
+flags.DEFINE_alias("config_path", "config")  # its earlier name
 _DOCS = flags.DEFINE_bool("docs", False, "Print docs/configs.md's tables of every field instead.")
 
 
@@ -168,8 +169,8 @@ def _file_of(spec: str) -> tuple[str, str]:
   elif not os.path.exists(file) and file.startswith("configs/"):
     file = os.path.join(_configs_dir(), os.path.basename(file))
   if not os.path.isfile(file):
-    raise errors.UsageError(f"--config_path: {spec.partition(':')[0]} not found: give a config "
-                            "file (configs/glue.py:mrpc, or a file of your own)")
+    raise errors.UsageError(config_files.missing(spec)
+                            or f"--config={spec}: no config file {file}")
   return file, arg
 
 
@@ -217,7 +218,7 @@ def main(argv):
     print(docs_tables(), end="")
     return
   if not _CONFIG.value:
-    raise errors.UsageError("give --config_path=configs/NAME.py[:ARG] (or --docs)")
+    raise errors.UsageError("give --config=configs/NAME.py[:ARG] (or --docs)")
   known = meanings(_CONFIG.value)
   config = load(_CONFIG.value)
   for field, value in leaves(config):

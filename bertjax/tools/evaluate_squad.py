@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 
 from bertjax import errors, files, paths, usage
@@ -27,14 +28,31 @@ def _load_json(path: str, what: str):
     raise errors.CorruptFileError(f"{what} {path} is not valid JSON: {e}") from None
 
 
+# The two files the command scores, in their order.
+_FILES = {"data.json": "the SQuAD data file (dev-v1.1.json, dev-v2.0.json)",
+          "pred.json": "the predictions a run wrote (its predictions.json)"}
+
+
+def _refusal(message: str) -> str:
+  """argparse's complaint as one line naming what to give."""
+  required = re.match(r"the following arguments are required: (.+)", message)
+  if required is None:
+    return f"{message} (--help lists the arguments)"
+  names = required.group(1).split(", ")
+  what = ("; ".join(f"{name}: {_FILES.get(name, '')}" for name in names) if len(names) > 1
+          else _FILES.get(names[0], ""))
+  return (f"{' and '.join(names)} {'is' if len(names) == 1 else 'are'} required: {what} "
+          f"(python -m bertjax.tools.evaluate_squad {' '.join(_FILES)})")
+
+
 def _parse_args(argv: list[str]) -> argparse.Namespace:
   parser = argparse.ArgumentParser(
       prog="python -m bertjax.tools.evaluate_squad", description=__doc__,
       formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("data_file", metavar="data.json", type=paths.resolve,
-                      help="Input data JSON file.")
-  parser.add_argument("pred_file", metavar="pred.json", type=paths.resolve,
-                      help="Model predictions.")
+  parser.error = lambda message: usage.fail(_refusal(message))  # one line, exit 2
+  for (name, what), dest in zip(_FILES.items(), ("data_file", "pred_file")):
+    parser.add_argument(dest, metavar=name, type=paths.resolve,
+                        help=what[0].upper() + what[1:] + ".")
   parser.add_argument("--out-file", "-o", metavar="eval.json", type=paths.resolve,
                       help="Write accuracy metrics to file (default is stdout).")
   parser.add_argument("--na-prob-file", "-n", metavar="na_prob.json", type=paths.resolve,

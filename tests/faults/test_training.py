@@ -569,7 +569,7 @@ _BROKEN_CONFIGS = {
 
 
 @pytest.mark.parametrize("config,says", [
-    ("configs/no_such_config.py", "--config: [Errno 2] No such file or directory"),
+    ("configs/no_such_config.py", "--config=configs/no_such_config.py: no such file under "),
     ("configs/glue.py:foo", "configs/glue.py needs a GLUE task as its argument"),
     ("comma.py", "comma.py, line 5, column 19: invalid syntax (SyntaxError); correct the "
      "config file"),

@@ -318,7 +318,8 @@ def _demo_config(prepared_dir, **changes):
                                     "max_position_embeddings=128"),
     ({"train.max_predictions": 2}, "max_predictions=2 is too small for masked_lm_prob=0.15 at "
                                    "max_seq_length=32"),
-    ({"optimizer.warmup_steps": 10}, r"warmup_steps=10 is the whole run \(train.total_steps=10\)"),
+    ({"optimizer.warmup_steps": 10}, r"total_steps=10: --config.optimizer.warmup_steps=10 is "
+                                     "the whole run"),
     ({"optimizer.warmup_steps": -1}, "optimizer.warmup_steps=-1: must be >= 0"),
 ])
 def test_config_errors_before_compiling(prepared_dir, changes, message):

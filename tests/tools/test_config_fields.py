@@ -53,14 +53,17 @@ def test_a_comment_is_read_from_its_line_or_the_block_above(tmp_path):
 
 
 def test_the_command_lists_a_configs_fields(tmp_path):
+  # --config, as every command that reads a config; --config_path, its earlier name, too.
+  for flag in ("--config", "--config_path"):
+    result = subprocess.run([sys.executable, "-m", "bertjax.tools.config_fields",
+                             f"{flag}=configs/glue.py:mrpc"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "data.task = 'mrpc'  # The GLUE task: the config's argument." in result.stdout
   result = subprocess.run([sys.executable, "-m", "bertjax.tools.config_fields",
-                           "--config_path=configs/glue.py:mrpc"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
-  assert result.returncode == 0, result.stderr[-2000:]
-  assert "data.task = 'mrpc'  # The GLUE task: the config's argument." in result.stdout
-  result = subprocess.run([sys.executable, "-m", "bertjax.tools.config_fields",
-                           "--config_path=configs/nope.py"], cwd=tmp_path,
+                           "--config=configs/dmeo.py"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
   assert result.returncode == 2
-  assert result.stderr.strip().splitlines()[-1].startswith(
-      "error: --config_path: configs/nope.py not found")
+  (line,) = result.stderr.strip().splitlines()
+  assert line.startswith(f"error: --config=configs/dmeo.py: no such file under {tmp_path} "
+                         "(did you mean configs/demo.py?); the shipped configs are "), line
