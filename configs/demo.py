@@ -12,7 +12,8 @@ on held-out documents are logged every 500 steps; a quiet 2-core CPU runs
 docs/benchmarks.md. configs/demo_finetune.py fine-tunes the result offline.
 `--config=configs/demo.py:no_nsp` and `:ltr` run the ablations;
 `--config.train.total_steps=N` shortens the run (above its 300 warmup steps,
-or with `--config.optimizer.warmup_steps` lowered too).
+or with `--config.optimizer.warmup_steps` lowered too: a run too short for
+its warmup is refused with a value that fits).
 """
 
 from bertjax.configs import common

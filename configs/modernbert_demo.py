@@ -14,7 +14,9 @@ takes from a web-scale corpus), with StableAdamW, a batch-size warmup (8, 16,
 24 rows, then 32) and a warmup-stable-decay schedule. No dropout (a model this small underfits).
 Held-out masked-LM accuracy is logged every 500 steps; measured figures are in
 docs/benchmarks.md. `--config.train.total_steps=N` shortens the run (with
-`--config.optimizer.decay_steps` at most N minus the warmup).
+`--config.train.batch_ramp_steps` at most N and `--config.optimizer.decay_steps`
+at most N minus the warmup: a run too short for them is refused in one line
+with values that fit).
 """
 
 from bertjax import errors

@@ -95,13 +95,14 @@ for argv, partial in commands:
     except flags.IllegalFlagValueError as e:
       if not (partial and "must have a value other than None" in str(e)):
         raise
-    if "config" in FLAGS and FLAGS["config"].present:
+    if "config" in FLAGS and FLAGS["config"].present and not isinstance(FLAGS.config, str):
       from bertjax import tasks
       config = FLAGS.config
       if config.task not in tasks.TASKS:
         raise ValueError(f"config.task {config.task!r} is not a task")
-      from bertjax import config_ranges
-      refused = config_ranges.out_of_range(config)  # as the command's own parsing refuses
+      from bertjax import config_ranges, schedule_fit
+      # As the command's own parsing refuses.
+      refused = config_ranges.out_of_range(config) or schedule_fit.misfit(config)
       if refused:
         raise ValueError(refused)
     results.append(None)

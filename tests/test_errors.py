@@ -2,6 +2,7 @@
 
 import errno
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -219,3 +220,122 @@ def test_a_signal_after_the_work_is_done_does_not_end_the_command_by_it(signum):
   assert process.returncode == 0, stderr
   assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr
   assert time.monotonic() - sent > 2  # its exit went on as it was, not cut by the signal
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _one_line(args, cwd, timeout=120):
+  """(exit status, the one line on stderr) of `python -m args` run in `cwd`."""
+  result = subprocess.run([sys.executable, "-m", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)
+  # (A run logs a line as JAX starts: the error is the one line that says error.)
+  lines = [line for line in result.stderr.splitlines() if not re.match(r"[IW]\d{4} ", line)]
+  assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+  return result.returncode, lines[0]
+
+
+# Each command with a required flag, run without it, and the line it says.
+_LEFT_OUT = {
+    "bertjax.main": (["--config=configs/demo.py"], "error: --workdir is required: checkpoints, "
+                     "metrics and the resolved config go here"),
+    "bertjax.tools.compile": (["--config=configs/demo.py"], "error: --topology is required: "
+                              "gcloud accelerator type"),
+    "bertjax.tools.sweep": (["--config=configs/glue.py:mrpc"], "error: --workdir is required: "
+                            "where the runs and the tables go"),
+    "bertjax.tools.convert": ([], "error: --input and --output are required: --input: model "
+                              "directory"),
+    "bertjax.tools.plot": (["--runs=a"], "error: --output is required: the PNG to write"),
+    "bertjax.tools.train_vocab": (["--input=demo:stdlib"], "error: --output is required: "),
+    "bertjax.tools.prepare_pretraining_data": (
+        [], "error: --input, --output_dir and --vocab are required: --input: "),
+    "bertjax.tools.ship_log": (["--log=x", "--to=y"], "error: --until_pid is required: copy "
+                               "until this process has ended"),
+    "bertjax.tools.evaluate_squad": (["dev.json"], "error: pred.json is required: the "
+                                     "predictions a run wrote"),
+}
+
+
+def test_every_command_with_a_required_flag_is_checked_here():
+  tools = os.path.join(ROOT, "bertjax", "tools")
+  with_required = {f"bertjax.tools.{name[:-3]}" for name in os.listdir(tools)
+                   if name.endswith(".py") and re.search(
+                       r"required=True|mark_flags?_as_required|import argparse",
+                       open(os.path.join(tools, name), encoding="utf-8").read())}
+  assert with_required | {"bertjax.main"} == set(_LEFT_OUT)
+
+
+@pytest.mark.parametrize("module", sorted(_LEFT_OUT))
+def test_a_required_flag_left_out_is_named_with_what_it_is_for(module, tmp_path):
+  """Not as the config file's mistake ("get_config returned None")."""
+  args, says = _LEFT_OUT[module]
+  code, line = _one_line([module, *args], tmp_path)
+  assert code == 2 and line.startswith(says), line
+
+
+@pytest.mark.parametrize("given,meant", [
+    ("configs/dmeo.py", "configs/demo.py"),                       # misspelt
+    ("config/demo.py", "configs/demo.py"),                        # another folder
+    (os.path.join("somewhere", "demo.py"), "configs/demo.py"),
+    ("configs/glue:mrpc", "configs/glue.py:mrpc"),                # without .py
+    ("configs/glue/mrpc", "configs/glue.py:mrpc"),
+    ("configs/squad.v2.0", "configs/squad.py:v2.0"),
+    ("my_config.py", None),                                       # nothing like a shipped one
+])
+def test_a_config_path_that_names_no_file_lists_the_shipped_ones(tmp_path, given, meant):
+  code, line = _one_line(["bertjax.main", f"--config={given}", "--workdir=run"], tmp_path)
+  assert code == 2
+  assert line.startswith(f"error: --config={given}: no such file under {tmp_path}"), line
+  assert (f"(did you mean {meant}?)" in line) == (meant is not None), line
+  assert "; the shipped configs are configs/base_pretrain.py, configs/demo.py, " in line
+  assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("args,says", [
+    (["bertjax.main", "--config=configs/demo.py", "--worksdir=run"], "(did you mean --workdir?)"),
+    # A config's field, as other BERT code names it.
+    (["bertjax.main", "--config=configs/demo.py", "--steps=100"],
+     "(did you mean --config.train.total_steps?)"),
+    (["bertjax.main", "--config=configs/demo.py", "--train_batch_size=64"],
+     "(did you mean --config.train.batch_size?)"),
+    (["bertjax.main", "--config=configs/demo.py", "--workdir=run",
+      "--config.train.num_train_steps=100"], "(did you mean --config.train.total_steps?)"),
+    # absl's --run_with_pdb is as close to --run as --runs is: the command's own first.
+    (["bertjax.tools.plot", "--run=a"], "(did you mean --runs?); --help lists its flags"),
+    (["bertjax.tools.benchmark", "--step=3"], "(did you mean --steps?)"),
+    # Nothing of the command's is close: absl's own, said as such.
+    (["bertjax.main", "--config=configs/demo.py", "--run_with=1"],
+     "(only absl's own flags are close: --run_with_pdb, --run_with_profiling)"),
+])
+def test_an_unknown_flag_suggests_the_commands_own_flags_first(tmp_path, args, says):
+  code, line = _one_line(args, tmp_path)
+  assert code == 2 and line.startswith("error: --") and says in line, line
+  assert ("run_with_pdb" in line) == ("run_with=" in " ".join(args)), line
+
+
+def test_a_refused_run_leaves_no_empty_workdir_and_keeps_one_that_was_there(tmp_path):
+  """Refused after its workdir was made (the mesh does not fit the devices):
+  the folders it made go; a workdir that existed before stays, as it was."""
+  refused = ["bertjax.main", "--config=configs/demo.py", "--config.mesh.data=3"]
+  code, line = _one_line([*refused, f"--workdir={tmp_path / 'new' / 'run'}"], tmp_path,
+                         timeout=300)
+  assert code == 2 and "mesh sizes" in line, line
+  assert os.listdir(tmp_path) == []
+  (tmp_path / "mine").mkdir()
+  code, _ = _one_line([*refused, f"--workdir={tmp_path / 'mine'}"], tmp_path, timeout=300)
+  assert code == 2 and os.listdir(tmp_path) == ["mine"]
+  assert os.listdir(tmp_path / "mine") == []
+
+
+def test_only_empty_folders_the_block_made_are_removed(tmp_path):
+  from bertjax import files
+
+  with pytest.raises(ValueError):
+    with files.removed_if_left_empty(str(tmp_path / "a" / "b")):
+      os.makedirs(tmp_path / "a" / "b" / "c")
+      (tmp_path / "a" / "kept.txt").write_text("x")
+      raise ValueError("refused")
+  assert sorted(os.listdir(tmp_path / "a")) == ["kept.txt"]  # b and c were empty
+  with files.removed_if_left_empty(str(tmp_path / "d")):
+    os.makedirs(tmp_path / "d")
+  assert os.path.isdir(tmp_path / "d")  # a run that ends well keeps its workdir
