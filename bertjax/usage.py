@@ -280,7 +280,6 @@ def _redeliver_swallowed_interrupts() -> None:
   sys.unraisablehook = hook
 
 
-
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing (pass as `app.run(main, flags_parser=usage.parse_flags)`),
   with a flag mistake, an unknown `--config.*` field included, as one line, a
@@ -297,7 +296,7 @@ def parse_flags(argv: list[str]) -> list[str]:
   argv = shipped_configs(argv)
   # (A command whose --config is a plain string reads the file itself.)
   takes_config = "config" in flags.FLAGS and is_config_flag(flags.FLAGS["config"])
-  if takes_config:
+  if takes_config and not set(argv[1:]) & _HELP_FLAGS:
     for value in _values_of("config", argv):
       line = config_files.missing(value)
       if line:
@@ -376,7 +375,7 @@ def _required_left_out(error: BaseException, argv: list[str]) -> str | None:
   get_config returned None is the config file's mistake, said elsewhere)."""
   names = re.findall(r"Flag --(\w+) must have a value other than None", str(error))
   left_out = [name for name in names if name != "config"
-              or not any(arg == "--config" or arg.startswith("--config=") for arg in argv[1:])]
+              or not _values_of("config", argv)]
   if not left_out:
     return None
 
@@ -412,7 +411,6 @@ def _unknown_flag(name: str, argv: list[str]) -> str:
             if suggestions else "")
   fields = "; a config's settings are --config.FIELD=VALUE flags" if takes_config else ""
   return f"--{name} is not a flag of this command{hint}; --help lists its flags{fields}"
-
 
 
 def _flag_error(e: BaseException, argv: list[str]) -> str:
