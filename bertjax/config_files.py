@@ -6,7 +6,7 @@ shipped configs, with the nearest as "did you mean" (`missing`); a config file
 that does not load, or whose `get_config` returns no config, is one line too
 (`file_shape`, `file_frame`, read by `bertjax.usage.parse_flags`). A field or
 flag named as other BERT code names it (`num_train_steps`, `train_batch_size`)
-is found under its name here (`field_for`).
+is found as the field it is here (`field_for`).
 """
 
 from __future__ import annotations

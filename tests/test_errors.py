@@ -339,3 +339,15 @@ def test_only_empty_folders_the_block_made_are_removed(tmp_path):
   with files.removed_if_left_empty(str(tmp_path / "d")):
     os.makedirs(tmp_path / "d")
   assert os.path.isdir(tmp_path / "d")  # a run that ends well keeps its workdir
+
+
+def test_a_refused_run_leaves_nothing_in_a_gs_workdir(gcs, tmp_path):
+  """On gs:// a folder is the objects under it: the lock is the run's only
+  one, and it goes when the run is refused."""
+  from bertjax import files
+
+  workdir = gcs.url_of("errors/refused")
+  code, line = _one_line(["bertjax.main", "--config=configs/demo.py", "--config.mesh.data=3",
+                          f"--workdir={workdir}"], tmp_path, timeout=300)
+  assert code == 2 and "mesh sizes" in line, line
+  assert not files.exists(workdir) and not files.isdir(workdir)
