@@ -30,9 +30,10 @@ from ml_collections import config_flags
 
 from bertjax import outage, paths, platforms, preemption, signals, tasks, usage
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (get_config(arg)); "
-                                          "`path.py:arg` passes an argument.",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file("config", None, "The run's config file, e.g. "
+                                          "configs/demo.py (--help lists the shipped ones); "
+                                          "`path.py:arg` passes an argument to its "
+                                          "get_config(arg).", lock_config=True)
 _WORKDIR = paths.DEFINE_path("workdir", None, "Checkpoints, metrics and the resolved config "
                              "go here (local or gs://; one run at a time).")
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None,

@@ -273,6 +273,16 @@ def test_a_required_flag_left_out_is_named_with_what_it_is_for(module, tmp_path)
   assert code == 2 and line.startswith(says), line
 
 
+@pytest.mark.parametrize("args,says", [
+    (["bertjax.main"], "error: --config and --workdir are required: --config: the run's config "
+     "file, e.g. configs/demo.py"),
+    (["bertjax.tools.config_fields"], "error: --config is required: the config whose fields"),
+])
+def test_every_flag_left_out_is_named(tmp_path, args, says):
+  code, line = _one_line(args, tmp_path)
+  assert code == 2 and line.startswith(says), line
+
+
 @pytest.mark.parametrize("given,meant", [
     ("configs/dmeo.py", "configs/demo.py"),                       # misspelt
     ("config/demo.py", "configs/demo.py"),                        # another folder

@@ -218,7 +218,9 @@ def main(argv):
     print(docs_tables(), end="")
     return
   if not _CONFIG.value:
-    raise errors.UsageError("give --config=configs/NAME.py[:ARG] (or --docs)")
+    raise errors.UsageError("--config is required: the config whose fields to list, "
+                            "configs/NAME.py[:ARG] or a file of your own (or --docs: "
+                            "docs/configs.md's tables)")
   known = meanings(_CONFIG.value)
   config = load(_CONFIG.value)
   for field, value in leaves(config):
