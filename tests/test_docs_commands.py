@@ -150,6 +150,8 @@ REAL_PROJECT = "# needs a real project"
 CHECKED_WITH_XPK = re.compile(r"^(python3 -m venv ~/xpk && ~/xpk/bin/pip install xpk==|"
                               r"export PATH=\"\$HOME/xpk/bin:\$PATH\"|"
                               r"xpk config set send-telemetry false)")
+# The README's set-up line, run below and by .ci/run, word for word.
+VENV_SETUP = "python3 -m venv .venv && . .venv/bin/activate"
 
 
 def test_every_shell_line_is_a_checked_command():
@@ -161,9 +163,21 @@ def test_every_shell_line_is_a_checked_command():
     for block in re.findall(r"```(?:bash|sh)\n(.*?)```", text, re.S):
       strays += [f"{source}: {line}" for line in _lines(block)
                  if line and not line.startswith("#") and not COMMAND_START.match(line)
-                 and not line.endswith(REAL_PROJECT) and not CHECKED_WITH_XPK.match(line)]
+                 and not line.endswith(REAL_PROJECT) and not CHECKED_WITH_XPK.match(line)
+                 and line != VENV_SETUP]
   assert not strays, "\n".join(strays)
   assert len(MODULE_COMMANDS["bertjax.main"]) >= 20  # the extraction finds them
+
+
+def test_the_set_up_line_makes_and_enters_a_virtual_environment(tmp_path):
+  readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+  assert f"```bash\n{VENV_SETUP}\n```" in readme
+  ci = open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8").read()
+  assert "python3 -m venv .venv\n" in ci and "\n. .venv/bin/activate\n" in ci
+  result = subprocess.run(["bash", "-c", f"{VENV_SETUP} && python -c 'import sys; "
+                           "print(sys.prefix, sys.version_info >= (3, 11))'"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+  assert result.stdout.split() == [str(tmp_path / ".venv"), "True"], result.stderr
 
 
 def test_docker_commands_build_the_recipe_there_is():
