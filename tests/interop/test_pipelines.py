@@ -12,6 +12,7 @@ a random reference model; the task heads are bertjax's own initialisation.
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -162,3 +163,22 @@ def test_feature_extraction_gives_bertjaxs_features(family, tmp_path):
   length = int(ours["attention_mask"][0].sum())
   theirs = transformers.pipeline("feature-extraction", model=export)(text)
   _assert_close(ours["sequence_output"][0, :length], np.asarray(theirs)[0], "features")
+
+
+def test_the_docs_comparison_script_runs(tmp_path, monkeypatch, capsys):
+  """docs/checkpoints.md's script, as written, on a model directory and its
+  export (the command before it, `convert --to=hf`, is `export_hf`)."""
+  docs = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "checkpoints.md")
+  text = open(docs, encoding="utf-8").read()
+  script = re.search(r"## transformers' pipelines on an export\n.*?```python\n(.*?)```", text,
+                     re.S).group(1)
+  model = reference.reference_model("BertForPreTraining", seed=7, **BERT)
+  model.save_pretrained(tmp_path / "hf")
+  reference.write_vocab(str(tmp_path / "hf" / "vocab.txt"))
+  bertjax.save_pretrained(bertjax.load_pretrained(str(tmp_path / "hf")), str(tmp_path / "demo"))
+  monkeypatch.chdir(tmp_path)
+  bertjax.export_hf(bertjax.load_pretrained(str(tmp_path / "demo")), "demo_hf")
+  exec(script.replace('"/tmp/demo"', repr(str(tmp_path / "demo"))), {})
+  lines = dict(line.split(":", 1) for line in capsys.readouterr().out.splitlines())
+  assert float(lines["largest difference"]) < 1e-4
+  assert lines["bertjax"].strip() == lines["transformers"].strip()
