@@ -184,6 +184,7 @@ def test_sentencepiece_model_round_trips(pretraining, tmp_path):
   bertjax.export_hf(bundle, tmp_path / "hf")
   assert bertjax.load_pretrained(tmp_path / "hf").tokenizer.encode(text) == tokenizer.encode(
       text)
+  assert tokenizer.encode(text)[3] == tokenizer.mask_id  # "[MASK]" typed: the token
 
 
 def _upload_tree(local, url):
