@@ -497,10 +497,7 @@ def _local_directory(out_dir: str, overwrite: bool) -> Iterator[str]:
   staging = tempfile.mkdtemp(prefix=os.path.basename(staging_name(out_dir)) + "-", dir=parent)
   try:
     yield staging
-    # mkdtemp makes a private (0700) directory; give it the usual permissions.
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(staging, 0o777 & ~umask)
+    _give_usual_modes(staging)
     if not os.path.exists(out_dir):
       os.rename(staging, out_dir)
       return
@@ -515,6 +512,20 @@ def _local_directory(out_dir: str, overwrite: bool) -> Iterator[str]:
   except BaseException:
     remove_tree(staging)
     raise
+
+
+def _give_usual_modes(directory: str) -> None:
+  """Gives `directory` and all in it the modes new files get under the umask:
+  some writers make theirs private (mkdtemp's 0700 directory, the safetensors
+  library's 0600 files), which would hide a model from a machine's other users."""
+  umask = os.umask(0)
+  os.umask(umask)
+  for root, _, names in os.walk(directory):
+    os.chmod(root, 0o777 & ~umask)
+    for path in (os.path.join(root, name) for name in names):
+      if not os.path.islink(path):
+        executable = os.stat(path).st_mode & 0o100
+        os.chmod(path, (0o777 if executable else 0o666) & ~umask)
 
 
 def remove_tree(path: str, within_s: float = 3.0, quiet_s: float = 0.5) -> None:

@@ -64,6 +64,20 @@ def staging_files(directory):
           if ".tmp-" in name or "orbax-checkpoint-tmp" in name]
 
 
+def modes_not_the_umasks(directory, umask=None):
+  """Files and directories under `directory` (itself included) whose mode is
+  not the one the umask gives new ones: 0644 and 0755 under 022."""
+  if umask is None:
+    umask = os.umask(0)
+    os.umask(umask)
+  wrong = []
+  for root, _, names in os.walk(directory):
+    paths = [(root, 0o777)] + [(os.path.join(root, n), 0o666) for n in names]
+    wrong += [f"{path}: {oct(os.stat(path).st_mode & 0o777)}" for path, mode in paths
+              if os.stat(path).st_mode & 0o777 != mode & ~umask]
+  return wrong
+
+
 def process_group_gone(pid, timeout=30):
   """Whether every process of the session `pid` leads has ended (waiting up
   to `timeout` seconds): a command left no worker behind."""

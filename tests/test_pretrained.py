@@ -11,6 +11,7 @@ import bertjax
 import bertjax.data.tokenizers
 from bertjax.interop import mapping
 from tests import reference
+from tests.conftest import modes_not_the_umasks
 
 CONFIG = dict(vocab_size=210, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
               intermediate_size=40, max_position_embeddings=40, type_vocab_size=2)
@@ -144,15 +145,22 @@ def test_casing(tmp_path):
   assert bertjax.load_pretrained(tmp_path / "saved", do_lower_case=True).tokenizer.do_lower_case
 
 
-def test_written_directories_are_readable_by_others(pretraining, tmp_path):
-  old = os.umask(0o022)
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_written_directories_are_readable_by_others(pretraining, tmp_path, umask):
+  """Every file and directory written has the umask's usual mode (0644 and
+  0755 under 022), model.safetensors included, which its library writes 0600."""
+  old = os.umask(umask)
   try:
     bertjax.save_pretrained(pretraining, tmp_path / "model")
     bertjax.export_hf(pretraining, tmp_path / "hf")
   finally:
     os.umask(old)
-  assert (tmp_path / "model").stat().st_mode & 0o777 == 0o755
-  assert (tmp_path / "hf").stat().st_mode & 0o777 == 0o755
+  assert (tmp_path / "model").stat().st_mode & 0o777 == 0o777 & ~umask
+  assert not modes_not_the_umasks(tmp_path / "model", umask)
+  assert not modes_not_the_umasks(tmp_path / "hf", umask)
+  assert sorted(os.listdir(tmp_path / "hf")) == [
+      "config.json", "model.safetensors", "special_tokens_map.json", "tokenizer.json",
+      "tokenizer_config.json", "vocab.txt"]
 
 
 def test_sentencepiece_model_round_trips(pretraining, tmp_path):
@@ -176,6 +184,7 @@ def test_sentencepiece_model_round_trips(pretraining, tmp_path):
   bertjax.export_hf(bundle, tmp_path / "hf")
   assert bertjax.load_pretrained(tmp_path / "hf").tokenizer.encode(text) == tokenizer.encode(
       text)
+  assert tokenizer.encode(text)[3] == tokenizer.mask_id  # "[MASK]" typed: the token
 
 
 def _upload_tree(local, url):

@@ -74,9 +74,14 @@ def differences(existing: dict[str, Any], info: dict[str, Any]) -> str:
   another than `info` would build: '' when it is the same one.
 
   A dataset written before the input's files were recorded is judged by its
-  settings alone.
+  settings alone; tokenizer settings an earlier bertjax saved are read as
+  this one saves them (`tokenizers.current_settings`).
   """
+  from bertjax.data.tokenizers import current_settings
+
   old = {k: v for k, v in existing.items() if k not in ("format", "format_version")}
+  if isinstance(old.get("tokenizer"), dict):
+    old["tokenizer"] = current_settings(old["tokenizer"])
   new = json.loads(json.dumps(info))
   if "input_files" not in old:
     new.pop("input_files", None)

@@ -5,14 +5,12 @@ configured like the reference BERT tokenizer: text cleaning (control characters
 dropped, whitespace unified), CJK characters split, optional lower-casing and
 accent stripping, punctuation split, greedy longest-match WordPiece with `[UNK]`
 for words over 200 characters (the original `FullTokenizer`'s limit; Hugging
-Face's is 100). By default a special token written in the text ("a [MASK] b")
-is plain text, `[`, `mask`, `]`, as in the original; Hugging Face's tokenizers
-read it as the special token (`special_tokens_in_text=True`, which the
-tokenizers of Hugging Face directories get). `SentencePieceTokenizer` wraps a
-`sentencepiece` model. `JsonTokenizer` runs a `tokenizers` library file as it
-stands (ModernBERT's byte-level BPE). All produce `[CLS] A [SEP]` or `[CLS] A
-[SEP] B [SEP]` with token types 0 for A and 1 for B, and batch-encode to padded
-numpy arrays.
+Face's is 100). `SentencePieceTokenizer` wraps a `sentencepiece` model.
+`JsonTokenizer` runs a `tokenizers` library file as it stands (ModernBERT's
+byte-level BPE). All read a special token written in the text ("a [MASK] b")
+as that token, as transformers does (the original read `[`, `mask`, `]`), and
+produce `[CLS] A [SEP]` or `[CLS] A [SEP] B [SEP]` with token types 0 for A and
+1 for B, batch-encoded to padded numpy arrays.
 """
 
 from __future__ import annotations
@@ -255,14 +253,17 @@ class WordPieceTokenizer(Tokenizer):
       Hugging Face: 100).
     special_tokens: Role -> token; defaults to BERT's [UNK] [CLS] [SEP] [PAD] [MASK].
     special_tokens_in_text: Read a special token written in the text as that
-      token (Hugging Face), rather than as plain text (the original).
+      token (transformers), rather than as plain text (the original; a Hugging
+      Face directory asks for it with `split_special_tokens`). Pre-training
+      corpora are read so too, as transformers' `run_mlm` reads them: a literal
+      "[MASK]" in the raw text becomes the mask token.
   """
 
   def __init__(self, vocab: str | Sequence[str], *, do_lower_case: bool = True,
                strip_accents: bool | None = None, tokenize_chinese_chars: bool = True,
                max_input_chars_per_word: int = 200,
                special_tokens: dict[str, str] | None = None,
-               special_tokens_in_text: bool = False):
+               special_tokens_in_text: bool = True):
     import tokenizers
     from tokenizers import decoders, models, normalizers, pre_tokenizers
 
@@ -289,9 +290,7 @@ class WordPieceTokenizer(Tokenizer):
         strip_accents=strip_accents, lowercase=do_lower_case)
     backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     backend.decoder = decoders.WordPiece(prefix="##")
-    # Registered as special tokens (decoding skips them); whether one written in
-    # the text is read as such is `encode_special_tokens`, false for Hugging
-    # Face's behaviour.
+    # Special (decoding skips them); `encode_special_tokens` splits typed ones.
     backend.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False)
                                 for t in special_tokens.values()])
     backend.encode_special_tokens = not special_tokens_in_text
@@ -341,7 +340,7 @@ class WordPieceTokenizer(Tokenizer):
             "tokenize_chinese_chars": self.tokenize_chinese_chars,
             "max_input_chars_per_word": self.max_input_chars_per_word,
             "special_tokens": self.special_tokens,
-            "special_tokens_in_text": self.special_tokens_in_text}
+            "split_special_tokens": not self.special_tokens_in_text}
 
 
 class SentencePieceTokenizer(Tokenizer):
@@ -560,6 +559,16 @@ def tokenizer_from_vocab_file(path: str, do_lower_case: bool | None = None) -> T
   return WordPieceTokenizer(local, do_lower_case=do_lower_case)
 
 
+def current_settings(settings: dict[str, Any]) -> dict[str, Any]:
+  """Tokenizer settings saved by an earlier bertjax, as this one saves them: a
+  WordPiece `special_tokens_in_text` (`false` while plain text was the default,
+  no one's choice; missing before then) becomes `split_special_tokens: false`."""
+  if settings.get("type") != "wordpiece" or "split_special_tokens" in settings:
+    return settings
+  kept = {k: v for k, v in settings.items() if k != "special_tokens_in_text"}
+  return {**kept, "split_special_tokens": False}
+
+
 def tokenizer_from_settings(directory: str, settings: dict[str, Any],
                             source: str | None = None) -> Tokenizer:
   """Rebuilds a tokenizer saved by `Tokenizer.save` into `directory`.
@@ -570,7 +579,7 @@ def tokenizer_from_settings(directory: str, settings: dict[str, Any],
     source: The file the settings came from, named in errors.
   """
   source = source or directory
-  settings = dict(settings)
+  settings = dict(current_settings(settings))
   kind = settings.pop("type", None)
   builders = {"wordpiece": (WordPieceTokenizer, "vocab_file"),
               "sentencepiece": (SentencePieceTokenizer, "model_file"),
@@ -580,9 +589,7 @@ def tokenizer_from_settings(directory: str, settings: dict[str, Any],
                             f"{', '.join(builders)}")
   builder, file_key = builders[kind]
   if kind == "wordpiece":
-    # Saved before the setting existed, when special tokens in the text were read
-    # as such (and the word limit, saved, was 100).
-    settings.setdefault("special_tokens_in_text", True)
+    settings["special_tokens_in_text"] = not settings.pop("split_special_tokens")
   if file_key not in settings:
     raise errors.UsageError(f"{source}: tokenizer setting {file_key!r} is missing")
   if files.is_remote(directory):  # the tokenizer libraries read local files

@@ -285,10 +285,10 @@ def load_tokenizer(directory: str, do_lower_case: bool | None = None):
   SentencePiece from `spiece.model`. Casing: `do_lower_case` if given, else
   `tokenizer_config.json`, else the normaliser of `tokenizer.json`, else
   transformers' default (lower-case) when a `tokenizer_config.json` exists, else
-  inferred from a Google directory name or the vocabulary. A directory with
-  Hugging Face tokenizer files gets transformers' behaviour (words of up to 100
-  characters, special tokens in the text read as such unless
-  `split_special_tokens`), a bare `vocab.txt` the original's (200, plain text).
+  inferred from a Google directory name or the vocabulary. Special tokens in
+  the text are read as such (unless `split_special_tokens` says otherwise); a
+  directory with Hugging Face tokenizer files caps words at 100 characters as
+  transformers does, a bare `vocab.txt` at the original's 200.
   """
   from bertjax.data.tokenizers import (JsonTokenizer, SentencePieceTokenizer,
                                        WordPieceTokenizer, read_vocab)
@@ -337,10 +337,9 @@ def load_tokenizer(directory: str, do_lower_case: bool | None = None):
     do_lower_case = infer_lower_case(directory, tokens)
     logger.info("%s: no casing setting; inferred do_lower_case=%s", directory,
                 do_lower_case)
-  # A Hugging Face directory's tokenizer behaves as transformers' does: words
-  # up to 100 characters, special tokens in the text read as such (unless it
-  # says `split_special_tokens`). A Google directory (a bare vocab.txt) gets the
-  # original FullTokenizer's: 200, and plain text.
+  # A special token typed in the text is that token, as for transformers'
+  # tokenizer of the same weights (the Hub's copies of Google's checkpoints)
+  # and every other tokenizer of bertjax; the word limit is each format's own.
   hugging_face = bool(settings or tokenizer_json)
   try:
     return WordPieceTokenizer(
@@ -351,7 +350,7 @@ def load_tokenizer(directory: str, do_lower_case: bool | None = None):
         max_input_chars_per_word=model.get("max_input_chars_per_word", 100)
         if hugging_face else 200,
         special_tokens=special_tokens,
-        special_tokens_in_text=hugging_face and not settings.get("split_special_tokens", False))
+        special_tokens_in_text=not settings.get("split_special_tokens", False))
   except ValueError as e:
     raise errors.UsageError(f"{source}: {e}") from None
 
@@ -403,7 +402,7 @@ def write_directory(directory: str, config: EncoderConfig, reference_tensors: di
       "strip_accents": tokenizer.strip_accents,
       "tokenize_chinese_chars": tokenizer.tokenize_chinese_chars,
       "model_max_length": config.max_position_embeddings,
-      # transformers reads special tokens in the text as such unless told.
+      # false (transformers' default) unless the tokenizer was told to split them.
       "split_special_tokens": not tokenizer.special_tokens_in_text,
       **special,
   })

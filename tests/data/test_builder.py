@@ -1,5 +1,6 @@
 """The builder: shards that hold exactly the tokenised text, and full accounting."""
 
+import json
 import os
 import subprocess
 import sys
@@ -106,6 +107,17 @@ def test_resume_and_refusing_another_dataset(tmp_path, vocab):
   assert again.to_dict() == first.to_dict()
   after = {p: os.path.getmtime(out / p) for p in before}
   assert [p for p in before if before[p] != after[p]] == [victim.name]
+  # Settings an earlier bertjax saved (`special_tokens_in_text: false`, its
+  # default then) describe this dataset: a rerun finishes it, saving them anew.
+  info_path = out / shards.INFO_FILE
+  info = json.loads(info_path.read_text())
+  del info["tokenizer"]["split_special_tokens"]
+  info["tokenizer"]["special_tokens_in_text"] = False
+  info_path.write_text(json.dumps(info))
+  os.remove(str(victim)[:-len(".array_record")] + ".stats.json")
+  assert builder.prepare(str(corpus_path), str(out), tokenizer, num_shards=4,
+                         show_progress=False).to_dict() == first.to_dict()
+  assert json.loads(info_path.read_text())["tokenizer"]["split_special_tokens"] is False
   saved_vocab = (out / "vocab.txt").read_bytes()
   with pytest.raises(ValueError, match=r"holds a dataset built from other settings "
                                        r"\(tokenizer.do_lower_case: true then, false now\); "

@@ -2,9 +2,10 @@
 `bert-tensorflow`) and the BERT tokenizers of `transformers`.
 
 `BertTokenizerLegacy` is transformers' pure-Python port of the original;
-`BertTokenizer` is its `tokenizers` pipeline. Both read special tokens written
-in the text as such and cap words at 100 characters, where the original reads
-them as plain text and caps at 200: bertjax does either (`HF` below).
+`BertTokenizer` is its `tokenizers` pipeline. bertjax reads special tokens
+written in the text as such, as both do, where the original reads them as plain
+text (`special_tokens_in_text=False` does so too); it caps words at the
+original's 200 characters, transformers at 100 (`HF` below).
 """
 
 import unicodedata
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 from bertjax.data.tokenizers import (JsonTokenizer, SentencePieceTokenizer, WordPieceTokenizer,
-                                     tokenizer_from_settings, truncate_pair)
+                                     current_settings, tokenizer_from_settings, truncate_pair)
 from tests import reference
 
 TEXTS = [
@@ -53,7 +54,7 @@ def _references(vocab_file, **settings):
 
 
 # transformers' behaviour: the tokenizer of a Hugging Face directory.
-HF = dict(max_input_chars_per_word=100, special_tokens_in_text=True)
+HF = dict(max_input_chars_per_word=100)
 
 SETTINGS = [
     dict(do_lower_case=True),
@@ -84,11 +85,13 @@ def test_tokens_and_ids_match_reference(vocab_file, settings):
 
 @pytest.mark.parametrize("do_lower_case", [True, False])
 def test_tokens_and_ids_match_the_original(vocab_file, do_lower_case):
-  """The defaults are the original FullTokenizer's: words of up to 200
-  characters, "[MASK]" in the text read as `[`, `mask`, `]`."""
+  """The original FullTokenizer: words of up to 200 characters (the default),
+  "[MASK]" in the text read as `[`, `mask`, `]` (with
+  `special_tokens_in_text=False`)."""
   tokenization = reference.original("tokenization")
   original = tokenization.FullTokenizer(vocab_file, do_lower_case=do_lower_case)
-  ours = WordPieceTokenizer(vocab_file, do_lower_case=do_lower_case)
+  ours = WordPieceTokenizer(vocab_file, do_lower_case=do_lower_case,
+                            special_tokens_in_text=False)
   for text in TEXTS:
     assert ours.tokenize(text) == original.tokenize(text), text
     assert ours.encode_pieces([text])[0] == original.convert_tokens_to_ids(
@@ -96,15 +99,21 @@ def test_tokens_and_ids_match_the_original(vocab_file, do_lower_case):
 
 
 @pytest.mark.parametrize("do_lower_case", [True, False])
-def test_special_tokens_written_in_text_are_plain_text(vocab_file, do_lower_case):
-  """As the original FullTokenizer (which needs no TensorFlow to say so):
-  "[MASK]" typed in the text is the pieces `[`, `mask`, `]`, never the
-  [MASK] token, so that text cannot forge a mask, a separator or a class."""
+def test_special_tokens_written_in_text_are_the_tokens(vocab_file, do_lower_case):
+  """"[MASK]" typed in the text is the [MASK] token, as transformers reads it
+  (a fill-mask pipeline needs it); lower-cased it is plain text, as there.
+  `special_tokens_in_text=False` reads it as the original FullTokenizer (which
+  needs no TensorFlow to say so): the pieces `[`, `mask`, `]`."""
   ours = WordPieceTokenizer(vocab_file, do_lower_case=do_lower_case)
-  for special in ("[MASK]", "[SEP]", "[CLS]"):
-    pieces = ours.tokenize(f"x {special} y")
+  plain = WordPieceTokenizer(vocab_file, do_lower_case=do_lower_case,
+                             special_tokens_in_text=False)
+  for special in ("[MASK]", "[SEP]", "[CLS]", "[PAD]", "[UNK]"):
+    assert ours.tokenize(f"x {special} y") == ["x", special, "y"]
+    assert ours.encode_pieces([f"x {special} y"])[0][1] == ours.token_to_id(special)
+    pieces = plain.tokenize(f"x {special} y")
     assert pieces[1] == "[" and pieces[-2:] == ["]", "y"] and special not in pieces
-    assert ours.token_to_id(special) not in ours.encode_pieces([f"x {special} y"])[0]
+    assert plain.token_to_id(special) not in plain.encode_pieces([f"x {special} y"])[0]
+  assert "[MASK]" not in ours.tokenize("x [mask] y")
 
 
 def test_word_length_limits(vocab_file):
@@ -211,9 +220,21 @@ def test_save_and_restore(vocab_file, tmp_path, special_tokens_in_text):
   assert restored.decode(ours.encode("hello world")) == "hello world"
   assert restored.decode(ours.encode("hello [MASK]")) == (
       "hello" if special_tokens_in_text else "hello [ MASK ]")
-  # Settings saved before the option existed restore as they behaved then.
-  del settings["special_tokens_in_text"]
-  assert tokenizer_from_settings(str(tmp_path), settings).special_tokens_in_text
+  assert settings["split_special_tokens"] == (not special_tokens_in_text)
+
+
+@pytest.mark.parametrize("saved", [False, True, None])
+def test_settings_of_earlier_versions_read_special_tokens(vocab_file, tmp_path, saved):
+  """Settings saved while plain text was the default (`special_tokens_in_text:
+  false`, which no one chose), with the token read (true) and from before the
+  setting existed (none): typed special tokens restore as the tokens."""
+  settings = WordPieceTokenizer(vocab_file).save(str(tmp_path))
+  del settings["split_special_tokens"]
+  if saved is not None:
+    settings["special_tokens_in_text"] = saved
+  restored = tokenizer_from_settings(str(tmp_path), settings)
+  assert restored.tokenize("a [MASK] b") == ["a", "[MASK]", "b"]
+  assert current_settings(settings) == WordPieceTokenizer(vocab_file).save(str(tmp_path))
 
 
 @pytest.fixture(scope="module")

@@ -500,10 +500,14 @@ def test_load_options_are_checked(good_dir):
     bertjax.load_pretrained(good_dir, labels=["a", "b"])
 
 
-def test_special_tokens_in_text_keep_each_formats_meaning(good_dir, tmp_path):
-  """A Hugging Face directory reads "[MASK]" in text as transformers does (the
-  token), a bare vocab.txt (a Google directory) as the original does (plain
-  text); an export tells transformers which (`split_special_tokens`)."""
+def test_special_tokens_in_text_are_the_tokens_unless_a_directory_says_split(good_dir,
+                                                                            tmp_path):
+  """"[MASK]" typed in the text is the token in a Hugging Face directory, as
+  transformers reads it, and in a bare vocab.txt (a Google directory: as
+  transformers reads the Hub's copies of the same weights); only words longer
+  than the original's 200 characters or transformers' 100 tell them apart. A
+  directory whose tokenizer_config.json says `split_special_tokens` splits
+  them, as transformers does, and its export says so again."""
   import shutil
 
   import transformers
@@ -514,16 +518,27 @@ def test_special_tokens_in_text_keep_each_formats_meaning(good_dir, tmp_path):
   hf_style = bertjax.load_pretrained(directory).tokenizer
   assert hf_style.tokenize(text) == transformers.AutoTokenizer.from_pretrained(
       directory).tokenize(text)
-  assert "[MASK]" in hf_style.tokenize(text) and hf_style.tokenize(text)[-1] == "[UNK]"
+  assert hf_style.tokenize(text)[:3] == ["a", "[MASK]", "b"]
+  assert hf_style.tokenize(text)[-1] == "[UNK]"
 
   google = tmp_path / "google"
   shutil.copytree(directory, google)
   os.remove(google / "tokenizer_config.json")
   original_style = bertjax.load_pretrained(google).tokenizer
-  assert "[MASK]" not in original_style.tokenize(text)
+  assert original_style.tokenize(text)[:3] == ["a", "[MASK]", "b"]
   assert original_style.tokenize(text)[-1] != "[UNK]"  # 150 characters: pieced
   bertjax.export_hf(bertjax.load_pretrained(google), tmp_path / "exported")
+  config = json.loads((tmp_path / "exported" / "tokenizer_config.json").read_text())
+  assert config["split_special_tokens"] is False
   exported = transformers.AutoTokenizer.from_pretrained(tmp_path / "exported")
-  assert exported.tokenize("a [MASK] b") == original_style.tokenize("a [MASK] b")
-  assert bertjax.load_pretrained(tmp_path / "exported").tokenizer.tokenize(
-      "a [MASK] b") == original_style.tokenize("a [MASK] b")
+  assert exported.tokenize("a [MASK] b") == ["a", "[MASK]", "b"]
+
+  (directory / "tokenizer_config.json").write_text(
+      '{"tokenizer_class": "BertTokenizer", "split_special_tokens": true}')
+  split = bertjax.load_pretrained(directory)
+  pieces = split.tokenizer.tokenize("a [MASK] b")
+  assert "[MASK]" not in pieces and pieces[1] == "["
+  assert pieces == transformers.AutoTokenizer.from_pretrained(directory).tokenize("a [MASK] b")
+  bertjax.export_hf(split, tmp_path / "split_exported")
+  assert transformers.AutoTokenizer.from_pretrained(tmp_path / "split_exported").tokenize(
+      "a [MASK] b") == pieces
