@@ -14,10 +14,10 @@ ROOMS = [
     # metrics, the optimizer, sharding rules, evaluation metrics.
     {"errors", "lazy", "paths", "files", "hosts", "outage", "preemption", "signals",
      "topology", "sharding", "metrics", "divergence", "optim", "evaluation", "usage", "runs",
-     "workdir_lock", "throughput", "worker_signals", "config_ranges"},
+     "workdir_lock", "throughput", "worker_signals", "config_ranges", "cpu_load"},
     {"models"},
     {"data"},
-    {"interop", "flops", "phases"},
+    {"interop", "flops", "phases", "pace", "time_left"},
     {"train", "checkpoint", "checkpoint_failures"},
     {"pretrained", "inference"},
     {"tasks"},

@@ -27,6 +27,14 @@ def test_the_modernbert_demo_trains_its_bpe_and_its_model(tmp_path):
   log = result.stderr
   assert "Training a 8000-token byte-level BPE vocabulary on demo:stdlib" in log
   assert "Batch-size warmup: 8, 16, ... 24 a step over steps 0-12, then 32" in log
+  assert "Training ModernBERT (L4/H128/A2, " in log
+  # The first line's time left counts the warmup's larger batches: steps 10
+  # and 11 of 24 rows, 28 of 32, at the speed of its 24-row steps (and more:
+  # the evaluation, a compile), not 30 steps at that speed.
+  first = next(json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))
+               if '"train/eta_s"' in line)
+  assert first["step"] == 10
+  assert first["train/eta_s"] > 128 * (2 * 24 + 28 * 32) / first["train/tokens_per_s"]
   assert "Held-out at step 40: mlm_loss" in log
   assert f"python -m bertjax.tools.convert --input={workdir} --to=hf" in log
   # The workdir's tokenizer is a byte-level BPE, and the data's.
