@@ -5,8 +5,9 @@ on a quiet machine, measured (docs/benchmarks.md#expected-speed-on-a-cpu):
 times this CPU's own peak (`bertjax.flops.cpu_peak_tflops`, the best rate
 measured on it), that gives the rate to expect here. A progress line says how
 far the run is from it, and how many cores other processes kept busy meanwhile
-(`bertjax.cpu_load`): "3.0x slower than expected on this CPU (~280
-sequences/s): other processes are using 1.0 of its 2 cores".
+(`bertjax.cpu_load`). The demo beside a busy loop on a 2-core VM said "1.6x
+slower than expected on this CPU (~271 sequences/s): other processes are
+using 0.8 of its 2 cores".
 
 Only what was measured is expected: the config as shipped (its model, its
 objective, its lengths and batch sizes; its step count may change), one CPU
@@ -80,8 +81,9 @@ def judge(observed: float, expected: float | None, other_cores: float | None, co
     unit: What the rates count.
 
   Returns:
-    The verdict: e.g. "3.0x slower than expected on this CPU (~280
-    sequences/s): other processes are using 1.0 of its 2 cores".
+    The verdict: how many times slower or faster than expected (from 1.5x),
+    or as fast; and other processes' share where it is `BUSY_SHARE` of the
+    cores, or where the run is slow without them.
   """
   busy = other_cores is not None and other_cores >= BUSY_SHARE * cores
   others = None if other_cores is None else f"{other_cores:.1f} of its {cores} cores"
