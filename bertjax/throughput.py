@@ -5,7 +5,9 @@ phase began or the last evaluation ended (the line before an evaluation or at
 a phase's end reports that one). Each step adds its useful work (real tokens,
 sequences and model FLOPs, counted on the device by `bertjax.train`); the time
 the loop waits for the next batch is input wait; time the loop is held by a
-checkpoint save is left out.
+checkpoint save is left out. Each window also samples the CPU time of the
+machine and of this process (`bertjax.cpu_load`): the cores other processes
+kept busy meanwhile.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+
+from bertjax import cpu_load
 
 # A run that waits for input longer than this share of its time is input-bound.
 INPUT_BOUND_SHARE = 0.05
@@ -26,6 +30,7 @@ class _Window:
   sequences: float = 0.0
   model_flops: float = 0.0
   input_wait: float = 0.0
+  cpu: cpu_load.Sample | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +42,7 @@ class Rates:
   sequences_per_s: float
   model_flops_per_s: float
   input_wait_share: float  # of the window's time spent waiting for a batch
+  other_cores: float | None = None  # cores other processes kept busy (None: unknown)
 
   @property
   def input_bound(self) -> bool:
@@ -51,8 +57,8 @@ class Meter:
 
   def restart(self, step: int) -> None:
     """Both windows start now, at `step` (a phase's start, an evaluation's end)."""
-    now = time.perf_counter()
-    self._line, self._interval = _Window(now, step), _Window(now, step)
+    now, cpu = time.perf_counter(), cpu_load.sample()
+    self._line, self._interval = _Window(now, step, cpu=cpu), _Window(now, step, cpu=cpu)
 
   def add(self, real_tokens: float, sequences: float, model_flops: float) -> None:
     """A finished step's useful work."""
@@ -74,13 +80,13 @@ class Meter:
   def take(self, step: int, whole_interval: bool = False) -> Rates:
     """The rates of the steps up to `step` since the last `take` (or, with
     `whole_interval`, since the restart); the line window starts again."""
-    now = time.perf_counter()
+    now, cpu = time.perf_counter(), cpu_load.sample()
     window = self._interval if whole_interval else self._line
     seconds = max(now - window.start, 1e-9)
     rates = Rates(seconds / max(step - window.step, 1), window.real_tokens / seconds,
                   window.sequences / seconds, window.model_flops / seconds,
-                  min(window.input_wait / seconds, 1.0))
-    self._line = _Window(now, step)
+                  min(window.input_wait / seconds, 1.0), cpu_load.other_cores(window.cpu, cpu))
+    self._line = _Window(now, step, cpu=cpu)
     return rates
 
 

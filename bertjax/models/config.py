@@ -241,6 +241,22 @@ class EncoderConfig:
       if getattr(self, name) <= 0:
         raise errors.UsageError(f"EncoderConfig.{name} must be positive, got {getattr(self, name)!r}")
 
+  def describe(self, parameters: int | None = None) -> str:
+    """How a log names the model: its family, the name of its size where a
+    preset of its family has its shape, its shape and its parameters
+    ("BERT tiny (L2/H128/A2, 4.4M parameters)")."""
+    shape = ("num_layers", "hidden_size", "num_heads", "intermediate_size")
+    sizes = [name.split("_", 1)[1] for name, preset in PRESETS.items()
+             if preset.get("family", "bert") == self.family and name.split("_", 1)[1].isalpha()
+             and all(preset[field] == getattr(self, field) for field in shape)]
+    counted = f", {parameters} parameters" if parameters else ""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+      if parameters and parameters >= scale:
+        counted = f", {parameters / scale:.1f}{unit} parameters"
+        break
+    return (f"{FAMILIES[self.family].title}{' ' + sizes[0] if sizes else ''} "
+            f"(L{self.num_layers}/H{self.hidden_size}/A{self.num_heads}{counted})")
+
   def replace(self, **changes: Any) -> EncoderConfig:
     return dataclasses.replace(self, **changes)
 

@@ -20,7 +20,8 @@ import jax
 import ml_collections
 
 from bertjax import (checkpoint, divergence, errors, files, flops, hosts, metrics, optim,
-                     outage, preemption, runs, sharding, signals, throughput, train)
+                     outage, pace, preemption, runs, sharding, signals, throughput, time_left,
+                     train)
 from bertjax.data import loader
 from bertjax.models import EncoderConfig
 from bertjax.phases import Phase, phases
@@ -59,6 +60,8 @@ class _Trainer:
     self.model = train.pretraining_model(self.bert, config.objective)
     self.phases = phases(config)
     self.total_steps = config.train.total_steps
+    self.time_left = time_left.TimeLeft(config, self.phases, self.bert)
+    self.pace = pace.Pace(config, devices[0].platform, len(devices))  # expected speed
     self.optimizer, self.learning_rate_fn = optim.make_optimizer(config)
     self.writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0, config=config)
     self.checkpointer = checkpoint.Checkpointer(
@@ -107,6 +110,8 @@ class _Trainer:
           signals.StopRequests(multi_process=jax.process_count() > 1) as self.stop):
       abstract = train.abstract_train_state(self.model, self.optimizer, config.seed)
       shardings = train.state_shardings(abstract, self.mesh, self.rules)
+      logging.info("Training %s", self.bert.describe(sum(
+          leaf.size for leaf in jax.tree.leaves(abstract.params))))
       state, restored_data = self._restore_or_init(abstract, shardings)
       self.early_log_step = int(state.step) + 10
       self._check_resumed_stream(state, restored_data)
@@ -324,6 +329,7 @@ class _Trainer:
         started = time.perf_counter()
         programs[parts] = self._compile(self.steps_for(parts)[0], state, batch, step, length)
         held = time.perf_counter() - started
+        self.time_left.compiled(phase, parts, held)
         self.meter.hold(held)  # neither the steps' time nor waiting for input
       return programs[parts], batch, parts * phase.loader_batch, held
 
@@ -524,19 +530,21 @@ class _Trainer:
       logging.warning("Input-bound: the steps up to %d waited for data %.0f%% of the time; "
                       "raise data.worker_count (now %d) or check the data's storage", step,
                       100 * rates.input_wait_share, self.workers)
-    values["eta_s"] = seconds_per_step * (self.total_steps - step)
+    values["eta_s"] = self.time_left.seconds(step, seconds_per_step, rows, evaluating_now=last)
     price = config.get("price_per_chip_hour", 0.0)
     if price > 0:  # the devices' hours left at this speed, at the user's price
       values["cost_left"] = values["eta_s"] / 3600 * jax.device_count() * price
     values["max_seq_length"] = length
+    speed = self.pace.say(step, rows, values, rates.other_cores)  # on the first line, or news
     if jax.process_index() == 0:
-      metrics.log(metrics.format_line(step, self.total_steps, values))
+      metrics.log(metrics.format_line(step, self.total_steps, values)
+                  + (f"  | {speed}" if speed else ""))
     self.writer.write(step, values, "train/")
     return values
 
   def _evaluate(self, state, phase: Phase, step: int) -> dict[str, float]:
     """MLM loss/perplexity/accuracy and NSP accuracy on the held-out documents."""
-    config = self.config
+    config, started = self.config, time.perf_counter()
     eval_config = dataclasses.replace(
         loader_config(config, self.data_dir, phase, "eval", config.eval.batch_size,
                       seed_offset=1), shuffle_window=1, worker_count=0)
@@ -555,6 +563,7 @@ class _Trainer:
     finally:
       iterator.close()
     values = train.summarize_eval(totals)
+    self.time_left.evaluated(phase, time.perf_counter() - started)
     self.last_eval, self.last_eval_step = values, step
     if jax.process_index() == 0:
       metrics.log(f"eval at step {step}: "

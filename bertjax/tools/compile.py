@@ -14,7 +14,10 @@ abstract shapes only: nothing is allocated, no TPU is needed (`pip install
 (`v4-32`, `v5litepod-16`, `v5p-64`, `v6e-8`, ...) or libtpu's grids
 (`v4:2x2x4`); `--num_slices` joins several slices over the data-center network.
 
-Prints a line per compiled step, then, as the last line, one JSON object:
+Prints a line per compiled step, then, as the last line of stdout, one JSON
+object, and last a one-line verdict on stderr: "Fits: BERT large (L24/H1024/A16,
+336.3M parameters) on v4-32, at most train_512 uses 18.76 GiB a chip of its
+32.00 GiB" (or "Does not fit: ..."). The JSON:
 `topology`, `chips`, `hosts`, `mesh`, `hbm_bytes` (a chip's), `per_chip_bytes`
 (arguments, outputs, aliased, temporaries, generated code and their total,
 per step), `fits`, `flops_per_step` (for all chips: `matmuls`, the step's
@@ -89,6 +92,7 @@ def main(argv):
   jax.config.update("jax_platforms", "cpu")
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   from bertjax.tools.compiling import report as compile_report  # after the two settings above
+  from bertjax.models import EncoderConfig
   from bertjax.tools.compiling.real_work import RealWork
 
   config = _CONFIG.value
@@ -100,6 +104,9 @@ def main(argv):
   report = compile_report.run(config, _TOPOLOGY.value, _NUM_SLICES.value, _FIND_MAX_BATCH.value,
                               _EVAL.value, real_work)
   print(json.dumps(report), flush=True)
+  # The verdict last, for the eye (stdout's last line stays the JSON, for scripts).
+  model = EncoderConfig.from_run_config(config).describe(report["model"]["parameters"])
+  print(compile_report.verdict(report, model), file=sys.stderr, flush=True)
   sys.exit(0 if report["fits"] else 1)
 
 

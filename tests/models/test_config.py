@@ -72,3 +72,25 @@ def test_unknown_preset_and_keys():
     EncoderConfig.from_dict({"hiden_size": 3}, "file.json")
   config = EncoderConfig.from_preset("bert_small", dtype="bfloat16")
   assert EncoderConfig.from_dict(config.to_dict()) == config
+
+
+@pytest.mark.parametrize("name, says", [
+    # The example: BERT-tiny's pre-training model, heads included.
+    ("bert_tiny", "BERT tiny (L2/H128/A2, 4.4M parameters)"),
+    ("bert_large", "BERT large (L24/H1024/A16, 336.2M parameters)"),
+    ("bert_L4_H256", "BERT mini (L4/H256/A4, 11.3M parameters)"),
+])
+def test_a_model_is_described_by_family_size_and_parameters(name, says):
+  config = EncoderConfig.from_preset(name)
+  assert config.describe(_count(BertForPreTraining(config))) == says
+
+
+def test_a_shape_without_a_size_name_is_described_by_its_shape():
+  assert EncoderConfig.from_preset("modernbert_base").describe() == (
+      "ModernBERT base (L22/H768/A12)")
+  # No preset of its family has the shape (nor one named by its shape).
+  assert EncoderConfig.from_preset("table6_L6_H768_A3").describe(1_000) == (
+      "BERT (L6/H768/A3, 1.0k parameters)")
+  assert EncoderConfig.from_preset("modernbert_base", num_layers=4, hidden_size=128,
+                                   num_heads=2, intermediate_size=192).describe(999) == (
+      "ModernBERT (L4/H128/A2, 999 parameters)")

@@ -7,7 +7,10 @@ import json
 import os
 import sys
 
+from bertjax import cpu_load, pace
 from tests.tasks.test_pretrain import ROOT, _env, _run
+
+XLA_ONE_DEVICE = "--xla_force_host_platform_device_count=1"
 
 SHORT = ["--config.train.total_steps=40", "--config.train.batch_ramp_steps=12",
          "--config.optimizer.warmup_steps=10", "--config.optimizer.decay_steps=10",
@@ -23,10 +26,26 @@ def test_the_modernbert_demo_trains_its_bpe_and_its_model(tmp_path):
   workdir = str(tmp_path / "demo")
   command = [sys.executable, "-m", "bertjax.main", "--config=configs/modernbert_demo.py",
              f"--workdir={workdir}"]
-  result = _run(command + SHORT, _env(1))
+  # XLA's own code generation, as a user's run has it: a step whose quiet
+  # speed was measured (bertjax.pace), on a CPU of the cores measured.
+  result = _run(command + SHORT, {**_env(1), "XLA_FLAGS": XLA_ONE_DEVICE})
   log = result.stderr
   assert "Training a 8000-token byte-level BPE vocabulary on demo:stdlib" in log
   assert "Batch-size warmup: 8, 16, ... 24 a step over steps 0-12, then 32" in log
+  assert "Training ModernBERT (L4/H128/A2, " in log
+  # The first line's time left counts the warmup's larger batches: steps 10
+  # and 11 of 24 rows, 28 of 32, at the speed of its 24-row steps (and more:
+  # the evaluation, a compile), not 30 steps at that speed.
+  first = next(json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))
+               if '"train/eta_s"' in line)
+  assert first["step"] == 10
+  assert first["train/eta_s"] > 128 * (2 * 24 + 28 * 32) / first["train/tokens_per_s"]
+  # It says what to expect on this CPU, and how far from it the run is.
+  line = next(line for line in log.splitlines() if "step 10/40 " in line)
+  known = cpu_load.cores() == next(step.cores for step in pace.QUIET_STEPS)
+  assert ("expected on this CPU (~" in line) == known, line
+  assert ("train/expected_sequences_per_s" in first) == known
+  assert first["train/other_processes_cores"] >= 0
   assert "Held-out at step 40: mlm_loss" in log
   assert f"python -m bertjax.tools.convert --input={workdir} --to=hf" in log
   # The workdir's tokenizer is a byte-level BPE, and the data's.

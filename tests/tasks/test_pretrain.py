@@ -434,6 +434,11 @@ def test_a_run_says_how_fast_it_goes_10_steps_in_and_ends_with_a_held_out_evalua
   first = next(r for r in records if "train/eta_s" in r)  # the rest of the run, priced
   assert first["train/cost_left"] == pytest.approx(
       first["train/eta_s"] / 3600 * jax.device_count() * 2.5)
+  # The time left: 15 steps, and the evaluation at step 25 (8 rows forward,
+  # a third of a step's FLOPs a row, before one is timed).
+  seconds_per_step = 8 * 32 / first["train/tokens_per_s"]
+  assert first["train/eta_s"] == pytest.approx((15 + 1 / 3) * seconds_per_step)
+  assert first["train/other_processes_cores"] >= 0  # measured during its steps (Linux)
   assert [r["step"] for r in records if "eval/mlm_accuracy" in r] == [25]
   config.train.total_steps = 40  # a rerun goes on from step 25's checkpoint
   pretrain.run(config, workdir)

@@ -527,6 +527,12 @@ def test_v4_slice_both_phases_fit(prepared_dir):
     assert accessed["per_token"] == pytest.approx(
         accessed["per_chip"] / (tokens["batch_size"] * tokens["max_seq_length"] / 4), abs=0.1)
   assert "train_64: " in result.stdout and " GB accessed a chip;" in result.stdout
+  # The last word, after the JSON: the model, and its largest step against a chip's HBM.
+  largest = max(report["per_chip_bytes"], key=lambda k: report["per_chip_bytes"][k]["total"])
+  verdict = result.stderr.strip().splitlines()[-1]
+  assert verdict.startswith("Fits: BERT tiny (L2/H128/A2, 1.5M parameters) on v4-8, "), verdict
+  used = report["per_chip_bytes"][largest]["total"] / 2**30
+  assert verdict.endswith(f"at most {largest} uses {used:.2f} GiB a chip of its 32.00 GiB"), verdict
 
 
 @needs_libtpu
@@ -687,6 +693,12 @@ def test_a_batch_too_large_does_not_fit():
   assert report["xla_hbm_limit_bytes"] <= report["hbm_bytes"]
   assert 15 * 2**30 < report["xla_hbm_limit_bytes"] <= report["hbm_bytes"]
   assert "DOES NOT FIT" in result.stdout
+  verdict = result.stderr.strip().splitlines()[-1]
+  assert verdict.startswith("Does not fit: BERT tiny (L2/H128/A2, "), verdict
+  assert verdict.endswith(
+      f" parameters) on v5litepod-4: train_32 uses {memory['total'] / 2**30:.2f} GiB a chip "
+      f"of its 16.00 GiB (XLA can use {report['xla_hbm_limit_bytes'] / 2**30:.2f} GiB); "
+      "--find_max_batch finds the accumulation that fits"), verdict
 
 
 @pytest.mark.parametrize("args, says", [

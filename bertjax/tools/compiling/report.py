@@ -195,6 +195,24 @@ def _accumulation_that_fits(compiler: Compiler, config, report: dict[str, Any],
   return None, tried
 
 
+def verdict(report: dict[str, Any], model: str) -> str:
+  """The tool's last word: whether `model` (`EncoderConfig.describe`) fits the
+  slice, by its largest step's memory a chip against a chip's HBM."""
+  gib = lambda n: f"{n / 2**30:.2f} GiB"
+  totals = {key: memory.get("total") for key, memory in report["per_chip_bytes"].items()}
+  largest = max((key for key in totals if totals[key] is not None),
+                key=lambda key: totals[key], default=None)
+  used = "no step's memory is known" if largest is None else (
+      f"{largest} uses {gib(totals[largest])} a chip of its {gib(report['hbm_bytes'])}")
+  if report["fits"]:
+    return f"Fits: {model} on {report['topology']}, at most {used}"
+  limit = report.get("xla_hbm_limit_bytes")
+  return (f"Does not fit: {model} on {report['topology']}: {used}"
+          + (f" (XLA can use {gib(limit)})" if limit else "")
+          + ("" if "accumulation_to_fit" in report
+             else "; --find_max_batch finds the accumulation that fits"))
+
+
 def summary_line(key: str, result: dict[str, Any], report: dict[str, Any]) -> str:
   """The line printed for a compiled step: its memory, FLOPs and collectives."""
   gib = lambda n: "?" if n is None else f"{n / 2**30:.2f}"
