@@ -22,7 +22,7 @@ ROOMS = [
     {"train", "checkpoint", "checkpoint_failures"},
     {"pretrained", "inference"},
     {"tasks"},
-    {"tools", "main"},
+    {"tools", "main", "config_meanings"},
 ]
 RANK = {room: rank for rank, rooms in enumerate(ROOMS) for room in rooms}
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from bertjax.tools import config_fields
+from bertjax import config_meanings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHIPPED = ["base_pretrain", "base_pretrain:ltr", "large_pretrain", "demo", "modernbert_pretrain",
@@ -24,16 +24,16 @@ def test_the_specs_name_every_shipped_config():
 
 @pytest.mark.parametrize("spec", SHIPPED)
 def test_every_field_says_what_it_does(spec):
-  known = config_fields.meanings(spec)
-  silent = [field for field, _ in config_fields.leaves(config_fields.load(spec))
-            if not config_fields.meaning(field, known)]
+  known = config_meanings.meanings(spec)
+  silent = [field for field, _ in config_meanings.leaves(config_meanings.load(spec))
+            if not config_meanings.meaning(field, known)]
   assert not silent, f"configs/{spec}: no comment says what {silent} do"
 
 
 def test_the_docs_tables_are_the_commands_output():
   text = open(os.path.join(ROOT, "docs", "configs.md"), encoding="utf-8").read()
   tables = re.search(r"<!-- fields: begin -->\n(.*)<!-- fields: end -->", text, re.S).group(1)
-  assert tables == config_fields.docs_tables(), (
+  assert tables == config_meanings.docs_tables(), (
       "docs/configs.md is out of step with the configs: paste in the output of "
       "python -m bertjax.tools.config_fields --docs")
 
@@ -45,7 +45,7 @@ def test_a_comment_is_read_from_its_line_or_the_block_above(tmp_path):
       "  config = glue.get_config('mrpc')\n"
       "  # Mine, in two\n  # lines.\n  config.train.epochs = 5.0\n"
       "  config.train.batch_size = 16  # mine too\n  return config\n")
-  known = config_fields.meanings(str(path))
+  known = config_meanings.meanings(str(path))
   assert known["train.epochs"] == "Mine, in two lines."
   assert known["train.batch_size"] == "mine too"
   assert known["train.learning_rate"].startswith("the peak")  # common.py's finetune_config
