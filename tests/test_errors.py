@@ -342,9 +342,10 @@ def test_only_empty_folders_the_block_made_are_removed(tmp_path):
 
   with pytest.raises(ValueError):
     with files.removed_if_left_empty(str(tmp_path / "a" / "b")):
-      os.makedirs(tmp_path / "a" / "b" / "c")
-      (tmp_path / "a" / "kept.txt").write_text("x")
-      raise ValueError("refused")
+      with files.empty_folders_removed(str(tmp_path / "a" / "b")):
+        os.makedirs(tmp_path / "a" / "b" / "c")
+        (tmp_path / "a" / "kept.txt").write_text("x")
+        raise ValueError("refused")
   assert sorted(os.listdir(tmp_path / "a")) == ["kept.txt"]  # b and c were empty
   with files.removed_if_left_empty(str(tmp_path / "d")):
     os.makedirs(tmp_path / "d")
