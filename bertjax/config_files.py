@@ -48,9 +48,22 @@ def shipped_configs(argv: list[str]) -> list[str]:
   return out
 
 
+def flag_values(name: str, argv: list[str]) -> list[str]:
+  """The values `argv` gives the flag `--name` (`--name=V` or `--name V`),
+  as absl reads them (the last one counts)."""
+  values = []
+  for i, arg in enumerate(argv[1:], 1):
+    for prefix in (f"--{name}=", f"-{name}="):
+      if arg.startswith(prefix):
+        values.append(arg[len(prefix):])
+    if arg in (f"--{name}", f"-{name}") and i + 1 < len(argv):
+      values.append(argv[i + 1])
+  return values
+
+
 def config_path(argv: list[str]) -> str | None:
   """The --config file's path (without its `:argument`), if one is given."""
-  given = [arg.split("=", 1)[1] for arg in argv[1:] if arg.startswith("--config=")]
+  given = flag_values("config", argv)
   return given[-1].split(":", 1)[0] if given else None
 
 
@@ -139,9 +152,9 @@ OTHER_NAMES = {
 
 
 def given_config(argv: list[str]) -> ml_collections.ConfigDict | None:
-  """The config `argv`'s `--config=FILE[:arg]` names, loaded again (None if it
+  """The config `argv`'s `--config=FILE[:arg]` (or `--config FILE`) names, loaded again (None if it
   does not load: config_flags has not kept it when an override failed)."""
-  given = [arg.split("=", 1)[1] for arg in argv[1:] if arg.startswith("--config=")]
+  given = flag_values("config", argv)
   if not given:
     return None
   file, _, argument = given[-1].partition(":")

@@ -134,25 +134,49 @@ def makedirs(path: str) -> None:
 
 @contextlib.contextmanager
 def removed_if_left_empty(directory: str) -> Iterator[None]:
-  """Removes `directory`, with the parents made for it, if the block fails
-  leaving no file in them and they did not exist before it: a run refused
-  once its workdir was made leaves no empty one behind. Only empty folders
-  go (`os.rmdir`); anything that existed before stays. On `gs://` a folder
-  is the objects under it: none is left once the last is removed."""
-  made = None
+  """Removes `directory`, and the parents made for it, if the block fails and
+  they did not exist before it: a run refused once its workdir was made leaves
+  no empty one behind. Each folder of that chain goes only if it is empty
+  (`os.rmdir`, from the workdir up), so a sibling's run in a parent made at
+  the same time keeps its folders; folders inside `directory` are another
+  block's (`empty_folders_removed`, while the run holds its lock). A block
+  refused because another run holds the workdir (`WorkdirBusyError`) removes
+  nothing: its folders are that run's. On `gs://` a folder is the objects
+  under it: none is left once the last is removed."""
+  chain = []  # the folders made for `directory`, deepest first
   if not is_remote(directory):
     path = os.path.abspath(directory)
     while not os.path.exists(path) and path != os.path.dirname(path):
-      made, path = path, os.path.dirname(path)
+      chain.append(path)
+      path = os.path.dirname(path)
+  try:
+    yield
+  except errors.WorkdirBusyError:
+    raise
+  except BaseException:
+    for folder in chain:
+      try:
+        os.rmdir(folder)
+      except OSError:
+        break  # holds something (another run's, perhaps): it and its parents are kept
+    raise
+
+
+@contextlib.contextmanager
+def empty_folders_removed(directory: str) -> Iterator[None]:
+  """Removes the empty folders inside a local `directory` if the block fails:
+  entered only while this process holds the directory's lock, so that every
+  folder in it is this run's."""
   try:
     yield
   except BaseException:
-    if made is not None:
-      for root, _, _ in os.walk(made, topdown=False):
-        try:
-          os.rmdir(root)
-        except OSError:
-          pass  # holds something: kept
+    if not is_remote(directory):
+      for root, _, _ in os.walk(directory, topdown=False):
+        if root != directory:
+          try:
+            os.rmdir(root)
+          except OSError:
+            pass  # holds something: kept
     raise
 
 

@@ -373,17 +373,21 @@ class MetricWriter:
   def __init__(self, workdir: str, enabled: bool = True, flush_every_s: float = 30.0,
                config: Any = None):
     self.enabled = enabled
-    self._trackers: list[Any] = []
+    self._tracker_failed = False
+    # First: a tracker that cannot start leaves no file of this writer open.
+    self._trackers = [] if config is None else _open_trackers(config, workdir, enabled)
     if not enabled:
       return
-    self._jsonl = AppendFile(os.path.join(workdir, "metrics.jsonl"), flush_every_s,
-                             record_end=b"\n")
-    self._events = EventFileWriter(os.path.join(workdir, "tensorboard"), flush_every_s)
-    if config is not None:
-      from bertjax import trackers  # pylint: disable=import-outside-toplevel
-
-      self._trackers = [sink for sink in [trackers.open_wandb(config, workdir)] if sink]
-    self._tracker_failed = False
+    try:
+      self._jsonl = AppendFile(os.path.join(workdir, "metrics.jsonl"), flush_every_s,
+                               record_end=b"\n")
+      self._events = EventFileWriter(os.path.join(workdir, "tensorboard"), flush_every_s)
+    except BaseException as e:
+      for tracker in self._trackers:
+        tracker.close(e)
+      if hasattr(self, "_jsonl"):
+        self._jsonl.close()
+      raise
 
   def write(self, step: int, values: Mapping[str, Any], prefix: str = "") -> None:
     """Writes a step's scalars, named `prefix/name` in TensorBoard."""
@@ -409,13 +413,38 @@ class MetricWriter:
       self._jsonl.flush()
       self._events.flush()
 
-  def close(self) -> None:
+  def close(self, error: BaseException | None = None) -> None:
+    """Stores the rest and closes the files and trackers.
+
+    Args:
+      error: What ends the run, if it fails or is stopped: the trackers
+        record its exit status (`bertjax.trackers.WandbSink.close`).
+    """
     if self.enabled:
       self._jsonl.close()
       self._events.close()
       for tracker in self._trackers:
-        tracker.close()
+        tracker.close(error)  # never raises: `error` is what the run ends with
       self._trackers = []
+
+
+def _open_trackers(config: Any, workdir: str, enabled: bool) -> list[Any]:
+  """The trackers `config` asks for, started by the writing process
+  (`enabled`). Every process learns whether they started (`hosts.agree`): a
+  W&B run that cannot start (not logged in) ends every host with its message,
+  none left waiting for process 0 in a collective."""
+  from bertjax import hosts, trackers  # pylint: disable=import-outside-toplevel
+
+  if not trackers.wanted(config):
+    return []
+  error, sinks = None, []
+  if enabled:
+    try:
+      sinks = [sink for sink in [trackers.open_wandb(config, workdir)] if sink]
+    except Exception as e:  # pylint: disable=broad-except  # every process stops with it
+      error = e
+  hosts.agree(error, "starting the W&B run")
+  return sinks
 
 
 def format_line(step: int, total: int, values: Mapping[str, float]) -> str:

@@ -18,7 +18,11 @@ steps after that: the steps it repeats keep their first values in W&B, and
 `metrics.jsonl` holds both. (A run that trained without W&B so far sends all
 of `metrics.jsonl` first.) What W&B holds is what its server says (online),
 or what the earlier offline files of the run in W&B's directory hold
-(offline: `wandb sync` uploads them in order, as one run).
+(offline: `wandb sync --id <id>` uploads them in the order they started, as
+one run; docs/training.md gives the command).
+
+W&B records each run's exit status (`exit_status`): a failed run is a failed
+W&B run, and a preempted one is marked preempting before it finishes.
 """
 
 from __future__ import annotations
@@ -27,13 +31,19 @@ import glob
 import importlib.util
 import os
 import secrets
+import signal
 import struct
 from typing import Any, Iterator, Mapping
 
 from absl import logging
 
-from bertjax import errors, files, metrics
+from bertjax import errors, files, metrics, preemption
 
+# The exit status of a run stopped by SIGTERM (`bertjax.tasks.pretrain_stop`).
+PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM
+# Seconds the end of a run waits for W&B's upload, a preempted one's too
+# (SIGKILL follows SIGTERM within the grace): what is left, `wandb sync` uploads.
+FINISH_TIMEOUT_S = 20.0
 RUN_FILE = "wandb_run.json"  # in the workdir: the W&B run a resumed pre-training run goes on
 MODES = ("online", "offline", "disabled")
 INSTALL = "pip install 'bertjax[wandb]'"
@@ -43,6 +53,12 @@ def _settings(config: Any) -> Any:
   """`config.wandb`, or None where the config has no such block or no project."""
   settings = config.get("wandb") if hasattr(config, "get") else None
   return settings if settings is not None and settings.get("project") else None
+
+
+def wanted(config: Any) -> bool:
+  """Whether `config` asks for a W&B run (a project, a mode other than disabled)."""
+  settings = _settings(config)
+  return settings is not None and settings.mode != "disabled"
 
 
 def check(config: Any) -> None:
@@ -114,11 +130,42 @@ class WandbSink:
     self.run.log(dict(values), step=step)
     self.last = step
 
-  def close(self) -> None:
+  def close(self, error: BaseException | None = None) -> None:
+    """Finishes the W&B run; never raises (the run's own error stays the one
+    it ends with).
+
+    Args:
+      error: What ends the run, if it fails or is stopped: W&B records its
+        exit status (a failed run), and a preemption marks the run preempting
+        at once, before the upload that `finish` waits for (at most
+        `FINISH_TIMEOUT_S`; online, not at all where the run must end at
+        once, `preemption.ExitAtOnce`).
+    """
     if self.skipped:
       logging.info("W&B: %d writes of steps up to %d, which the run already held, were not "
                    "sent again", self.skipped, self.held)
-    self.run.finish()
+    status = exit_status(error)
+    try:
+      if status == PREEMPTED_EXIT_CODE:
+        self.run.mark_preempting()
+      if isinstance(error, preemption.ExitAtOnce) and not self.run.offline:
+        return  # no time to wait for an upload: the process ends now (offline: its files)
+      self.run.finish(exit_code=status)
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning("W&B could not finish its run (%s); `wandb sync` uploads what it "
+                      "kept in its directory", (str(e).strip().splitlines() or
+                                                [type(e).__name__])[0])
+
+
+def exit_status(error: BaseException | None) -> int:
+  """The exit status a run ending with `error` ends its command with (0: none)."""
+  if error is None:
+    return 0
+  if isinstance(error, SystemExit):
+    return error.code if isinstance(error.code, int) else int(error.code is not None)
+  if isinstance(error, KeyboardInterrupt):
+    return 128 + signal.SIGINT
+  return errors.exit_status(error) or 1
 
 
 def open_wandb(config: Any, workdir: str) -> WandbSink | None:
@@ -146,17 +193,31 @@ def open_wandb(config: Any, workdir: str) -> WandbSink | None:
         project=settings.project, entity=settings.entity or None, name=settings.name or None,
         group=settings.group or None, tags=list(settings.tags) or None,
         notes=settings.notes or None, mode=settings.mode, dir=directory, id=run_id,
-        resume="allow", settings=wandb.Settings(console="off"))
+        resume="allow",
+        settings=wandb.Settings(console="off", finish_timeout=FINISH_TIMEOUT_S))
   except Exception as e:  # pylint: disable=broad-except  # the client's own kinds
     message = (str(e).strip().splitlines() or [type(e).__name__])[0]
     raise errors.UsageError(
         f"W&B could not start the run ({message}): log in (`wandb login`, or WANDB_API_KEY), "
         "or set --config.wandb.mode=offline") from None
+  sink = WandbSink(run)
+  try:
+    return _started(sink, config, workdir, resumable, known)
+  except BaseException as e:
+    sink.close(e)
+    raise
+
+
+def _started(sink: WandbSink, config: Any, workdir: str, resumable: bool,
+             known: str | None) -> WandbSink:
+  """`sink`, its run given the config and, for a resumed pre-training run,
+  the steps W&B lacks (`WandbSink.replay`)."""
+  run, settings = sink.run, _settings(config)
   # A rerun may change settings (total_steps, say): the run's config says the newest.
   run.config.update(config.to_dict(), allow_val_change=True)
-  sink = WandbSink(run)
   if not resumable:
     return sink
+  run_id = run.id
   if known:
     held = max(run.step - 1, _offline_last_step(run.settings.wandb_dir, run_id, run.dir))
   else:  # a new W&B run (of a run that may have trained without W&B so far)

@@ -297,7 +297,7 @@ def parse_flags(argv: list[str]) -> list[str]:
   # (A command whose --config is a plain string reads the file itself.)
   takes_config = "config" in flags.FLAGS and is_config_flag(flags.FLAGS["config"])
   if takes_config and not set(argv[1:]) & _HELP_FLAGS:
-    for value in _values_of("config", argv):
+    for value in config_files.flag_values("config", argv):
       line = config_files.missing(value)
       if line:
         fail(line)
@@ -357,25 +357,13 @@ def parse_flags(argv: list[str]) -> list[str]:
     raise
 
 
-def _values_of(name: str, argv: list[str]) -> list[str]:
-  """The values `argv` gives the flag `--name` (`--name=V` or `--name V`)."""
-  values = []
-  for i, arg in enumerate(argv[1:], 1):
-    for prefix in (f"--{name}=", f"-{name}="):
-      if arg.startswith(prefix):
-        values.append(arg[len(prefix):])
-    if arg in (f"--{name}", f"-{name}") and i + 1 < len(argv):
-      values.append(argv[i + 1])
-  return values
-
-
 def _required_left_out(error: BaseException, argv: list[str]) -> str | None:
   """The line naming each required flag `argv` leaves out, and what it is for
   (absl says "must have a value other than None"; a --config given whose
   get_config returned None is the config file's mistake, said elsewhere)."""
   names = re.findall(r"Flag --(\w+) must have a value other than None", str(error))
   left_out = [name for name in names if name != "config"
-              or not _values_of("config", argv)]
+              or not config_files.flag_values("config", argv)]
   if not left_out:
     return None
 

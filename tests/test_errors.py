@@ -323,6 +323,31 @@ def test_an_unknown_flag_suggests_the_commands_own_flags_first(tmp_path, args, s
   assert ("run_with_pdb" in line) == ("run_with=" in " ".join(args)), line
 
 
+_CONFIG_FILES = {"none.py": "def get_config(arg=None):\n  config = {'task': 'pretrain'}\n",
+                 "typo.py": "def get_config(arg=None):\n  return seeed\n"}
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--config", "none.py"], "error: --config: none.py's get_config returned None: return the "
+     "ml_collections.ConfigDict it builds"),
+    (["--config", "typo.py"], "typo.py, line 2, column 10: NameError: name 'seeed' is not "
+     "defined; correct the config file"),
+    (["--config", "configs/demo.py", "--steps=100"], "(did you mean --config.train.total_steps?)"),
+    (["--config", "configs/demo.py", "--config.train.num_train_steps=100"],
+     "(did you mean --config.train.total_steps?)"),
+], ids=["returned-none", "file-line", "flag-as-field", "field-of-other-code"])
+def test_a_config_given_as_two_words_is_told_as_one_given_with_equals(tmp_path, args, says):
+  """`--config PATH`, from a directory of the user's own (the shipped configs
+  found all the same): the same lines as `--config=PATH` gives."""
+  for name, text in _CONFIG_FILES.items():
+    (tmp_path / name).write_text(text)
+  result = subprocess.run([sys.executable, "-m", "bertjax.main", *args, "--workdir=run"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+  lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+  assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+  assert len(lines) == 1 and says in lines[0], result.stderr[-3000:]
+
+
 def test_a_refused_run_leaves_no_empty_workdir_and_keeps_one_that_was_there(tmp_path):
   """Refused after its workdir was made (the mesh does not fit the devices):
   the folders it made go; a workdir that existed before stays, as it was."""
@@ -342,9 +367,10 @@ def test_only_empty_folders_the_block_made_are_removed(tmp_path):
 
   with pytest.raises(ValueError):
     with files.removed_if_left_empty(str(tmp_path / "a" / "b")):
-      os.makedirs(tmp_path / "a" / "b" / "c")
-      (tmp_path / "a" / "kept.txt").write_text("x")
-      raise ValueError("refused")
+      with files.empty_folders_removed(str(tmp_path / "a" / "b")):
+        os.makedirs(tmp_path / "a" / "b" / "c")
+        (tmp_path / "a" / "kept.txt").write_text("x")
+        raise ValueError("refused")
   assert sorted(os.listdir(tmp_path / "a")) == ["kept.txt"]  # b and c were empty
   with files.removed_if_left_empty(str(tmp_path / "d")):
     os.makedirs(tmp_path / "d")

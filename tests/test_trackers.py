@@ -192,3 +192,103 @@ def test_a_run_killed_with_sigkill_resumes_as_the_same_wandb_run(prepared_dir, t
     assert sent[step] == pytest.approx(values), step
   assert all("train/loss" in sent[step] for step in range(1, 101))
   assert {"eval/mlm_accuracy", "checkpoint/save_blocking_s"} <= set(sent[100])
+
+
+def test_a_run_that_fails_or_is_preempted_is_recorded_so_in_wandb(tmp_path):
+  """W&B records the exit status a run ends with: 0 when it ends well, the
+  command's status when it fails (1: a bug), and a preempted run (143) is
+  marked preempting first, one that must end at once too (offline, its files
+  are written all the same)."""
+  from bertjax import preemption
+
+  workdir = str(tmp_path / "run")
+  for error in (None, ValueError("a bug"), SystemExit(143), preemption.ExitAtOnce(143)):
+    writer = metrics.MetricWriter(workdir, config=_config("pretrain"))
+    writer.close(error)
+  ends = [[(r["type"], r.get("exit", {}).get("exit_code", 0)) for r in records
+           if r["type"] in ("exit", "preempting")] for records in _runs(workdir)]
+  assert ends == [[("exit", 0)], [("exit", 1)], *[[("preempting", 0), ("exit", 143)]] * 2]
+
+
+def test_a_pretraining_run_that_fails_is_a_failed_wandb_run_and_its_error_surfaces(
+    prepared_dir, tmp_path):
+  from bertjax import checkpoint
+  from bertjax.tasks import pretrain
+  from tests.tasks.test_pretrain import _demo_config
+
+  workdir = str(tmp_path / "run")
+  settings = {"wandb.project": "bertjax-tests", "wandb.mode": "offline",
+              "train.total_steps": 3, "eval.every_steps": 3}
+  pretrain.run(_demo_config(prepared_dir, **settings), workdir)
+  changed = _demo_config(prepared_dir, **settings, **{"model.intermediate_size": 128})
+  with pytest.raises(checkpoint.CheckpointMismatchError) as raised:
+    pretrain.run(changed, workdir)  # its checkpoint is of another model
+  first, failed = _runs(workdir)
+  assert [r["exit"]["exit_code"] for r in first if r["type"] == "exit"] == [0]
+  assert [r["exit"]["exit_code"] for r in failed if r["type"] == "exit"] == [
+      trackers.exit_status(raised.value)] != [0]
+
+
+def _cannot_start(monkeypatch, tmp_path):
+  """Online W&B with no key to log in with: `wandb.init` fails, as for a
+  person who has not run `wandb login`."""
+  monkeypatch.delenv("WANDB_MODE")
+  monkeypatch.delenv("WANDB_API_KEY", raising=False)
+  monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.netrc
+  return _config(**{"wandb.mode": "online"})
+
+
+def test_a_wandb_run_that_cannot_start_leaves_no_metrics_file_open(monkeypatch, tmp_path):
+  config = _cannot_start(monkeypatch, tmp_path)
+  workdir = str(tmp_path / "run")
+  with pytest.raises(errors.UsageError, match=r"^W&B could not start the run .*wandb login"):
+    metrics.MetricWriter(workdir, config=config)
+  assert not os.path.exists(os.path.join(workdir, "metrics.jsonl"))
+  assert not os.path.exists(os.path.join(workdir, "tensorboard"))
+
+
+# One of two processes of a run: W&B starts on process 0, then every process
+# meets in a collective, as the trainer's do.
+_TWO_HOSTS = """
+import os, sys
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
+os.environ["JAX_PLATFORMS"] = "cpu"
+import jax
+from bertjax import hosts, metrics, usage
+from tests.test_trackers import _config
+
+process_id, port, workdir = sys.argv[1:]
+
+
+def main():
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2,
+                             process_id=int(process_id))
+  writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0,
+                                config=_config(**{"wandb.mode": "online"}))
+  hosts.barrier("trained")
+  writer.close()
+
+
+usage.run(main)
+"""
+
+
+def test_every_host_stops_in_one_line_when_wandb_cannot_start(monkeypatch, tmp_path):
+  from tests.tasks.test_pretrain import _free_port
+
+  _cannot_start(monkeypatch, tmp_path)
+  port = _free_port()
+  processes = [subprocess.Popen(
+      [sys.executable, "-c", _TWO_HOSTS, str(i), str(port), str(tmp_path / "run")], cwd=ROOT,
+      env={**os.environ, "PYTHONPATH": ROOT}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+      text=True) for i in range(2)]
+  try:
+    stderr = [p.communicate(timeout=120)[1] for p in processes]
+  finally:
+    for process in processes:
+      process.kill()
+  assert [p.returncode for p in processes] == [2, 2], stderr
+  assert stderr[0].strip().splitlines()[-1].startswith("error: W&B could not start the run (")
+  assert stderr[1].strip().splitlines()[-1].startswith(
+      "error: starting the W&B run failed on process 0 of 2: W&B could not start the run (")

@@ -287,3 +287,43 @@ def test_on_gcs_a_holder_in_another_containers_pid_namespace_is_not_judged_by_it
   finally:
     process.kill()
     process.wait()
+
+
+def test_a_run_refused_by_the_lock_removes_none_of_the_holders_folders(tmp_path):
+  """Two terminals on one new workdir: the one that loses the lock leaves the
+  holder's folders, still empty, where they are."""
+  from bertjax import files
+
+  workdir = str(tmp_path / "new" / "run")
+  with pytest.raises(errors.WorkdirBusyError):
+    with files.removed_if_left_empty(workdir):  # the workdir was not there yet
+      holder = _holder(workdir)
+      try:
+        os.makedirs(os.path.join(workdir, "checkpoints"))  # the holder's, empty so far
+        with workdir_lock.hold(workdir), files.empty_folders_removed(workdir):
+          pass
+      finally:
+        holder.kill()
+        holder.wait()
+  assert os.path.isdir(os.path.join(workdir, "checkpoints"))
+
+
+def test_a_failed_run_removes_only_its_own_folders_beside_a_sibling_run(tmp_path):
+  """Two runs started together into a new parent: the one that fails removes
+  its own empty folders and leaves the parent and the other run's folders."""
+  from bertjax import files
+
+  first, second = str(tmp_path / "new" / "run1"), str(tmp_path / "new" / "run2")
+  with pytest.raises(ValueError):
+    with files.removed_if_left_empty(first):  # neither run's folder was there yet
+      holder = _holder(second)  # the sibling, running
+      try:
+        os.makedirs(os.path.join(second, "checkpoints"))  # the sibling's, empty so far
+        with workdir_lock.hold(first), files.empty_folders_removed(first):
+          os.makedirs(os.path.join(first, "checkpoints", "0"))
+          raise ValueError("the first run is refused")
+      finally:
+        holder.kill()
+        holder.wait()
+  assert os.listdir(tmp_path / "new") == ["run2"]
+  assert os.path.isdir(os.path.join(second, "checkpoints"))

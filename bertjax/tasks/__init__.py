@@ -67,9 +67,11 @@ def run(config: Any, workdir: str) -> Any:
     error = None
     if jax.process_index() == 0:
       try:
-        # A run refused once the workdir is made leaves no empty one behind.
+        # A run refused once the workdir is made leaves no empty one behind:
+        # the folders inside it go while the lock is held (they are this run's).
         stack.enter_context(files.removed_if_left_empty(workdir))
         stack.enter_context(workdir_lock.hold(workdir))
+        stack.enter_context(files.empty_folders_removed(workdir))
         files.remove_stale_staging(workdir)  # of an earlier run that was killed
       except Exception as e:  # every process stops with it
         error = e

@@ -98,10 +98,14 @@ class _Trainer:
 
   def run(self) -> dict[str, float]:
     """Trains to the end (or a preemption); the metrics are stored on any exit."""
+    error = None
     try:
       return self._train()
+    except BaseException as e:  # the trackers record how the run ended
+      error = e
+      raise
     finally:
-      self.writer.close()
+      self.writer.close(error)
 
   def _train(self) -> dict[str, float]:
     config = self.config
