@@ -33,7 +33,33 @@ def tpu_chips_here() -> bool:
   """
   return (any(not os.environ.get(name, "WARNING:").startswith("WARNING:")
               for name in ("TPU_WORKER_ID", "TPU_WORKER_HOSTNAMES", "TPU_ACCELERATOR_TYPE"))
-          or bool(glob.glob("/dev/accel*")) or os.path.isdir("/dev/vfio/devices"))
+          or bool(glob.glob("/dev/accel*")) or os.path.isdir("/dev/vfio/devices")
+          or tpu_pci_devices() > 0)
+
+
+# Google's PCI vendor id, and the device ids of its TPU chips (v3, v4, v5p,
+# v5e, v6e, TPU7x and one unnamed), as JAX finds TPUs itself: a VM that shows
+# its chips only as /dev/vfio/N is still a TPU VM. (Google's other PCI
+# devices, gVNIC and its NVMe disks, are no TPU.)
+_GOOGLE_PCI_VENDOR = "0x1ae0"
+_TPU_PCI_DEVICES = frozenset({"0x0027", "0x0056", "0x005e", "0x0062", "0x0063", "0x006f",
+                              "0x0076"})
+
+
+def tpu_pci_devices(root: str = "/sys/bus/pci/devices") -> int:
+  """The TPU chips attached to this machine through PCI (0 off Linux)."""
+  chips = 0
+  for device in glob.glob(os.path.join(root, "*")):
+    try:
+      with open(os.path.join(device, "vendor"), encoding="ascii") as f:
+        vendor = f.read().strip()
+      if vendor != _GOOGLE_PCI_VENDOR:
+        continue
+      with open(os.path.join(device, "device"), encoding="ascii") as f:
+        chips += f.read().strip() in _TPU_PCI_DEVICES
+    except (OSError, UnicodeDecodeError):
+      continue  # a device without these files, or one that went away
+  return chips
 
 
 def _tpu_runtime_would_start_in_vain() -> bool:

@@ -106,6 +106,30 @@ def test_libtpus_placeholders_are_no_sign_of_a_tpu(monkeypatch):
   assert platforms.tpu_chips_here()
 
 
+def _pci_device(root, name: str, vendor: str, device: str) -> None:
+  os.makedirs(root / name)
+  (root / name / "vendor").write_text(vendor + "\n")
+  (root / name / "device").write_text(device + "\n")
+
+
+def test_tpu_chips_on_the_pci_bus_are_found_as_jax_finds_them(tmp_path):
+  """A TPU VM that shows its chips as /dev/vfio/N alone, without TPU_*
+  variables, is still a TPU machine: `import bertjax` there must not pin JAX
+  to the CPU. Google's other devices (gVNIC) are no TPU."""
+  _pci_device(tmp_path, "0000:00:04.0", "0x1ae0", "0x0042")  # gVNIC
+  _pci_device(tmp_path, "0000:00:05.0", "0x8086", "0x0063")  # another vendor
+  (tmp_path / "0000:00:06.0").mkdir()  # no vendor file
+  assert platforms.tpu_pci_devices(str(tmp_path)) == 0
+  for slot in range(4):
+    _pci_device(tmp_path, f"0000:00:1{slot}.0", "0x1ae0", "0x006f")  # v6e
+  assert platforms.tpu_pci_devices(str(tmp_path)) == 4
+  assert platforms.tpu_pci_devices(str(tmp_path / "none")) == 0
+  # JAX's own table of TPU device ids: every one is known here.
+  from jax._src import hardware_utils
+  assert set(hardware_utils._TPU_PCI_DEVICE_IDS) <= platforms._TPU_PCI_DEVICES
+  assert hardware_utils._GOOGLE_PCI_VENDOR_ID == platforms._GOOGLE_PCI_VENDOR
+
+
 def test_the_platforms_are_left_to_the_user_and_to_tpu_machines(monkeypatch):
   monkeypatch.setattr(importlib.util, "find_spec",
                       lambda name: object() if name == "libtpu" else None)
