@@ -186,3 +186,22 @@ def small_disk(tmp_path):
   yield mount
   for path in reversed(mounts):
     subprocess.run(["umount", "-l", path], capture_output=True)
+
+
+def _fast_lane() -> frozenset[str]:
+  """The test files of the fast lane (tests/fast_lane.txt), relative to the root."""
+  path = os.path.join(os.path.dirname(__file__), "fast_lane.txt")
+  with open(path, encoding="utf-8") as f:
+    return frozenset(line.strip() for line in f if line.strip() and not line.startswith("#"))
+
+
+FAST_LANE = _fast_lane()
+
+
+def pytest_collection_modifyitems(config, items):
+  """Marks the tests of the fast lane's files `fast` (`pytest -m fast`)."""
+  del config
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  for item in items:
+    if os.path.relpath(str(item.path), root) in FAST_LANE:
+      item.add_marker(pytest.mark.fast)

@@ -65,3 +65,13 @@ def test_no_import_climbs():
       if room in RANK and RANK[room] > RANK[_room(module)]:
         climbing.append(f"{path.relative_to(ROOT.parent)}:{line} imports {target}")
   assert climbing == []
+
+
+def test_the_fast_lane_names_test_files_there_are():
+  from tests import conftest
+
+  tests = ROOT.parent / "tests"
+  assert conftest.FAST_LANE
+  assert sorted(name for name in conftest.FAST_LANE
+                if not (ROOT.parent / name).is_file() or not name.startswith("tests/")) == []
+  assert len(list(tests.rglob("test_*.py"))) > len(conftest.FAST_LANE)

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import time
 
 from tests.tasks.test_pretrain import ROOT
@@ -18,7 +19,10 @@ SCRIPT = os.path.join(ROOT, "benchmarks", "gpu.sh")
 
 
 def _run(**settings):
-  env = {**os.environ, **settings}
+  # The script runs `python` as the device machine's shell finds it: here,
+  # the one running the tests, whether or not its environment is entered.
+  path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+  env = {**os.environ, "PATH": path, **settings}
   started = time.monotonic()
   result = subprocess.run(["bash", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
