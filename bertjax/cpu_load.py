@@ -22,8 +22,11 @@ import time
 # /proc/stat's "cpuN" lines: user nice system idle iowait irq softirq steal guest
 # guest_nice. Busy is all but idle and iowait; guest time is already in user.
 _BUSY_FIELDS = (0, 1, 2, 5, 6, 7)
-# cgroup v2's CPU quota of this process's group: "max 100000" or "QUOTA PERIOD".
-_CPU_MAX = "/sys/fs/cgroup/cpu.max"
+# cgroup v2: this process's group ("0::/path" in /proc/self/cgroup), and the
+# CPU quota of each group on its way up ("cpu.max": "max 100000" or
+# "QUOTA PERIOD", microseconds).
+_PROC_CGROUP = "/proc/self/cgroup"
+_CGROUP_ROOT = "/sys/fs/cgroup"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,16 +41,35 @@ class Sample:
 
 def cores() -> int:
   """The cores this process can keep busy at once: those its affinity allows,
-  at most its cgroup's CPU quota (rounded up)."""
+  at most its cgroup's CPU quota (cgroup v2, the tightest of its group's and
+  their parents', rounded up)."""
   allowed = len(_allowed_cpus()) or os.cpu_count() or 1
+  quota = _cpu_quota()
+  return allowed if quota is None else min(allowed, max(1, math.ceil(quota)))
+
+
+def _cpu_quota() -> float | None:
+  """The CPUs' worth of time cgroup v2 allows this process's group (None: no limit)."""
   try:
-    with open(_CPU_MAX, encoding="ascii") as f:
-      quota, period = f.read().split()[:2]
-    if quota != "max":
-      allowed = min(allowed, max(1, math.ceil(int(quota) / int(period))))
-  except (OSError, ValueError):
-    pass
-  return allowed
+    with open(_PROC_CGROUP, encoding="ascii") as f:
+      group = next((line.strip()[3:] for line in f if line.startswith("0::")), None)
+  except OSError:
+    return None
+  if group is None:
+    return None
+  quotas = []
+  while True:
+    try:
+      with open(os.path.join(_CGROUP_ROOT, group.lstrip("/"), "cpu.max"),
+                encoding="ascii") as f:
+        quota, period = f.read().split()[:2]
+      if quota != "max":
+        quotas.append(int(quota) / int(period))
+    except (OSError, ValueError):  # no such file at this level (the root has none)
+      pass
+    if group in ("", "/"):
+      return min(quotas, default=None)
+    group = os.path.dirname(group.rstrip("/"))
 
 
 def sample() -> Sample | None:

@@ -98,3 +98,24 @@ def test_a_core_this_process_may_not_use_is_not_counted(tmp_path):
   # CPU; what the pinned process counts does not, and cannot pass one core.
   assert seen["machine"] - seen["mine"] > 0.9
   assert seen["mine"] <= 1.05 * seen["wall"] + 0.05
+
+
+def test_a_cgroup_cpu_quota_caps_the_cores(tmp_path, monkeypatch):
+  """docker --cpus, a systemd CPUQuota: cgroup v2's cpu.max of the process's
+  group or a parent's, the tightest, rounded up to whole cores."""
+  (tmp_path / "cgroup").write_text("0::/outer/inner\n")
+  root = tmp_path / "fs"
+  (root / "outer" / "inner").mkdir(parents=True)
+  (root / "outer" / "inner" / "cpu.max").write_text("max 100000\n")
+  monkeypatch.setattr(cpu_load, "_PROC_CGROUP", str(tmp_path / "cgroup"))
+  monkeypatch.setattr(cpu_load, "_CGROUP_ROOT", str(root))
+  monkeypatch.setattr(cpu_load, "_allowed_cpus", lambda: set(range(8)))
+  assert cpu_load.cores() == 8  # no quota
+  (root / "outer" / "cpu.max").write_text("150000 100000\n")
+  assert cpu_load.cores() == 2
+  (root / "outer" / "inner" / "cpu.max").write_text("50000 100000\n")
+  assert cpu_load.cores() == 1
+  monkeypatch.setattr(cpu_load, "_allowed_cpus", lambda: {3})
+  (root / "outer" / "cpu.max").write_text("400000 100000\n")
+  (root / "outer" / "inner" / "cpu.max").write_text("max 100000\n")
+  assert cpu_load.cores() == 1  # the affinity is tighter
