@@ -222,21 +222,18 @@ def cpu_peak_tflops(dtype: str = "float32") -> tuple[float, str]:
   others = cpu_load.other_cores(before, cpu_load.sample())
   path, key = cpu_peak_record(), _cpu_key(dtype)
   recorded = _read_record(path).get(key, 0.0)
-  busy = others is not None and others >= QUIET_CORES
-  if measured > recorded and not busy:
-    _record(path, key, measured)
-  if busy:
-    now = (f"{dtype} matmul measured now while other processes used {others:.1f} of its "
-           f"{cpu_load.cores()} cores, not recorded as its peak")
-    if recorded:
-      return max(measured, recorded), (f"the best {dtype} matmul measured quiet on this CPU, "
-                                       f"in {path}; {measured:.3f} now, while other "
-                                       f"processes used {others:.1f} of its cores")
-    return measured, now
-  if measured >= recorded:
-    return measured, f"{dtype} matmul measured now on this CPU, its best so far"
-  return recorded, (f"the best {dtype} matmul measured on this CPU, in {path}; "
-                    f"{measured:.3f} now")
+  if others is None or others < QUIET_CORES:
+    if measured > recorded:
+      _record(path, key, measured)
+    if measured >= recorded:
+      return measured, f"{dtype} matmul measured now on this CPU, its best so far"
+    return recorded, (f"the best {dtype} matmul measured on this CPU, in {path}; "
+                      f"{measured:.3f} now")
+  busy = f"while other processes used {others:.1f} of its {cpu_load.cores()} cores"
+  if recorded:
+    return max(measured, recorded), (f"the best {dtype} matmul measured quiet on this CPU, "
+                                     f"in {path}; {measured:.3f} now, {busy}")
+  return measured, f"{dtype} matmul measured now {busy}, not recorded as its peak"
 
 
 def quiet_cpu_peak(dtype: str = "float32") -> float | None:

@@ -4,13 +4,13 @@ A shipped config's step reaches a known share of the CPU's matmul peak (MFU)
 on a quiet machine, measured (docs/benchmarks.md#expected-speed-on-a-cpu):
 times this CPU's own peak (`bertjax.flops.quiet_cpu_peak`, the best rate
 measured on it while other processes left it alone), that gives the rate to
-expect here. A CPU whose peak was never measured quiet (a first run on a
-busy machine) has no rate to expect yet: a line says so, and names the
-other processes' share. A progress line says how
-far the run is from it, and how many cores other processes kept busy meanwhile
-(`bertjax.cpu_load`). The demo beside a busy loop on a 2-core VM said "1.6x
-slower than expected on this CPU (~271 sequences/s): other processes are
-using 0.8 of its 2 cores".
+expect here. A progress line says how far the run is from it, and how many
+cores other processes kept busy meanwhile (`bertjax.cpu_load`). The demo
+beside a busy loop on a 2-core VM said "1.6x slower than expected on this CPU
+(~271 sequences/s): other processes are using 0.8 of its 2 cores". A CPU
+whose peak was never measured quiet (a first run on a machine busy from the
+start) has no rate to expect yet: the line says so, and names the other
+processes' share.
 
 Only what was measured is expected: the config as shipped (its model, its
 objective, its lengths and batch sizes; its step count may change), one CPU
@@ -172,16 +172,18 @@ class Pace:
       self._quiet[(phase.index, rows)] = quiet_mfu(
           self.config, phase, rows, platform=self.platform, devices=self.devices,
           cores=self.cores)
-    mfu, expected, peak = self._quiet[(phase.index, rows)], None, 0.0
+    mfu, expected, awaiting_peak = self._quiet[(phase.index, rows)], None, False
     if mfu is not None and values.get("tflops_per_s_per_device"):
       peak = flops.quiet_cpu_peak(self.dtype)
       if peak:
         expected = values["sequences_per_s"] * mfu * peak / values["tflops_per_s_per_device"]
         values["expected_sequences_per_s"] = expected
+      else:
+        awaiting_peak = True
     if other_cores is not None:
       values["other_processes_cores"] = other_cores
     verdict = judge(values["sequences_per_s"], expected, other_cores, self.cores,
-                    awaiting_peak=mfu is not None and expected is None and peak is None)
+                    awaiting_peak=awaiting_peak)
     state = (verdict.slower is not None and verdict.slower >= SLOWER, verdict.busy,
              verdict.awaiting_peak)
     said, self._said = self._said, state
