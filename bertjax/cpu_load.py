@@ -76,13 +76,14 @@ def sample() -> Sample | None:
   """The CPU seconds so far, or None where `/proc` cannot tell."""
   try:
     allowed = {f"cpu{cpu}" for cpu in _allowed_cpus()}
-    busy_ticks = 0
+    busy_ticks, counted = 0, 0
     with open("/proc/stat", encoding="ascii") as f:
       for line in f:
         fields = line.split()
         if fields and fields[0] in allowed:
           busy_ticks += sum(int(fields[1 + i]) for i in _BUSY_FIELDS)
-    if not allowed:
+          counted += 1
+    if not counted:  # no line for a core this process may use
       return None
     ticks = float(os.sysconf("SC_CLK_TCK"))
     own = _tree_ticks(os.getpid(), _parents()) / ticks
