@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bertjax import cpu_load
 from bertjax.models import EncoderConfig, family
 
 # Dense peak TFLOP/s per JAX device: (bfloat16, float32). On TPU, float32
@@ -160,17 +161,19 @@ def row_work(objective: str, real_tokens: float, max_predictions: int,
           "nsp_pairs": 1.0 if objective == "mlm_nsp" else 0.0}
 
 
-def measure_matmul_tflops(dtype: str = "float32", size: int = 2048, repeats: int = 5) -> float:
-  """The device's achieved TFLOP/s on a large square matmul (the CPU's 'peak')."""
+def measure_matmul_tflops(dtype: str = "float32", size: int = 2048, repeats: int = 5,
+                          min_seconds: float = 0.25) -> float:
+  """The device's achieved TFLOP/s on a large square matmul (the CPU's 'peak'):
+  the best of `repeats` timings, or of as many as `min_seconds` take."""
   device = jax.local_devices()[0]
   a = jax.device_put(jnp.ones((size, size), dtype), device)
   matmul = jax.jit(lambda x, y: x @ y)
   matmul(a, a).block_until_ready()
-  best = float("inf")
-  for _ in range(repeats):
+  best, began, timed = float("inf"), time.perf_counter(), 0
+  while timed < repeats or time.perf_counter() - began < min_seconds:
     start = time.perf_counter()
     matmul(a, a).block_until_ready()
-    best = min(best, time.perf_counter() - start)
+    best, timed = min(best, time.perf_counter() - start), timed + 1
   return 2 * size ** 3 / best / 1e12
 
 
@@ -193,26 +196,50 @@ def peak_tflops(dtype: str = "float32", device=None) -> tuple[float | None, str]
   return None, f"{kind!r} is not in bertjax.flops.PEAK_TFLOPS: no MFU"
 
 
+# A matmul timed while other processes kept this many cores busy is not the
+# CPU's peak: it is not recorded.
+QUIET_CORES = 0.1
+
+
 def cpu_peak_tflops(dtype: str = "float32") -> tuple[float, str]:
   """(this CPU's peak TFLOP/s, where it comes from): the best matmul rate
   measured on it, now or by any earlier run.
 
   One measurement swings with whatever else the machine runs at that moment
   (a busy start would make every later MFU figure too high), so the best rate
-  is kept in a record (`cpu_peak_record`) per CPU model, core count, JAX
-  version and XLA_FLAGS, and a run measures again now and then
+  measured while other processes kept less than `QUIET_CORES` busy
+  (`bertjax.cpu_load`) is kept in a record (`cpu_peak_record`) per CPU model,
+  core count, JAX version and XLA_FLAGS, and a run measures again now and then
   (`bertjax.tasks.pretrain`): MFU is measured against what the machine does
-  when it is quiet. A record that cannot be read or written is left out.
+  when it is quiet. A rate measured on a busy machine is not recorded; with
+  no record it is this run's peak until a quiet one comes, and
+  `quiet_cpu_peak` has none. Where `/proc` cannot tell how busy the machine
+  is, every measurement counts as quiet. A record that cannot be read or
+  written is left out.
   """
+  before = cpu_load.sample()
   measured = measure_matmul_tflops(dtype)
+  others = cpu_load.other_cores(before, cpu_load.sample())
   path, key = cpu_peak_record(), _cpu_key(dtype)
   recorded = _read_record(path).get(key, 0.0)
-  if measured > recorded:
-    _record(path, key, measured)
-  if measured >= recorded:
-    return measured, f"{dtype} matmul measured now on this CPU, its best so far"
-  return recorded, (f"the best {dtype} matmul measured on this CPU, in {path}; "
-                    f"{measured:.3f} now")
+  if others is None or others < QUIET_CORES:
+    if measured > recorded:
+      _record(path, key, measured)
+    if measured >= recorded:
+      return measured, f"{dtype} matmul measured now on this CPU, its best so far"
+    return recorded, (f"the best {dtype} matmul measured on this CPU, in {path}; "
+                      f"{measured:.3f} now")
+  busy = f"while other processes used {others:.1f} of its {cpu_load.cores()} cores"
+  if recorded:
+    return max(measured, recorded), (f"the best {dtype} matmul measured quiet on this CPU, "
+                                     f"in {path}; {measured:.3f} now, {busy}")
+  return measured, f"{dtype} matmul measured now {busy}, not recorded as its peak"
+
+
+def quiet_cpu_peak(dtype: str = "float32") -> float | None:
+  """This CPU's best matmul rate measured quiet (`cpu_peak_tflops`' record),
+  or None where none was."""
+  return _read_record(cpu_peak_record()).get(_cpu_key(dtype))
 
 
 def cpu_peak_record() -> str:
@@ -231,8 +258,7 @@ def _cpu_key(dtype: str) -> str:
   except OSError:
     pass
   model = model or platform.processor() or "cpu"
-  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-  return (f"{model} | {cores} cores | {dtype} | jax {jax.__version__} | "
+  return (f"{model} | {cpu_load.cores()} cores | {dtype} | jax {jax.__version__} | "
           f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')}")
 
 

@@ -2,12 +2,15 @@
 
 A shipped config's step reaches a known share of the CPU's matmul peak (MFU)
 on a quiet machine, measured (docs/benchmarks.md#expected-speed-on-a-cpu):
-times this CPU's own peak (`bertjax.flops.cpu_peak_tflops`, the best rate
-measured on it), that gives the rate to expect here. A progress line says how
-far the run is from it, and how many cores other processes kept busy meanwhile
-(`bertjax.cpu_load`). The demo beside a busy loop on a 2-core VM said "1.6x
-slower than expected on this CPU (~271 sequences/s): other processes are
-using 0.8 of its 2 cores".
+times this CPU's own peak (`bertjax.flops.quiet_cpu_peak`, the best rate
+measured on it while other processes left it alone), that gives the rate to
+expect here. A progress line says how far the run is from it, and how many
+cores other processes kept busy meanwhile (`bertjax.cpu_load`). The demo
+beside a busy loop on a 2-core VM said "1.6x slower than expected on this CPU
+(~271 sequences/s): other processes are using 0.8 of its 2 cores". A CPU
+whose peak was never measured quiet (a first run on a machine busy from the
+start) has no rate to expect yet: the line says so, and names the other
+processes' share.
 
 Only what was measured is expected: the config as shipped (its model, its
 objective, its lengths and batch sizes; its step count may change), one CPU
@@ -25,7 +28,7 @@ from typing import Any
 
 import ml_collections
 
-from bertjax import cpu_load
+from bertjax import cpu_load, flops
 from bertjax.models import EncoderConfig
 from bertjax.phases import Phase, phases
 
@@ -67,10 +70,11 @@ class Verdict:
   text: str | None   # None: nothing worth a word
   slower: float | None  # expected / observed rate (None: nothing expected)
   busy: bool  # other processes keep `BUSY_SHARE` of the cores busy
+  awaiting_peak: bool = False  # a rate would be expected once the CPU's peak is measured quiet
 
 
 def judge(observed: float, expected: float | None, other_cores: float | None, cores: int,
-          unit: str = "sequences/s") -> Verdict:
+          unit: str = "sequences/s", awaiting_peak: bool = False) -> Verdict:
   """Says how a rate compares with the one expected on this CPU, and why.
 
   Args:
@@ -79,14 +83,22 @@ def judge(observed: float, expected: float | None, other_cores: float | None, co
     other_cores: The cores other processes kept busy meanwhile (None: unknown).
     cores: The machine's cores.
     unit: What the rates count.
+    awaiting_peak: A rate would be expected, but this CPU's peak was never
+      measured quiet (`bertjax.flops.quiet_cpu_peak`).
 
   Returns:
     The verdict: how many times slower or faster than expected (from 1.5x),
     or as fast; and other processes' share where it is `BUSY_SHARE` of the
-    cores, or where the run is slow without them.
+    cores, or where the run is slow without them; awaiting the peak, that no
+    rate is expected yet, and other processes' share whatever it is.
   """
   busy = other_cores is not None and other_cores >= BUSY_SHARE * cores
   others = None if other_cores is None else f"{other_cores:.1f} of its {cores} cores"
+  if expected is None and awaiting_peak:
+    text = ("no rate expected on this CPU yet: its matmul peak has not been measured while "
+            "other processes left it alone")
+    return Verdict(text + (f"; other processes are using {others}" if others else ""), None,
+                   busy, awaiting_peak=True)
   if expected is None or expected <= 0 or observed <= 0:
     return Verdict(f"other processes are using {others}" if busy else None, None, busy)
   slower = expected / observed
@@ -143,25 +155,36 @@ class Pace:
     self.config, self.platform, self.devices = config, platform, devices
     self.cores = cores or cpu_load.cores()
     self.phases = phases(config)
-    self._said: tuple[bool, bool] | None = None  # (slow, busy) as last said
+    self.dtype = EncoderConfig.from_run_config(config).dtype  # the CPU peak's
+    self._said: tuple[bool, bool, bool] | None = None  # (slow, busy, awaiting) as last said
     self._quiet: dict[tuple[int, int], float | None] = {}  # (phase, rows) -> quiet MFU
 
   def say(self, step: int, rows: int, values: dict[str, float],
           other_cores: float | None) -> str | None:
     """Adds `expected_sequences_per_s` and `other_processes_cores` to a
-    progress line's `values` where known; returns what the line should say."""
+    progress line's `values` where known; returns what the line should say.
+
+    The rate expected is the quiet MFU times this CPU's quiet peak, in
+    sequences: `sequences_per_s` over `tflops_per_s_per_device` (one CPU device).
+    """
     phase = [phase for phase in self.phases if phase.start < max(step, 1)][-1]
     if (phase.index, rows) not in self._quiet:
       self._quiet[(phase.index, rows)] = quiet_mfu(
           self.config, phase, rows, platform=self.platform, devices=self.devices,
           cores=self.cores)
-    mfu, expected = self._quiet[(phase.index, rows)], None
-    if mfu is not None and values.get("mfu"):
-      expected = values["sequences_per_s"] * mfu / values["mfu"]
-      values["expected_sequences_per_s"] = expected
+    mfu, expected, awaiting_peak = self._quiet[(phase.index, rows)], None, False
+    if mfu is not None and values.get("tflops_per_s_per_device"):
+      peak = flops.quiet_cpu_peak(self.dtype)
+      if peak:
+        expected = values["sequences_per_s"] * mfu * peak / values["tflops_per_s_per_device"]
+        values["expected_sequences_per_s"] = expected
+      else:
+        awaiting_peak = True
     if other_cores is not None:
       values["other_processes_cores"] = other_cores
-    verdict = judge(values["sequences_per_s"], expected, other_cores, self.cores)
-    state = (verdict.slower is not None and verdict.slower >= SLOWER, verdict.busy)
+    verdict = judge(values["sequences_per_s"], expected, other_cores, self.cores,
+                    awaiting_peak=awaiting_peak)
+    state = (verdict.slower is not None and verdict.slower >= SLOWER, verdict.busy,
+             verdict.awaiting_peak)
     said, self._said = self._said, state
     return verdict.text if said is None or state != said else None

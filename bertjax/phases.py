@@ -71,6 +71,30 @@ class Phase:
       return full
     return 1 + (step - self.start) * max(full - 1, 1) // self.ramp_steps
 
+  def part_runs(self, begin: int, end: int) -> list[tuple[int, int]]:
+    """The steps after `begin` up to `end` steps of this phase, as (loader
+    batches a step, steps) in order: `parts` of each step, counted a run of
+    equal sizes at a time (a warmup of thousands of steps has a few sizes)."""
+    begin, end = max(begin, self.start), min(end, self.end)
+    if begin >= end:
+      return []
+    full = self.batch_size // self.loader_batch
+    ramp_end = self.start + self.ramp_steps
+    runs = []
+    if self.ramp_steps:
+      # Step start + k takes 1 + floor(k * sizes / ramp_steps) batches: j + 1
+      # for k from ceil(j * ramp_steps / sizes) up to that of j + 1.
+      sizes = max(full - 1, 1)
+      for j in range(sizes):
+        first = self.start + -(-j * self.ramp_steps // sizes)
+        after = self.start + -(-(j + 1) * self.ramp_steps // sizes)
+        steps = min(after, end, ramp_end) - max(first, begin)
+        if steps > 0:
+          runs.append((j + 1, steps))
+    if end > max(begin, ramp_end):
+      runs.append((full, end - max(begin, ramp_end)))
+    return runs
+
 
 def phases(config: ml_collections.ConfigDict) -> list[Phase]:
   """The run's phases from `config.train`.

@@ -2,8 +2,10 @@
 
 A `Meter` keeps two windows of steps: since the last log line, and since the
 phase began or the last evaluation ended (the line before an evaluation or at
-a phase's end reports that one). Each step adds its useful work (real tokens,
-sequences and model FLOPs, counted on the device by `bertjax.train`); the time
+a phase's end reports that one). Each step adds its rows (padding included)
+and its useful work (real tokens, sequences and model FLOPs, counted on the
+device by `bertjax.train`), so a window whose steps grew (a batch-size warmup)
+is rated by all of its steps' work, not by its last step's size; the time
 the loop waits for the next batch is input wait; time the loop is held by a
 checkpoint save is left out. Each window also samples the CPU time of the
 machine and of this process (`bertjax.cpu_load`): the cores other processes
@@ -26,6 +28,7 @@ INPUT_BOUND_SHARE = 0.05
 class _Window:
   start: float
   step: int
+  rows: float = 0.0
   real_tokens: float = 0.0
   sequences: float = 0.0
   model_flops: float = 0.0
@@ -38,6 +41,7 @@ class Rates:
   """Per-second figures of a window of steps."""
 
   seconds_per_step: float
+  rows_per_s: float  # rows of the window's steps, padding included
   real_tokens_per_s: float
   sequences_per_s: float
   model_flops_per_s: float
@@ -60,9 +64,10 @@ class Meter:
     now, cpu = time.perf_counter(), cpu_load.sample()
     self._line, self._interval = _Window(now, step, cpu=cpu), _Window(now, step, cpu=cpu)
 
-  def add(self, real_tokens: float, sequences: float, model_flops: float) -> None:
-    """A finished step's useful work."""
+  def add(self, rows: float, real_tokens: float, sequences: float, model_flops: float) -> None:
+    """A finished step's rows and useful work."""
     for window in (self._line, self._interval):
+      window.rows += rows
       window.real_tokens += real_tokens
       window.sequences += sequences
       window.model_flops += model_flops
@@ -83,7 +88,8 @@ class Meter:
     now, cpu = time.perf_counter(), cpu_load.sample()
     window = self._interval if whole_interval else self._line
     seconds = max(now - window.start, 1e-9)
-    rates = Rates(seconds / max(step - window.step, 1), window.real_tokens / seconds,
+    rates = Rates(seconds / max(step - window.step, 1), window.rows / seconds,
+                  window.real_tokens / seconds,
                   window.sequences / seconds, window.model_flops / seconds,
                   min(window.input_wait / seconds, 1.0), cpu_load.other_cores(window.cpu, cpu))
     self._line = _Window(now, step, cpu=cpu)

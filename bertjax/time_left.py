@@ -46,13 +46,13 @@ class TimeLeft:
     """An evaluation of `phase` took `seconds`."""
     self.eval_seconds_per_flop = seconds / self.eval_flops[phase.index]
 
-  def seconds(self, step: int, seconds_per_step: float, rows: int,
-              evaluating_now: bool = False) -> float:
+  def seconds(self, step: int, seconds_per_row: float, evaluating_now: bool = False) -> float:
     """The time the run has left after `step` steps, whose latest took
-    `seconds_per_step` for `rows` rows; `evaluating_now`: the evaluation at
-    `step` is still to come."""
+    `seconds_per_row` a row (a window's time over all of its steps' rows: a
+    batch-size warmup's steps differ in size); `evaluating_now`: the
+    evaluation at `step` is still to come."""
     current = self._phase_of(step)
-    per_flop = seconds_per_step / (rows * self.row_flops[current.index])
+    per_flop = seconds_per_row / self.row_flops[current.index]
     training = sum(self._rows_left(phase, step) * self.row_flops[phase.index]
                    for phase in self.phases)
     evaluations = sum(self.eval_flops[self._phase_of(at).index]
@@ -69,13 +69,8 @@ class TimeLeft:
 
   def _rows_left(self, phase: Phase, step: int) -> int:
     """Rows of the phase's steps after `step` steps."""
-    start = max(step, phase.start)
-    if start >= phase.end:
-      return 0
-    full = phase.batch_size // phase.loader_batch
-    ramp_end = min(phase.start + phase.ramp_steps, phase.end)
-    ramp = sum(phase.parts(s) for s in range(start, ramp_end))
-    return (ramp + full * (phase.end - max(start, ramp_end))) * phase.loader_batch
+    return sum(parts * steps for parts, steps in phase.part_runs(step, phase.end)
+               ) * phase.loader_batch
 
   def _evaluations_left(self, step: int, evaluating_now: bool) -> list[int]:
     if self.eval_every <= 0:
@@ -87,12 +82,6 @@ class TimeLeft:
 
   def _programs_left(self, step: int) -> set[tuple[int, int]]:
     """The steps (phase, loader batches) still to run that are not compiled."""
-    needed = set()
-    for phase in self.phases:
-      start = max(step, phase.start)
-      if start < phase.end:
-        ramp_end = min(phase.start + phase.ramp_steps, phase.end)
-        needed |= {(phase.index, phase.parts(s)) for s in range(start, max(start, ramp_end))}
-        if phase.end > max(start, ramp_end):
-          needed.add((phase.index, phase.batch_size // phase.loader_batch))
+    needed = {(phase.index, parts) for phase in self.phases
+              for parts, _ in phase.part_runs(step, phase.end)}
     return needed - set(self.compiles)

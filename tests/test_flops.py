@@ -1,6 +1,9 @@
 """Model FLOPs against XLA's own count of the compiled computation."""
 
 import json
+import subprocess
+import sys
+import time
 
 import flax.linen as nn
 import jax
@@ -8,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import flops
+from bertjax import cpu_load, flops
 from bertjax.models import EncoderConfig, BertForPreTraining, init_params
 
 
@@ -40,6 +43,7 @@ def test_flops_per_token_matches_xla_cost_analysis(layers, hidden, heads, length
 
 def test_peak_comes_from_the_table_or_a_measurement(monkeypatch, tmp_path):
   monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+  monkeypatch.setattr(cpu_load, "other_cores", lambda before, after: 0.0)  # a quiet machine
   peak, source = flops.peak_tflops("float32")
   assert peak > 0
   assert source == "float32 matmul measured now on this CPU, its best so far"
@@ -79,6 +83,47 @@ def test_a_record_that_cannot_be_read_or_written_is_left_out(monkeypatch, tmp_pa
   monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "a file"))
   (tmp_path / "a file").write_text("")
   assert flops.cpu_peak_tflops("float32")[0] == 0.3  # nowhere to record: measured alone
+
+
+# Spins outside this process's tree (its launcher exits at once) until a file
+# says stop; another file says it has started.
+_SPIN = """import os, sys, time
+open(sys.argv[1], "w").close()
+end = time.time() + 120
+while not os.path.exists(sys.argv[2]) and time.time() < end:
+  pass
+"""
+_LAUNCH = "import subprocess, sys\nsubprocess.Popen([sys.executable, *sys.argv[1:]])\n"
+
+
+def test_a_peak_measured_beside_a_busy_process_is_not_recorded(monkeypatch, tmp_path):
+  """A fresh machine (no record) whose other core a process keeps busy: the
+  rate measured is this run's figure for now, said to be measured busy, and
+  neither recorded nor a quiet peak to expect rates from."""
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+  spin, started, stop = tmp_path / "spin.py", tmp_path / "started", tmp_path / "stop"
+  spin.write_text(_SPIN)
+  subprocess.run([sys.executable, "-c", _LAUNCH, str(spin), str(started), str(stop)],
+                 check=True)
+  try:
+    while not started.exists():
+      time.sleep(0.05)
+    peak, source = flops.cpu_peak_tflops("float32")
+    record = tmp_path / "cache" / "bertjax" / "cpu_peak.json"
+    assert not record.exists() and flops.quiet_cpu_peak("float32") is None
+    # With a quiet peak recorded (say, of a day the machine was quiet), a
+    # busy start keeps that, and leaves the record as it is.
+    flops._record(str(record), flops._cpu_key("float32"), 100.0)
+    kept, kept_source = flops.cpu_peak_tflops("float32")
+  finally:
+    stop.touch()
+  assert peak > 0
+  assert source.startswith("float32 matmul measured now while other processes used "), source
+  assert source.endswith(f" of its {cpu_load.cores()} cores, not recorded as its peak")
+  assert float(source.split(" used ")[1].split()[0]) >= flops.QUIET_CORES
+  assert kept == 100.0 and kept_source.startswith(
+      f"the best float32 matmul measured quiet on this CPU, in {record}; "), kept_source
+  assert flops.quiet_cpu_peak("float32") == 100.0
 
 
 class _Device:

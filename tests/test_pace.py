@@ -3,7 +3,7 @@ against the one a quiet CPU gives, and which runs have one to expect."""
 
 import pytest
 
-from bertjax import pace
+from bertjax import flops, pace
 from bertjax.configs import demo, modernbert_demo
 from bertjax.phases import phases
 
@@ -75,11 +75,12 @@ def test_each_batch_size_of_a_warmup_has_its_own_figure(monkeypatch):
 
 def test_a_run_says_its_speed_on_its_first_line_and_when_it_changes(monkeypatch):
   monkeypatch.setenv("XLA_FLAGS", "")
+  monkeypatch.setattr(flops, "quiet_cpu_peak", lambda dtype: 0.5)  # TFLOP/s
   judge = pace.Pace(_shortened(demo, total_steps=400), "cpu", 1, cores=2)
   quiet = next(step.mfu for step in pace.QUIET_STEPS if step.config == "demo")
 
   def line(step, mfu, others):
-    values = {"sequences_per_s": 100.0 * mfu / quiet, "mfu": mfu}
+    values = {"sequences_per_s": 100.0 * mfu / quiet, "tflops_per_s_per_device": mfu * 0.5}
     return judge.say(step, 32, values, others), values
 
   said, values = line(10, quiet / 3, 1.0)
@@ -91,6 +92,32 @@ def test_a_run_says_its_speed_on_its_first_line_and_when_it_changes(monkeypatch)
   assert line(30, quiet, 0.0)[0] == "as fast as expected on this CPU (~100 sequences/s)"
   assert line(40, quiet * 0.9, 0.1)[0] is None
   unknown = pace.Pace(_shortened(demo, batch_size=64), "cpu", 1, cores=2)
-  values = {"sequences_per_s": 100.0, "mfu": 0.1}
+  values = {"sequences_per_s": 100.0, "tflops_per_s_per_device": 0.05}
   assert unknown.say(10, 64, values, 0.1) is None and "expected_sequences_per_s" not in values
   assert unknown.say(20, 64, values, 1.5) == "other processes are using 1.5 of its 2 cores"
+
+
+def test_a_cpu_whose_peak_was_never_measured_quiet_has_no_rate_to_expect_yet(monkeypatch,
+                                                                              tmp_path):
+  """A first run on a busy machine (no record of a quiet peak): the line says
+  no rate is expected yet and names the other processes' share, even a small
+  one; once a quiet peak is recorded, the next line has its figure."""
+  monkeypatch.setenv("XLA_FLAGS", "")
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+  judge = pace.Pace(_shortened(demo, total_steps=400), "cpu", 1, cores=2)
+  values = {"sequences_per_s": 100.0, "tflops_per_s_per_device": 0.05}
+  assert judge.say(10, 32, values, 0.9) == (
+      "no rate expected on this CPU yet: its matmul peak has not been measured while other "
+      "processes left it alone; other processes are using 0.9 of its 2 cores")
+  assert "expected_sequences_per_s" not in values
+  assert judge.say(20, 32, dict(values), 0.9) is None  # the same news
+  assert judge.say(30, 32, dict(values), 0.2) == (
+      "no rate expected on this CPU yet: its matmul peak has not been measured while other "
+      "processes left it alone; other processes are using 0.2 of its 2 cores")
+  flops._record(flops.cpu_peak_record(), flops._cpu_key("float32"), 0.5)
+  quiet = next(step.mfu for step in pace.QUIET_STEPS if step.config == "demo")
+  values = {"sequences_per_s": 100.0, "tflops_per_s_per_device": 0.5 * quiet / 2}
+  assert judge.say(40, 32, values, 0.0) == (
+      "2.0x slower than expected on this CPU (~200 sequences/s), though other processes use "
+      "only 0.0 of its 2 cores")
+  assert values["expected_sequences_per_s"] == pytest.approx(200)

@@ -22,24 +22,26 @@ def test_windows_rate_the_work_and_leave_out_held_time(monkeypatch):
   meter = throughput.Meter(step=10)
   for _ in range(4):  # 4 steps of 2 s, each waiting 0.5 s for its batch
     clock.now += 2
-    meter.add(real_tokens=1000, sequences=8, model_flops=1e12)
+    meter.add(rows=8, real_tokens=1000, sequences=8, model_flops=1e12)
     meter.waited(0.5)
   clock.now += 3
   meter.hold(3)  # a checkpoint save held the loop: not the steps' time
   rates = meter.take(14)
   assert rates.seconds_per_step == pytest.approx(2.0)
+  assert rates.rows_per_s == pytest.approx(4)
   assert rates.real_tokens_per_s == pytest.approx(500)
   assert rates.sequences_per_s == pytest.approx(4)
   assert rates.model_flops_per_s == pytest.approx(5e11)
   assert rates.input_wait_share == pytest.approx(0.25) and rates.input_bound
   clock.now += 1
-  meter.add(real_tokens=100, sequences=1, model_flops=0)
+  meter.add(rows=1, real_tokens=100, sequences=1, model_flops=0)
   line = meter.take(15)  # the line window starts again at each take
   assert line.seconds_per_step == pytest.approx(1.0) and line.input_wait_share == 0
   interval = meter.take(15, whole_interval=True)  # the phase so far
   assert interval.seconds_per_step == pytest.approx(9 / 5)
   assert interval.real_tokens_per_s == pytest.approx(4100 / 9)
-  assert not throughput.Rates(1, 1, 1, 1, 0.04).input_bound
+  assert interval.rows_per_s == pytest.approx(33 / 9)
+  assert not throughput.Rates(1, 1, 1, 1, 1, 0.04).input_bound
 
 
 def test_loader_processes_follow_what_the_devices_consume():

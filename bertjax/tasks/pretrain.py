@@ -510,15 +510,14 @@ class _Trainer:
           f"{int(values['consecutive_skipped'])} consecutive steps had a non-finite loss or "
           f"gradients (up to step {step}); {self._advice()}, or raise max_consecutive_skips")
     work = {name: values.pop(name) for name in _WORK}
-    self.meter.add(work["real_tokens"], work["sequences"], work["model_flops"])
+    self.meter.add(rows, work["real_tokens"], work["sequences"], work["model_flops"])
     if not last and step % config.log_every_steps and step != self.early_log_step:
       return None
     # Steps up to `step` are done (its metrics arrived): time per finished step.
+    # Rates of all the window's steps (a batch-size warmup's grow within it).
     rates = self.meter.take(step, whole_interval=last)
-    seconds_per_step = rates.seconds_per_step
-    batch_size = rows  # of this step (the batch-size warmup changes it)
     values["sequences_per_s"] = rates.sequences_per_s
-    values["tokens_per_s"] = batch_size * length / seconds_per_step  # padding included
+    values["tokens_per_s"] = rates.rows_per_s * length  # padding included
     values["real_tokens_per_s"] = rates.real_tokens_per_s
     values["padding"] = 1 - values["real_tokens_per_s"] / values["tokens_per_s"]
     values["tflops_per_s_per_device"] = rates.model_flops_per_s / jax.device_count() / 1e12
@@ -534,7 +533,8 @@ class _Trainer:
       logging.warning("Input-bound: the steps up to %d waited for data %.0f%% of the time; "
                       "raise data.worker_count (now %d) or check the data's storage", step,
                       100 * rates.input_wait_share, self.workers)
-    values["eta_s"] = self.time_left.seconds(step, seconds_per_step, rows, evaluating_now=last)
+    values["eta_s"] = self.time_left.seconds(step, 1 / max(rates.rows_per_s, 1e-9),
+                                             evaluating_now=last)
     price = config.get("price_per_chip_hour", 0.0)
     if price > 0:  # the devices' hours left at this speed, at the user's price
       values["cost_left"] = values["eta_s"] / 3600 * jax.device_count() * price
