@@ -52,7 +52,8 @@ _GRACE_SECONDS = flags.DEFINE_float(
 _STORAGE_WAIT_S = flags.DEFINE_float(
     "storage_wait_s", 900.0, "Seconds a run waits for storage that does not answer (taking "
     "the workdir's lock, saving a checkpoint) before it exits 42, which supervisors restart "
-    "on.", lower_bound=0)
+    "on; counted after the storage client's own retries (about 30 s a request).",
+    lower_bound=0)
 flags.mark_flags_as_required(["config", "workdir"])
 
 
