@@ -128,8 +128,7 @@ class Tokenizer(abc.ABC):
     return " ".join("".join(pieces).replace("\u2581", " ").split())
 
   def convert_tokens_to_ids(self, tokens: Sequence[str]) -> list[int]:
-    unk = self.unk_id
-    return [unk if (i := self.token_to_id(t)) is None else i for t in tokens]
+    return [self.unk_id if (i := self.token_to_id(t)) is None else i for t in tokens]
 
   def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
     return [self.id_to_token(int(i)) for i in ids]
@@ -167,17 +166,15 @@ class Tokenizer(abc.ABC):
       int32 arrays [rows, length]: `input_ids`, `token_type_ids` (0 for the first
       segment, 1 for the second) and `attention_mask` (1 for real tokens).
     """
-    texts = list(texts)
-    if pairs is not None:
-      pairs = list(pairs)
-      if len(pairs) != len(texts):
-        raise errors.UsageError(f"{len(texts)} texts but {len(pairs)} text pairs")
+    texts, pairs = list(texts), None if pairs is None else list(pairs)
+    if pairs is not None and len(pairs) != len(texts):
+      raise errors.UsageError(f"{len(texts)} texts but {len(pairs)} text pairs")
     if padding not in ("longest", "max_length"):
       raise errors.UsageError(f"padding must be 'longest' or 'max_length', got {padding!r}")
     num_special = 2 if pairs is None else 3
     if max_length < num_special:
-      raise errors.UsageError(f"max_length={max_length} leaves no room for the "
-                              f"{num_special} special tokens")
+      raise errors.UsageError(f"max_length={max_length} leaves no room for the {num_special} "
+                              "special tokens")
     first = self.encode_pieces(texts)
     second = self.encode_pieces(pairs) if pairs is not None else [[]] * len(texts)
 
@@ -187,9 +184,8 @@ class Tokenizer(abc.ABC):
       budget = max_length - (3 if is_pair else 2)
       if len(a) + len(b) > budget:
         if not truncation:
-          raise errors.UsageError(
-              f"Row {index} has {len(a) + len(b) + max_length - budget} "
-              f"tokens, more than max_length={max_length}; pass truncation=True")
+          raise errors.UsageError(f"Row {index} has {len(a) + len(b) + 2 + is_pair} tokens, more "
+                                  f"than max_length={max_length}; pass truncation=True")
         keep_a, keep_b = truncate_pair(len(a), len(b), budget)
         a, b = a[:keep_a], b[:keep_b]
       ids = [self.cls_id, *a, self.sep_id]
@@ -442,12 +438,14 @@ class JsonTokenizer(Tokenizer):
     path: The `tokenizer.json` file.
     special_tokens: Role -> token; defaults to BERT's [UNK] [CLS] [SEP] [PAD]
       [MASK] (ModernBERT's too).
+    split_special_tokens: Read special tokens typed in the text as plain text.
   """
 
-  def __init__(self, path: str, *, special_tokens: dict[str, str] | None = None):
+  def __init__(self, path: str, *, special_tokens: dict[str, str] | None = None,
+               split_special_tokens: bool = False):
     import tokenizers
 
-    self.path = path
+    self.path, self.split_special_tokens = path, split_special_tokens
     try:
       # Read here, not by the library: a byte-order mark (a Windows editor's
       # save) is no JSON to it.
@@ -456,6 +454,7 @@ class JsonTokenizer(Tokenizer):
       raise errors.UsageError(f"{path}: not a tokenizer file the tokenizers library reads "
                               f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
                               ) from None
+    self._backend.encode_special_tokens = split_special_tokens
     self._ids = self._backend.get_vocab(with_added_tokens=True)
     special_tokens = special_tokens or {
         "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "pad": "[PAD]", "mask": "[MASK]"}
@@ -529,8 +528,8 @@ class JsonTokenizer(Tokenizer):
 
   def save(self, directory: str) -> dict[str, Any]:
     self._backend.save(os.path.join(directory, "tokenizer.json"))
-    return {"type": "tokenizer_json", "file": "tokenizer.json",
-            "special_tokens": self.special_tokens}
+    return {"type": "tokenizer_json", "file": "tokenizer.json", "special_tokens":
+            self.special_tokens, "split_special_tokens": self.split_special_tokens}
 
 
 def tokenizer_from_vocab_file(path: str, do_lower_case: bool | None = None) -> Tokenizer:

@@ -310,7 +310,8 @@ def load_tokenizer(directory: str, do_lower_case: bool | None = None):
   if os.path.isfile(vocab_file):
     tokens, source = read_vocab(vocab_file), vocab_file
   elif model and model.get("type") != "WordPiece":  # ModernBERT's BPE, and others
-    return JsonTokenizer(tokenizer_json_file, special_tokens=special_tokens)
+    return JsonTokenizer(tokenizer_json_file, special_tokens=special_tokens,
+                         split_special_tokens=bool(settings.get("split_special_tokens")))
   elif model:
     if not isinstance(model.get("vocab"), dict):
       raise errors.UsageError(f"{tokenizer_json_file}: a WordPiece model without its vocab")
@@ -383,7 +384,8 @@ def write_directory(directory: str, config: EncoderConfig, reference_tensors: di
                                   second_type_id=int(model_family.of(config).token_types))
     write_json(os.path.join(directory, TOKENIZER_CONFIG_FILE), {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "model_max_length": config.max_position_embeddings, **inputs, **special})
+        "model_max_length": config.max_position_embeddings, **inputs, **special,
+        "split_special_tokens": tokenizer.split_special_tokens})
     write_json(os.path.join(directory, "special_tokens_map.json"), special)
     return
   if not isinstance(tokenizer, WordPieceTokenizer):

@@ -286,8 +286,16 @@ def test_configs_bertjax_does_not_build_are_refused(tmp_path, change, message):
 TEXTS = reference.BPE_TEXTS
 
 
-def test_a_bpe_tokenizer_json_encodes_as_transformers_does(tmp_path):
+@pytest.mark.parametrize("split", [None, True], ids=["special_tokens_read", "split"])
+def test_a_bpe_tokenizer_json_encodes_as_transformers_does(tmp_path, split):
+  """Special tokens typed in the text are the tokens, unless the directory's
+  tokenizer_config.json says `split_special_tokens`, as transformers reads it;
+  an export keeps the setting."""
   vocab_size = reference.write_bpe_tokenizer(tmp_path)
+  if split is not None:
+    settings = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps({**settings, "split_special_tokens": split}))
   config = reference_config("L5_H32_A4")
   config.vocab_size = vocab_size
   reference_model("ModernBertForMaskedLM", config).save_pretrained(tmp_path)
@@ -295,6 +303,8 @@ def test_a_bpe_tokenizer_json_encodes_as_transformers_does(tmp_path):
   theirs = transformers.AutoTokenizer.from_pretrained(tmp_path)
   ours = bundle.tokenizer
   assert type(ours).__name__ == "JsonTokenizer"
+  mask = ours.encode(TEXTS[2])
+  assert (bundle.tokenizer.mask_id in mask) == (not split)
   for text in TEXTS:
     assert ours.encode(text) == theirs(text)["input_ids"], text
     assert ours.encode(text, "and a second one") == theirs(text, "and a second one")[
@@ -306,8 +316,11 @@ def test_a_bpe_tokenizer_json_encodes_as_transformers_does(tmp_path):
   again = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
   for text in TEXTS:
     assert again(text)["input_ids"] == theirs(text)["input_ids"]
-  assert bertjax.load_pretrained(str(tmp_path / "out")).tokenizer.encode(TEXTS[1]) == (
-      ours.encode(TEXTS[1]))
+  reloaded = bertjax.load_pretrained(str(tmp_path / "out")).tokenizer
+  assert reloaded.encode(TEXTS[1]) == ours.encode(TEXTS[1])
+  assert reloaded.encode(TEXTS[2]) == mask
+  bertjax.save_pretrained(bundle, str(tmp_path / "model"))  # bertjax's own format keeps it too
+  assert bertjax.load_pretrained(str(tmp_path / "model")).tokenizer.encode(TEXTS[2]) == mask
 
 
 def test_an_unreadable_tokenizer_json_names_the_file(tmp_path):
