@@ -5,9 +5,9 @@ on a quiet machine, measured (docs/benchmarks.md#expected-speed-on-a-cpu):
 times this CPU's own peak (`bertjax.flops.quiet_cpu_peak`, the best rate
 measured on it while other processes left it alone), that gives the rate to
 expect here. A progress line says how far the run is from it, and how many
-cores other processes kept busy meanwhile (`bertjax.cpu_load`). The demo
-beside a busy loop on a 2-core VM said "1.6x slower than expected on this CPU
-(~271 sequences/s): other processes are using 0.8 of its 2 cores". A CPU
+cores other processes kept busy meanwhile (`bertjax.cpu_load`), e.g. "1.6x
+slower than expected on this CPU (~271 sequences/s): other processes are
+using 0.8 of its 2 cores" (docs/training.md shows such a line). A CPU
 whose peak was never measured quiet (a first run on a machine busy from the
 start) has no rate to expect yet: the line says so, and names the other
 processes' share.
